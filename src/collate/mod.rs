@@ -1,0 +1,1 @@
+//! Collate layouts: placeholder until the collate engine lands.

@@ -1,0 +1,102 @@
+//! torch's CPU random kernels that samplers use, reproduced draw for draw.
+
+use super::Mt19937;
+
+/// Below this length `randperm` uses torch's original 32-bit swap loop;
+/// at or above it, the 64-bit "inside-out" Fisher-Yates (TensorFactories.cpp).
+const RANDPERM_SMALL_LIMIT: u64 = (u32::MAX / 20) as u64;
+
+/// `torch.randperm(n, generator=g)` on CPU.
+pub fn randperm(n: usize, rng: &mut Mt19937) -> Vec<i64> {
+    let mut r: Vec<i64> = (0..n as i64).collect();
+    if (n as u64) < RANDPERM_SMALL_LIMIT {
+        for i in 0..n.saturating_sub(1) {
+            let z = (rng.next_u32() as u64 % (n - i) as u64) as usize;
+            r.swap(i, i + z);
+        }
+    } else {
+        for i in 0..n {
+            let z = (rng.next_u64() % (i as u64 + 1)) as usize;
+            r[i] = r[z];
+            r[z] = i as i64;
+        }
+    }
+    r
+}
+
+/// `torch.randint(high=high, size=(count,), dtype=torch.int64, generator=g)`
+/// appended to `out`. torch draws 64 bits only when the range needs them.
+pub fn randint_into(high: i64, count: usize, rng: &mut Mt19937, out: &mut Vec<i64>) {
+    debug_assert!(high > 0);
+    let range = high as u64;
+    out.reserve(count);
+    for _ in 0..count {
+        let v = if range >= 1 << 32 {
+            rng.next_u64() % range
+        } else {
+            rng.next_u32() as u64 % range
+        };
+        out.push(v as i64);
+    }
+}
+
+/// `torch.empty((), dtype=torch.int64).random_(generator=g).item()`: a value in
+/// `[0, 2**63)`. Used for the loader's base seed and RandomSampler's seed.
+pub fn random_int64(rng: &mut Mt19937) -> i64 {
+    (rng.next_u64() % (1u64 << 63)) as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn randperm_is_a_permutation(n in 0usize..2000, seed in any::<u64>()) {
+            let mut rng = Mt19937::new(seed);
+            let mut p = randperm(n, &mut rng);
+            p.sort_unstable();
+            prop_assert_eq!(p, (0..n as i64).collect::<Vec<_>>());
+        }
+
+        #[test]
+        fn randperm_draws_n_minus_one_words(n in 0usize..500, seed in any::<u64>()) {
+            let mut a = Mt19937::new(seed);
+            let mut b = Mt19937::new(seed);
+            randperm(n, &mut a);
+            for _ in 0..n.saturating_sub(1) { b.next_u32(); }
+            prop_assert_eq!(a, b);
+        }
+
+        #[test]
+        fn randint_in_range(high in 1i64..i64::MAX, count in 0usize..100, seed in any::<u64>()) {
+            let mut rng = Mt19937::new(seed);
+            let mut out = Vec::new();
+            randint_into(high, count, &mut rng, &mut out);
+            prop_assert_eq!(out.len(), count);
+            prop_assert!(out.iter().all(|&v| (0..high).contains(&v)));
+        }
+
+        #[test]
+        fn randint_chunks_equal_one_call(high in 1i64..1000, a in 0usize..70, b in 0usize..70, seed in any::<u64>()) {
+            // torch's CPU randint kernel is serial, so chunked draws concatenate.
+            let mut r1 = Mt19937::new(seed);
+            let mut r2 = Mt19937::new(seed);
+            let mut one = Vec::new();
+            randint_into(high, a + b, &mut r1, &mut one);
+            let mut two = Vec::new();
+            randint_into(high, a, &mut r2, &mut two);
+            randint_into(high, b, &mut r2, &mut two);
+            prop_assert_eq!(one, two);
+        }
+    }
+
+    #[test]
+    fn random_int64_is_non_negative() {
+        let mut rng = Mt19937::new(0);
+        for _ in 0..1000 {
+            assert!(random_int64(&mut rng) >= 0);
+        }
+    }
+}
