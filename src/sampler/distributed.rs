@@ -28,7 +28,9 @@ pub fn distributed_indices(
         let padding = total_size.saturating_sub(indices.len());
         if padding > 0 {
             if indices.is_empty() {
-                return Err(DistributedError("integer division or modulo by zero".into()));
+                return Err(DistributedError(
+                    "integer division or modulo by zero".into(),
+                ));
             }
             // indices + (indices repeated)[:padding], as torch's two branches both do.
             let head: Vec<i64> = indices.iter().copied().cycle().take(padding).collect();

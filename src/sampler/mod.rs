@@ -15,6 +15,8 @@ mod ops;
 mod random;
 mod sequential;
 mod subset_random;
+#[cfg(test)]
+mod vectors_test;
 
 pub use batch::BatchIter;
 pub use distributed::{distributed_indices, DistributedError};
@@ -45,7 +47,7 @@ impl RngSource for Mt19937 {
 /// from the global generator and seeds a private one with it.
 pub enum SeededOnFirstUse<G> {
     Pending(G),
-    Ready(Mt19937),
+    Ready(Box<Mt19937>),
 }
 
 impl<G: RngSource> RngSource for SeededOnFirstUse<G> {
@@ -53,7 +55,7 @@ impl<G: RngSource> RngSource for SeededOnFirstUse<G> {
     fn with_rng<R>(&mut self, f: impl FnOnce(&mut Mt19937) -> R) -> Result<R, G::Error> {
         if let SeededOnFirstUse::Pending(global) = self {
             let seed = global.with_rng(random_int64)?;
-            *self = SeededOnFirstUse::Ready(Mt19937::new(seed as u64));
+            *self = SeededOnFirstUse::Ready(Box::new(Mt19937::new(seed as u64)));
         }
         match self {
             SeededOnFirstUse::Ready(rng) => Ok(f(rng)),

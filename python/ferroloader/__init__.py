@@ -1,0 +1,57 @@
+"""ferroloader: a drop-in replacement for ``torch.utils.data`` with a Rust engine.
+
+Change ``from torch.utils.data import DataLoader`` to
+``from ferroloader import DataLoader`` and get the same batches.
+"""
+
+from ferroloader.collate import (
+    collate,
+    default_collate,
+    default_collate_fn_map,
+    default_convert,
+)
+from ferroloader.dataloader import DataLoader
+from ferroloader.dataset import (
+    ChainDataset,
+    ConcatDataset,
+    Dataset,
+    IterableDataset,
+    StackDataset,
+    Subset,
+    TensorDataset,
+    random_split,
+)
+from ferroloader.distributed import DistributedSampler
+from ferroloader.sampler import (
+    BatchSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
+from ferroloader.worker import get_worker_info
+
+__all__ = [
+    "BatchSampler",
+    "ChainDataset",
+    "ConcatDataset",
+    "DataLoader",
+    "Dataset",
+    "DistributedSampler",
+    "IterableDataset",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "StackDataset",
+    "Subset",
+    "SubsetRandomSampler",
+    "TensorDataset",
+    "WeightedRandomSampler",
+    "collate",
+    "default_collate",
+    "default_collate_fn_map",
+    "default_convert",
+    "get_worker_info",
+    "random_split",
+]

@@ -1,0 +1,167 @@
+"""Samplers: torch's classes, iterated by the Rust engine.
+
+Each class subclasses its torch counterpart (same constructor, checks,
+attributes and ``len``) and replaces ``__iter__`` with a Rust iterator that
+yields the same indices and consumes the generator exactly as torch does.
+Configurations the engine does not cover (non-CPU generators, an empty data
+source, non-integer subset indices) fall back to torch's own ``__iter__``, so
+they behave, and fail, exactly as in torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Optional, Union
+
+import torch
+import torch.utils.data.sampler as _ts
+
+from ferroloader import _core
+
+Sampler = _ts.Sampler
+
+_U64 = 1 << 64
+
+
+def _cpu_generator(gen: Any) -> bool:
+    return gen is None or (isinstance(gen, torch.Generator) and gen.device.type == "cpu")
+
+
+def _sequential(s: Any) -> Optional[_core.SamplerIter]:
+    return _core.SamplerIter.sequential(len(s.data_source))
+
+
+def _random(s: Any) -> Optional[_core.SamplerIter]:
+    n = len(s.data_source)
+    num_samples = s.num_samples
+    if n <= 0 or not _cpu_generator(s.generator) or type(num_samples) is not int:
+        return None
+    if num_samples <= 0:
+        return None
+    return _core.SamplerIter.random(n, num_samples, bool(s.replacement), s.generator)
+
+
+def _subset_random(s: Any) -> Optional[_core.SamplerIter]:
+    indices = s.indices
+    if not isinstance(indices, (list, tuple, range)) or not _cpu_generator(s.generator):
+        return None
+    if not all(type(i) is int for i in indices):
+        return None
+    return _core.SamplerIter.subset_random(list(indices), s.generator)
+
+
+def _weighted(s: Any) -> Optional[_core.SamplerIter]:
+    if not _cpu_generator(s.generator):
+        return None
+    return _core.SamplerIter.weighted(s.weights, s.num_samples, s.replacement, s.generator)
+
+
+def _distributed(s: Any) -> Optional[_core.SamplerIter]:
+    seed = s.seed + s.epoch
+    ints = (s.num_replicas, s.rank, s.num_samples, s.total_size)
+    if not all(type(v) is int and v >= 0 for v in ints) or s.num_replicas == 0:
+        return None
+    if type(seed) is not int or not -(1 << 63) <= seed < _U64:
+        return None
+    return _core.SamplerIter.distributed(
+        len(s.dataset),
+        s.num_replicas,
+        s.rank,
+        bool(s.shuffle),
+        seed % _U64,
+        bool(s.drop_last),
+        s.num_samples,
+        s.total_size,
+    )
+
+
+def native_iter(sampler: Any) -> Optional[_core.SamplerIter]:
+    """A Rust iterator for a sampler whose ``__iter__`` is torch's or ours,
+    else ``None`` (the caller iterates it in Python)."""
+    build = _NATIVE.get(getattr(type(sampler), "__iter__", None))
+    return build(sampler) if build is not None else None
+
+
+def native_batch_iter(batch_sampler: Any) -> Optional[_core.BatchSamplerIter]:
+    """A Rust iterator of index lists for torch's or our ``BatchSampler``."""
+    if getattr(type(batch_sampler), "__iter__", None) not in _BATCH_ITERS:
+        return None
+    bs, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
+    if type(bs) is not int or bs <= 0:
+        return None
+    inner = batch_sampler.sampler
+    source: Union[_core.SamplerIter, Any] = native_iter(inner)
+    # A sampler the engine does not know is iterated in Python, lazily, as
+    # torch's BatchSampler does (iter() on the first batch).
+    return _core.BatchSamplerIter(source if source is not None else inner, bs, bool(drop_last))
+
+
+class SequentialSampler(_ts.SequentialSampler):
+    __doc__ = _ts.SequentialSampler.__doc__
+
+    def __iter__(self) -> Iterator[int]:
+        return _sequential(self)  # type: ignore[return-value]
+
+
+class RandomSampler(_ts.RandomSampler):
+    __doc__ = _ts.RandomSampler.__doc__
+
+    def __iter__(self) -> Iterator[int]:
+        it = _random(self)
+        return it if it is not None else super().__iter__()
+
+
+class SubsetRandomSampler(_ts.SubsetRandomSampler):
+    __doc__ = _ts.SubsetRandomSampler.__doc__
+
+    def __iter__(self) -> Iterator[int]:
+        it = _subset_random(self)
+        return it if it is not None else super().__iter__()
+
+
+class WeightedRandomSampler(_ts.WeightedRandomSampler):
+    __doc__ = _ts.WeightedRandomSampler.__doc__
+
+    def __iter__(self) -> Iterator[int]:
+        it = _weighted(self)
+        return it if it is not None else super().__iter__()
+
+
+class BatchSampler(_ts.BatchSampler):
+    __doc__ = _ts.BatchSampler.__doc__
+
+    def __iter__(self) -> Iterator[list[int]]:
+        it = native_batch_iter(self)
+        return it if it is not None else super().__iter__()
+
+
+_BATCH_ITERS = {_ts.BatchSampler.__iter__, BatchSampler.__iter__}
+
+_NATIVE: dict[Any, Callable[[Any], Optional[_core.SamplerIter]]] = {
+    _ts.SequentialSampler.__iter__: _sequential,
+    SequentialSampler.__iter__: _sequential,
+    _ts.RandomSampler.__iter__: _random,
+    RandomSampler.__iter__: _random,
+    _ts.SubsetRandomSampler.__iter__: _subset_random,
+    SubsetRandomSampler.__iter__: _subset_random,
+    _ts.WeightedRandomSampler.__iter__: _weighted,
+    WeightedRandomSampler.__iter__: _weighted,
+}
+
+
+def _register_distributed() -> None:
+    import torch.utils.data.distributed as _td
+
+    from ferroloader.distributed import DistributedSampler
+
+    _NATIVE[_td.DistributedSampler.__iter__] = _distributed
+    _NATIVE[DistributedSampler.__iter__] = _distributed
+
+
+__all__ = [
+    "BatchSampler",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "SubsetRandomSampler",
+    "WeightedRandomSampler",
+]

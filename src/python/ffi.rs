@@ -1,0 +1,254 @@
+//! The FFI edge: raw memory that crosses between torch/numpy and Rust.
+//!
+//! Two things live here and nowhere else:
+//! - [`DlView`]: a read-only view of a tensor or array exported through a
+//!   DLPack capsule (`torch._C._to_dlpack(t)`, `ndarray.__dlpack__()`); the
+//!   capsule is held for as long as the view, so the producer's memory stays
+//!   alive and unmoved.
+//! - [`FreshTensor`]: the bytes of a tensor that this crate asked torch to
+//!   allocate a moment ago (`torch.empty`, `Generator.get_state()`), written
+//!   before any other code can see the tensor.
+#![allow(unsafe_code)]
+
+use std::ffi::{c_void, CStr};
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::ffi as pyffi;
+use pyo3::prelude::*;
+
+/// DLPack `DLDataType`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DlDtype {
+    pub code: u8,
+    pub bits: u8,
+    pub lanes: u16,
+}
+
+impl DlDtype {
+    /// Bytes per element (bool is stored as one byte).
+    pub fn itemsize(&self) -> usize {
+        (self.bits as usize * self.lanes as usize).div_ceil(8)
+    }
+}
+
+#[repr(C)]
+struct DlDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+#[repr(C)]
+struct DlTensor {
+    data: *mut c_void,
+    device: DlDevice,
+    ndim: i32,
+    dtype: DlDtype,
+    shape: *mut i64,
+    strides: *mut i64,
+    byte_offset: u64,
+}
+
+#[repr(C)]
+struct DlManagedTensor {
+    dl_tensor: DlTensor,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
+}
+
+/// `kDLCPU`.
+pub const DL_CPU: i32 = 1;
+const DLTENSOR: &CStr = c"dltensor";
+
+/// A DLPack tensor held open for reading.
+///
+/// Invariant: `t` points at the `DLTensor` inside the unconsumed
+/// `DLManagedTensor` owned by `_capsule`; the producer frees it only from the
+/// capsule's destructor, which cannot run while `_capsule` is alive.
+pub struct DlView<'py> {
+    _capsule: Bound<'py, PyAny>,
+    t: *const DlTensor,
+}
+
+impl<'py> DlView<'py> {
+    /// Opens a `"dltensor"` capsule; `None` for anything else (a consumed
+    /// capsule, a versioned one, any other object).
+    pub fn open(capsule: Bound<'py, PyAny>) -> Option<Self> {
+        // SAFETY: the GIL is held (we have a Bound) and the pointer is a live
+        // object; PyCapsule_IsValid accepts any object and sets no error.
+        let valid = unsafe { pyffi::PyCapsule_IsValid(capsule.as_ptr(), DLTENSOR.as_ptr()) };
+        if valid == 0 {
+            return None;
+        }
+        // SAFETY: validated above as a capsule named "dltensor", so the
+        // pointer is non-null and, by the DLPack protocol, a DLManagedTensor.
+        let managed = unsafe {
+            pyffi::PyCapsule_GetPointer(capsule.as_ptr(), DLTENSOR.as_ptr())
+                as *const DlManagedTensor
+        };
+        if managed.is_null() {
+            return None;
+        }
+        // SAFETY: `managed` is a valid DLManagedTensor (see above); taking the
+        // address of its first field reads nothing.
+        let t = unsafe { std::ptr::addr_of!((*managed).dl_tensor) };
+        Some(DlView {
+            _capsule: capsule,
+            t,
+        })
+    }
+
+    fn raw(&self) -> &DlTensor {
+        // SAFETY: struct invariant: `t` is valid while `_capsule` lives, and
+        // the returned borrow cannot outlive `self`.
+        unsafe { &*self.t }
+    }
+
+    pub fn dtype(&self) -> DlDtype {
+        self.raw().dtype
+    }
+
+    pub fn device_type(&self) -> i32 {
+        self.raw().device.device_type
+    }
+
+    pub fn shape(&self) -> &[i64] {
+        let t = self.raw();
+        if t.ndim <= 0 || t.shape.is_null() {
+            return &[];
+        }
+        // SAFETY: DLPack guarantees `shape` holds `ndim` int64s that live as
+        // long as the managed tensor (struct invariant).
+        unsafe { std::slice::from_raw_parts(t.shape, t.ndim as usize) }
+    }
+
+    fn strides(&self) -> Option<&[i64]> {
+        let t = self.raw();
+        if t.ndim <= 0 || t.strides.is_null() {
+            return None;
+        }
+        // SAFETY: as for `shape`; a null pointer (compact layout) is handled above.
+        Some(unsafe { std::slice::from_raw_parts(t.strides, t.ndim as usize) })
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape().iter().map(|&d| d.max(0) as usize).product()
+    }
+
+    /// Row-major with no gaps (size-1 dimensions may have any stride).
+    pub fn is_contiguous(&self) -> bool {
+        let Some(strides) = self.strides() else {
+            return true;
+        };
+        let mut expected = 1i64;
+        for (&d, &s) in self.shape().iter().zip(strides).rev() {
+            if d != 1 && s != expected {
+                return false;
+            }
+            expected *= d;
+        }
+        true
+    }
+
+    /// The element bytes, if the tensor is contiguous CPU memory.
+    pub fn contiguous_bytes(&self) -> Option<&[u8]> {
+        if self.device_type() != DL_CPU || !self.is_contiguous() {
+            return None;
+        }
+        let len = self.numel() * self.dtype().itemsize();
+        if len == 0 {
+            return Some(&[]);
+        }
+        let t = self.raw();
+        if t.data.is_null() {
+            return None;
+        }
+        // SAFETY: a contiguous CPU tensor of `numel` elements of `itemsize`
+        // bytes starts at data + byte_offset (DLPack); the memory is kept
+        // alive by the capsule (struct invariant) and only read here.
+        Some(unsafe {
+            std::slice::from_raw_parts((t.data as *const u8).add(t.byte_offset as usize), len)
+        })
+    }
+}
+
+/// A contiguous tensor torch allocated for us a moment ago, whose bytes we
+/// fill before handing it on.
+///
+/// Invariant: `ptr..ptr+len` is the tensor's whole storage, nobody else holds
+/// a reference to the tensor, and the tensor (kept in `tensor`) outlives
+/// every borrow of the bytes.
+pub struct FreshTensor<'py> {
+    tensor: Bound<'py, PyAny>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl<'py> FreshTensor<'py> {
+    /// `torch.empty(shape, dtype=dtype, device="cpu")`, `len` bytes long.
+    pub fn empty(
+        empty: &Bound<'py, PyAny>,
+        shape: &[i64],
+        dtype: &Bound<'py, PyAny>,
+        itemsize: usize,
+    ) -> PyResult<Self> {
+        let py = empty.py();
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item(pyo3::intern!(py, "dtype"), dtype)?;
+        kwargs.set_item(pyo3::intern!(py, "device"), pyo3::intern!(py, "cpu"))?;
+        let size = pyo3::types::PyTuple::new(py, shape)?;
+        let tensor = empty.call((size,), Some(&kwargs))?;
+        let numel: usize = shape.iter().map(|&d| d as usize).product();
+        Self::adopt(tensor, numel * itemsize)
+    }
+
+    /// `generator.get_state()`: torch builds a new uint8 tensor on every call.
+    pub fn generator_state(generator: &Bound<'py, PyAny>) -> PyResult<Self> {
+        let py = generator.py();
+        let state = generator.call_method0(pyo3::intern!(py, "get_state"))?;
+        let numel: usize = state.call_method0(pyo3::intern!(py, "numel"))?.extract()?;
+        let contiguous: bool = state
+            .call_method0(pyo3::intern!(py, "is_contiguous"))?
+            .extract()?;
+        let element_size: usize = state
+            .call_method0(pyo3::intern!(py, "element_size"))?
+            .extract()?;
+        if !contiguous || element_size != 1 {
+            return Err(PyRuntimeError::new_err(
+                "generator state is not a contiguous byte tensor",
+            ));
+        }
+        Self::adopt(state, numel)
+    }
+
+    fn adopt(tensor: Bound<'py, PyAny>, len: usize) -> PyResult<Self> {
+        let py = tensor.py();
+        let ptr: usize = tensor
+            .call_method0(pyo3::intern!(py, "data_ptr"))?
+            .extract()?;
+        if ptr == 0 && len > 0 {
+            return Err(PyRuntimeError::new_err(
+                "torch returned a null data pointer",
+            ));
+        }
+        Ok(FreshTensor {
+            tensor,
+            ptr: ptr as *mut u8,
+            len,
+        })
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: struct invariant: the storage is `len` bytes at `ptr`,
+        // exclusively ours, alive while `self.tensor` is; `&mut self` makes
+        // this the only borrow.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    pub fn into_tensor(self) -> Bound<'py, PyAny> {
+        self.tensor
+    }
+}

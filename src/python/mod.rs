@@ -1,0 +1,21 @@
+//! PyO3 bindings: the `ferroloader._core` extension module. Thin adapters
+//! from Python objects to the engine; no loader logic lives here that the
+//! engine could own.
+
+use pyo3::prelude::*;
+
+mod collate;
+mod ffi;
+mod loader;
+mod sampler;
+mod torch;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(collate::collate, m)?)?;
+    m.add_function(wrap_pyfunction!(sampler::randperm_list, m)?)?;
+    m.add_class::<sampler::SamplerIter>()?;
+    m.add_class::<sampler::BatchSamplerIter>()?;
+    m.add_class::<loader::SingleProcessIter>()?;
+    Ok(())
+}

@@ -1,0 +1,333 @@
+//! Samplers exposed to Python: the engine's iterators driven with torch's
+//! generators.
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use super::ffi::FreshTensor;
+use super::torch::torch;
+use crate::sampler::{
+    distributed_indices, randperm, BatchIter, IndexSource, Mt19937, RandomIter, RngSource,
+    SeededOnFirstUse, SequentialIter, SubsetRandomIter,
+};
+
+/// A user's (or the global) `torch.Generator`: read before each draw and
+/// written back after it, so torch sees exactly the draws torch would make.
+pub struct TorchGen {
+    generator: Py<PyAny>,
+}
+
+impl TorchGen {
+    fn new(py: Python<'_>, generator: Option<Py<PyAny>>) -> PyResult<Self> {
+        let generator = match generator {
+            Some(g) => g,
+            None => torch(py)?.default_generator.clone_ref(py),
+        };
+        Ok(TorchGen { generator })
+    }
+}
+
+impl RngSource for TorchGen {
+    type Error = PyErr;
+    fn with_rng<R>(&mut self, f: impl FnOnce(&mut Mt19937) -> R) -> PyResult<R> {
+        Python::attach(|py| {
+            let g = self.generator.bind(py);
+            let mut state = FreshTensor::generator_state(g)?;
+            let mut rng = Mt19937::from_state_bytes(state.bytes_mut())
+                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+            let out = f(&mut rng);
+            rng.write_state_bytes(state.bytes_mut())
+                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+            g.call_method1(pyo3::intern!(py, "set_state"), (state.into_tensor(),))?;
+            Ok(out)
+        })
+    }
+}
+
+/// The generator a random sampler draws from.
+pub enum Rng {
+    /// `generator=` given: the user's generator, shared.
+    Shared(TorchGen),
+    /// `RandomSampler(generator=None)`: a private generator seeded from the
+    /// global one on first use.
+    Private(SeededOnFirstUse<TorchGen>),
+}
+
+impl RngSource for Rng {
+    type Error = PyErr;
+    fn with_rng<R>(&mut self, f: impl FnOnce(&mut Mt19937) -> R) -> PyResult<R> {
+        match self {
+            Rng::Shared(g) => g.with_rng(f),
+            Rng::Private(g) => g.with_rng(f),
+        }
+    }
+}
+
+/// `WeightedRandomSampler`: one `torch.multinomial` call on first use.
+/// The arguments of that call: weights, num_samples, replacement, generator.
+type MultinomialArgs = (Py<PyAny>, Py<PyAny>, Py<PyAny>, Option<Py<PyAny>>);
+
+pub struct Weighted {
+    args: Option<MultinomialArgs>,
+    drawn: std::vec::IntoIter<i64>,
+}
+
+impl IndexSource for Weighted {
+    type Index = i64;
+    type Error = PyErr;
+    fn next_index(&mut self) -> PyResult<Option<i64>> {
+        if let Some((weights, num_samples, replacement, generator)) = self.args.take() {
+            self.drawn = Python::attach(|py| -> PyResult<_> {
+                let kwargs = PyDict::new(py);
+                kwargs.set_item("generator", generator)?;
+                let drawn = torch(py)?
+                    .multinomial
+                    .bind(py)
+                    .call((weights, num_samples, replacement), Some(&kwargs))?;
+                let list: Vec<i64> = drawn.call_method0("tolist")?.extract()?;
+                Ok(list.into_iter())
+            })?;
+        }
+        Ok(self.drawn.next())
+    }
+}
+
+/// A sampler the engine runs natively.
+pub enum NativeSampler {
+    Sequential(SequentialIter),
+    Random(RandomIter<Rng>),
+    SubsetRandom(SubsetRandomIter<Rng>),
+    Weighted(Weighted),
+    List(std::vec::IntoIter<i64>),
+}
+
+impl IndexSource for NativeSampler {
+    type Index = i64;
+    type Error = PyErr;
+    fn next_index(&mut self) -> PyResult<Option<i64>> {
+        match self {
+            NativeSampler::Sequential(s) => Ok(s.next_index().unwrap_or(None)),
+            NativeSampler::Random(s) => s.next_index(),
+            NativeSampler::SubsetRandom(s) => s.next_index(),
+            NativeSampler::Weighted(s) => s.next_index(),
+            NativeSampler::List(s) => Ok(s.next()),
+        }
+    }
+}
+
+/// Iterator over a native sampler's indices (Python ints).
+#[pyclass(module = "ferroloader._core")]
+pub struct SamplerIter {
+    pub inner: NativeSampler,
+}
+
+#[pymethods]
+impl SamplerIter {
+    #[staticmethod]
+    fn sequential(n: usize) -> Self {
+        SamplerIter {
+            inner: NativeSampler::Sequential(SequentialIter::new(n)),
+        }
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (n, num_samples, replacement, generator=None))]
+    fn random(
+        py: Python<'_>,
+        n: usize,
+        num_samples: usize,
+        replacement: bool,
+        generator: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        let rng = match generator {
+            Some(g) => Rng::Shared(TorchGen::new(py, Some(g))?),
+            None => Rng::Private(SeededOnFirstUse::Pending(TorchGen::new(py, None)?)),
+        };
+        Ok(SamplerIter {
+            inner: NativeSampler::Random(RandomIter::new(n, num_samples, replacement, rng)),
+        })
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (indices, generator=None))]
+    fn subset_random(
+        py: Python<'_>,
+        indices: Vec<i64>,
+        generator: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        let rng = Rng::Shared(TorchGen::new(py, generator)?);
+        Ok(SamplerIter {
+            inner: NativeSampler::SubsetRandom(SubsetRandomIter::new(indices, rng)),
+        })
+    }
+
+    #[staticmethod]
+    #[pyo3(signature = (weights, num_samples, replacement, generator=None))]
+    fn weighted(
+        weights: Py<PyAny>,
+        num_samples: Py<PyAny>,
+        replacement: Py<PyAny>,
+        generator: Option<Py<PyAny>>,
+    ) -> Self {
+        SamplerIter {
+            inner: NativeSampler::Weighted(Weighted {
+                args: Some((weights, num_samples, replacement, generator)),
+                drawn: Vec::new().into_iter(),
+            }),
+        }
+    }
+
+    #[staticmethod]
+    #[allow(clippy::too_many_arguments)]
+    fn distributed(
+        n: usize,
+        num_replicas: usize,
+        rank: usize,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+        num_samples: usize,
+        total_size: usize,
+    ) -> PyResult<Self> {
+        let indices = distributed_indices(
+            n,
+            num_replicas,
+            rank,
+            shuffle,
+            seed,
+            drop_last,
+            num_samples,
+            total_size,
+        )
+        .map_err(|e| pyo3::exceptions::PyAssertionError::new_err(e.0))?;
+        Ok(SamplerIter {
+            inner: NativeSampler::List(indices.into_iter()),
+        })
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    pub fn __next__(&mut self) -> PyResult<Option<i64>> {
+        self.inner.next_index()
+    }
+}
+
+/// A sampler iterated in Python: `iter()` is called on the first pull, as
+/// torch's `BatchSampler` does inside its generator.
+pub struct PyIndexSource {
+    iterable: Py<PyAny>,
+    iter: Option<Py<PyAny>>,
+}
+
+impl IndexSource for PyIndexSource {
+    type Index = Py<PyAny>;
+    type Error = PyErr;
+    fn next_index(&mut self) -> PyResult<Option<Py<PyAny>>> {
+        Python::attach(|py| {
+            if self.iter.is_none() {
+                self.iter = Some(self.iterable.bind(py).try_iter()?.into_any().unbind());
+            }
+            let it = self.iter.as_ref().expect("set above").bind(py);
+            let it = it.cast::<pyo3::types::PyIterator>()?;
+            match it.clone().next() {
+                Some(Ok(v)) => Ok(Some(v.unbind())),
+                Some(Err(e)) => Err(e),
+                None => Ok(None),
+            }
+        })
+    }
+}
+
+pub enum Batches {
+    Native(BatchIter<NativeSampler>, Vec<i64>),
+    Python(BatchIter<PyIndexSource>, Vec<Py<PyAny>>),
+}
+
+/// `BatchSampler.__iter__`: lists of indices.
+#[pyclass(module = "ferroloader._core")]
+pub struct BatchSamplerIter {
+    pub inner: Batches,
+}
+
+impl BatchSamplerIter {
+    /// The next batch: native indices, or Python objects as a list.
+    pub fn next_native(&mut self) -> PyResult<Option<&[i64]>> {
+        match &mut self.inner {
+            Batches::Native(it, buf) => Ok(if it.next_batch(buf)? { Some(buf) } else { None }),
+            Batches::Python(..) => Ok(None),
+        }
+    }
+
+    pub fn is_native_batches(&self) -> bool {
+        matches!(self.inner, Batches::Native(..))
+    }
+}
+
+#[pymethods]
+impl BatchSamplerIter {
+    #[new]
+    fn new(source: &Bound<'_, PyAny>, batch_size: usize, drop_last: bool) -> PyResult<Self> {
+        let inner = match source.cast::<SamplerIter>() {
+            Ok(native) => {
+                let sampler = std::mem::replace(
+                    &mut native.borrow_mut().inner,
+                    NativeSampler::List(Vec::new().into_iter()),
+                );
+                Batches::Native(BatchIter::new(sampler, batch_size, drop_last), Vec::new())
+            }
+            Err(_) => Batches::Python(
+                BatchIter::new(
+                    PyIndexSource {
+                        iterable: source.clone().unbind(),
+                        iter: None,
+                    },
+                    batch_size,
+                    drop_last,
+                ),
+                Vec::new(),
+            ),
+        };
+        Ok(BatchSamplerIter { inner })
+    }
+
+    /// True when batches come from a native sampler (plain int indices).
+    #[getter]
+    fn is_native(&self) -> bool {
+        matches!(self.inner, Batches::Native(..))
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    pub fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+        match &mut self.inner {
+            Batches::Native(it, buf) => {
+                if it.next_batch(buf)? {
+                    Ok(Some(PyList::new(py, buf.iter())?))
+                } else {
+                    Ok(None)
+                }
+            }
+            Batches::Python(it, buf) => {
+                if it.next_batch(buf)? {
+                    Ok(Some(PyList::new(py, buf.drain(..))?))
+                } else {
+                    Ok(None)
+                }
+            }
+        }
+    }
+}
+
+/// `torch.randperm(n, generator=g).tolist()`, drawn here from `g` (the
+/// global generator when `None`), leaving `g` where torch would.
+#[pyfunction]
+#[pyo3(name = "randperm", signature = (n, generator=None))]
+pub fn randperm_list(py: Python<'_>, n: usize, generator: Option<Py<PyAny>>) -> PyResult<Vec<i64>> {
+    let mut g = TorchGen::new(py, generator)?;
+    g.with_rng(|rng| randperm(n, rng))
+}
