@@ -1,0 +1,71 @@
+"""Typed stub for the compiled engine ``ferroloader._core``."""
+
+from typing import Any, Iterator, Optional
+
+import torch
+
+def collate(batch: Any, collate_fn_map: Optional[dict[Any, Any]] = None) -> Any:
+    """torch's ``collate`` with native paths for its default functions."""
+
+def randperm(n: int, generator: Optional[torch.Generator] = None) -> list[int]:
+    """``torch.randperm(n, generator=generator).tolist()``, drawn natively."""
+
+class SamplerIter(Iterator[int]):
+    @staticmethod
+    def sequential(n: int) -> SamplerIter: ...
+    @staticmethod
+    def random(
+        n: int, num_samples: int, replacement: bool, generator: Optional[torch.Generator] = None
+    ) -> SamplerIter: ...
+    @staticmethod
+    def subset_random(
+        indices: list[int], generator: Optional[torch.Generator] = None
+    ) -> SamplerIter: ...
+    @staticmethod
+    def weighted(
+        weights: torch.Tensor,
+        num_samples: int,
+        replacement: bool,
+        generator: Optional[torch.Generator] = None,
+    ) -> SamplerIter: ...
+    @staticmethod
+    def distributed(
+        n: int,
+        num_replicas: int,
+        rank: int,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+        num_samples: int,
+        total_size: int,
+    ) -> SamplerIter: ...
+    def __iter__(self) -> SamplerIter: ...
+    def __next__(self) -> int: ...
+
+class BatchSamplerIter(Iterator[list[Any]]):
+    def __init__(self, source: Any, batch_size: int, drop_last: bool) -> None: ...
+    @property
+    def is_native(self) -> bool: ...
+    def __iter__(self) -> BatchSamplerIter: ...
+    def __next__(self) -> list[Any]: ...
+
+class SingleProcessIter(Iterator[Any]):
+    def __init__(
+        self,
+        source: Any,
+        dataset: Any,
+        *,
+        iterable: bool,
+        getitems: Optional[Any],
+        tensors: Optional[list[torch.Tensor]],
+        auto_collation: bool,
+        batch_size: int,
+        drop_last: bool,
+        collate_fn: Optional[Any],
+        pin: Optional[tuple[Any, Any]],
+        index_sampler: Any,
+        len_called: Optional[int],
+    ) -> None: ...
+    def __iter__(self) -> SingleProcessIter: ...
+    def __next__(self) -> Any: ...
+    def __len__(self) -> int: ...
