@@ -16,15 +16,25 @@ pub fn stack_into(dst: &mut [u8], parts: &[&[u8]]) {
     }
 }
 
-/// Gathers rows `indices` of a row-major `src` (rows of `row_bytes`) into
-/// `dst`. Returns `false`, writing nothing, if an index is out of range.
-pub fn gather_rows(dst: &mut [u8], src: &[u8], row_bytes: usize, indices: &[i64]) -> bool {
+/// Gathers rows `indices` of a row-major `src` (`rows` rows of `row_bytes`)
+/// into `dst`. Returns `false`, writing nothing, if an index is out of range.
+pub fn gather_rows(
+    dst: &mut [u8],
+    src: &[u8],
+    rows: usize,
+    row_bytes: usize,
+    indices: &[i64],
+) -> bool {
     assert_eq!(
         dst.len(),
         row_bytes * indices.len(),
         "gather_rows: size mismatch"
     );
-    let rows = src.len().checked_div(row_bytes).unwrap_or(0);
+    assert_eq!(
+        src.len(),
+        rows * row_bytes,
+        "gather_rows: source size mismatch"
+    );
     if indices.iter().any(|&i| i < 0 || i as usize >= rows) {
         return false;
     }
@@ -59,8 +69,8 @@ mod tests {
     fn gather_rejects_out_of_range_without_writing() {
         let src = [1u8, 2, 3, 4];
         let mut dst = [9u8; 4];
-        assert!(!gather_rows(&mut dst, &src, 2, &[0, 2]));
-        assert!(!gather_rows(&mut dst, &src, 2, &[-1, 0]));
+        assert!(!gather_rows(&mut dst, &src, 2, 2, &[0, 2]));
+        assert!(!gather_rows(&mut dst, &src, 2, 2, &[-1, 0]));
         assert_eq!(dst, [9; 4]);
     }
 
@@ -78,7 +88,7 @@ mod tests {
             let src: Vec<u8> = (0..rows * row_bytes).map(|i| (i * 7 + 3) as u8).collect();
             let idx: Vec<i64> = idx.into_iter().filter(|&i| i < rows).map(|i| i as i64).collect();
             let mut dst = vec![0u8; idx.len() * row_bytes];
-            prop_assert!(gather_rows(&mut dst, &src, row_bytes, &idx));
+            prop_assert!(gather_rows(&mut dst, &src, rows, row_bytes, &idx));
             for (k, &i) in idx.iter().enumerate() {
                 let i = i as usize;
                 prop_assert_eq!(&dst[k * row_bytes..(k + 1) * row_bytes], &src[i * row_bytes..(i + 1) * row_bytes]);

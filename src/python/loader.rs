@@ -266,16 +266,14 @@ impl SingleProcessIter {
             let Some(src) = view.contiguous_bytes() else {
                 return Ok(None);
             };
-            let row_bytes = if rows > 0 {
-                src.len() / rows as usize
-            } else {
-                0
-            };
+            let rows = rows as usize;
+            let row_elems: i64 = shape[1..].iter().product();
+            let row_bytes = view.dtype().itemsize() * row_elems as usize;
             let mut out_shape = shape.to_vec();
             out_shape[0] = indices.len() as i64;
             let mut batch =
                 FreshTensor::empty(t.empty.bind(py), &out_shape, dtype, view.dtype().itemsize())?;
-            if !gather_rows(batch.bytes_mut(), src, row_bytes, indices) {
+            if !gather_rows(batch.bytes_mut(), src, rows, row_bytes, indices) {
                 return Ok(None);
             }
             out.append(batch.into_tensor())?;

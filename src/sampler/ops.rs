@@ -6,6 +6,9 @@ use super::Mt19937;
 /// at or above it, the 64-bit "inside-out" Fisher-Yates (TensorFactories.cpp).
 const RANDPERM_SMALL_LIMIT: u64 = (u32::MAX / 20) as u64;
 
+/// From this range on, `randint` takes a 64-bit draw per value.
+const RANDINT_64BIT_RANGE: u64 = 1 << 28;
+
 /// `torch.randperm(n, generator=g)` on CPU.
 pub fn randperm(n: usize, rng: &mut Mt19937) -> Vec<i64> {
     let mut r: Vec<i64> = (0..n as i64).collect();
@@ -25,13 +28,14 @@ pub fn randperm(n: usize, rng: &mut Mt19937) -> Vec<i64> {
 }
 
 /// `torch.randint(high=high, size=(count,), dtype=torch.int64, generator=g)`
-/// appended to `out`. torch draws 64 bits only when the range needs them.
+/// appended to `out`. Public torch builds draw 64 bits once the range reaches
+/// 2**28 (`uniform_int_from_to_distribution`, non-fbcode branch), not 2**32.
 pub fn randint_into(high: i64, count: usize, rng: &mut Mt19937, out: &mut Vec<i64>) {
     debug_assert!(high > 0);
     let range = high as u64;
     out.reserve(count);
     for _ in 0..count {
-        let v = if range >= 1 << 32 {
+        let v = if range >= RANDINT_64BIT_RANGE {
             rng.next_u64() % range
         } else {
             rng.next_u32() as u64 % range

@@ -276,7 +276,7 @@ impl Setup {
     fn random_sampler_rng(&self) -> SamplerRng {
         match &self.user {
             Some(g) => SamplerRng::User(g.clone()),
-            None => SamplerRng::Private(Box::new(SeededOnFirstUse::Pending(self.global.clone()))),
+            None => SamplerRng::Private(SeededOnFirstUse::Pending(self.global.clone())),
         }
     }
 
@@ -303,8 +303,7 @@ impl Setup {
 
 enum SamplerRng {
     User(Shared),
-    // Boxed: a seeded engine is 2.5 KB.
-    Private(Box<SeededOnFirstUse<Shared>>),
+    Private(SeededOnFirstUse<Shared>),
 }
 
 impl RngSource for SamplerRng {
