@@ -1,0 +1,922 @@
+#!/usr/bin/env python3
+"""Side-by-side bench: ``torch.utils.data`` against ``ferroloader`` in one run.
+
+Every scenario times the two libraries on the same data, interleaved (torch,
+ferroloader, torch, ferroloader, ... for ``--repeats`` rounds) after one
+warm-up each, and reports the ratio ferroloader/torch as the **median of the
+per-round ratios** with its spread (min-max). The machines this runs on are
+shared and noisy (identical code measured against itself varies by up to
+20 %), so the ratios are the result; absolute rates are printed as context only.
+
+Scenarios (``--scenarios``, comma-separated; default all):
+
+=============  ==========================================================  =========
+name           what                                                        target
+=============  ==========================================================  =========
+int64          map-style dataset -> Python int, batch 64, num_workers=0    >= 2x
+tensords       TensorDataset (N,32) f32 + i64 labels, batch 256, nw=0      >= 5x
+collate        default_collate of 64 dicts of small tensors/ndarrays       >= 2x
+int64_w2       Python-int dataset, batch 64, num_workers=2                 >= 10x,
+               (and ferroloader nw=2 no slower than its own nw=0)          >= 1x
+dict40_w2      samples = dicts of 40 small tensors, batch 16, nw=2         >= 5x
+image_w2       samples 3x224x224 f32, batch 32, nw=2, MB/s                 >= 1.5x,
+               (and ferroloader >= half a one-thread memcpy of the batch)  >= 0.5x
+image_w2_rss   peak PSS/RSS of the process tree for the image_w2 job       <= 1x
+cpu_w2         pure-Python CPU-bound __getitem__ (~0.5 ms), nw=2           >= 0.9x
+ttfb_w2        time to first batch, nw=2, with fork and with spawn         <= 1x
+=============  ==========================================================  =========
+
+The ``*_w2`` scenarios are skipped with a note while ferroloader raises
+``NotImplementedError`` for ``num_workers > 0``.
+
+Exit status: 0 when the report was produced, whether or not targets were met;
+non-zero only when the bench itself (or a library under test) crashed.
+
+Usage::
+
+    python benches/bench_vs_torch.py [--repeats 7] [--scenarios a,b] [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+
+# ---------------------------------------------------------------------------
+# Datasets. Module-level classes so that spawned workers can unpickle them.
+# ---------------------------------------------------------------------------
+
+
+class IntDataset:
+    """Map-style dataset whose items are Python ints."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class CycleDataset:
+    """Map-style dataset cycling over a fixed list of prebuilt samples."""
+
+    def __init__(self, samples: Sequence[Any], n: int) -> None:
+        self.samples = list(samples)
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> Any:
+        return self.samples[index % len(self.samples)]
+
+
+class CpuDataset:
+    """Pure-Python CPU-bound ``__getitem__`` (``iters`` loop steps, calibrated)."""
+
+    def __init__(self, n: int, iters: int) -> None:
+        self.n = n
+        self.iters = iters
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        acc = index
+        for k in range(self.iters):
+            acc = (acc * 31 + k) & 0xFFFFFFFF
+        return acc
+
+
+# ---------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Check:
+    """One ratio with a target: ferroloader's figure against a baseline's."""
+
+    measure: str
+    unit: str
+    baseline_name: str
+    target: float
+    higher_is_better: bool = True
+    baseline: List[float] = field(default_factory=list)
+    ferro: List[float] = field(default_factory=list)
+    note: str = ""
+
+    def add(self, baseline: float, ferro: float) -> None:
+        self.baseline.append(baseline)
+        self.ferro.append(ferro)
+
+    @property
+    def ratios(self) -> List[float]:
+        return [f / b if b > 0 else math.inf for b, f in zip(self.baseline, self.ferro)]
+
+    @property
+    def median_ratio(self) -> Optional[float]:
+        r = self.ratios
+        return statistics.median(r) if r else None
+
+    @property
+    def passed(self) -> Optional[bool]:
+        m = self.median_ratio
+        if m is None:
+            return None
+        if self.note.startswith("MISMATCH"):
+            return False
+        return m >= self.target if self.higher_is_better else m <= self.target
+
+    def to_json(self) -> Dict[str, Any]:
+        d = asdict(self)
+        r = self.ratios
+        d.update(
+            ratios=r,
+            median_ratio=self.median_ratio,
+            spread=[min(r), max(r)] if r else None,
+            median_baseline=statistics.median(self.baseline) if self.baseline else None,
+            median_ferro=statistics.median(self.ferro) if self.ferro else None,
+            passed=self.passed,
+        )
+        return d
+
+
+@dataclass
+class Scenario:
+    name: str
+    title: str
+    status: str = "ok"  # ok | skipped | error
+    note: str = ""
+    checks: List[Check] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_json(self) -> Dict[str, Any]:
+        primary = self.checks[0].median_ratio if self.checks and self.status == "ok" else None
+        return {
+            "name": self.name,
+            "title": self.title,
+            "status": self.status,
+            "note": self.note,
+            "ratio": primary,
+            "seconds": round(self.seconds, 2),
+            "checks": [c.to_json() for c in self.checks],
+        }
+
+
+class Skip(Exception):
+    """Raised by a scenario to be reported as skipped."""
+
+
+# ---------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Settings:
+    repeats: int
+    quick: bool
+    min_time: float  # seconds of work per timed measurement (whole epochs)
+
+
+def _mw_unavailable(exc: BaseException) -> Skip:
+    return Skip(f"skipped: ferroloader num_workers>0 not available: {exc}")
+
+
+# ---------------------------------------------------------------------------
+# Timing helpers
+# ---------------------------------------------------------------------------
+
+
+def timed_rate(step: Callable[[], float], min_time: float) -> float:
+    """Run ``step`` (returns units of work done) until ``min_time`` elapsed; units/s."""
+    gc.collect()
+    units = 0.0
+    t0 = time.perf_counter()
+    while True:
+        units += step()
+        elapsed = time.perf_counter() - t0
+        if elapsed >= min_time:
+            return units / elapsed
+
+
+def epoch_step(loader: Iterable[Any], units_per_epoch: float) -> Callable[[], float]:
+    """A step that consumes one epoch of ``loader`` and reports ``units_per_epoch``."""
+
+    def step() -> float:
+        for _batch in loader:
+            pass
+        return units_per_epoch
+
+    return step
+
+
+def first_batch(loader: Iterable[Any]) -> Any:
+    it = iter(loader)
+    try:
+        return next(it)
+    finally:
+        del it
+
+
+def compare(a: Any, b: Any, path: str = "batch") -> Optional[str]:
+    """None when ``a`` (torch) and ``b`` (ferroloader) are the same batch, else why not."""
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor):
+            return f"{path}: torch gives Tensor, ferroloader gives {type(b).__name__}"
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return f"{path}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        return None if torch.equal(a, b) else f"{path}: values differ"
+    if isinstance(a, dict):
+        if not isinstance(b, dict) or list(a) != list(b):
+            return f"{path}: dict keys differ"
+        for k in a:
+            why = compare(a[k], b[k], f"{path}[{k!r}]")
+            if why:
+                return why
+        return None
+    if isinstance(a, (list, tuple)):
+        if type(a) is not type(b) or len(a) != len(b):
+            return f"{path}: {type(a).__name__}[{len(a)}] vs {type(b).__name__}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            why = compare(x, y, f"{path}[{i}]")
+            if why:
+                return why
+        return None
+    return None if type(a) is type(b) and a == b else f"{path}: {a!r} vs {b!r}"
+
+
+def check_same(check: Check, torch_batch: Any, ferro_batch: Any) -> None:
+    why = compare(torch_batch, ferro_batch)
+    if why:
+        check.note = f"MISMATCH (outputs differ, comparison void): {why}"
+
+
+# ---------------------------------------------------------------------------
+# The library under test
+# ---------------------------------------------------------------------------
+
+
+def import_ferro() -> Any:
+    import ferroloader
+
+    for name in ("DataLoader", "TensorDataset", "default_collate"):
+        if not hasattr(ferroloader, name):
+            raise ImportError(f"ferroloader has no {name}")
+    return ferroloader
+
+
+def ferro_version(fl: Any) -> str:
+    version = getattr(fl, "__version__", None)
+    if version is None:
+        try:
+            from importlib.metadata import version as dist_version
+
+            version = dist_version("ferroloader")
+        except Exception:
+            version = "?"
+    return str(version)
+
+
+_MW_PROBE: Dict[str, Optional[str]] = {}
+
+
+def probe_workers(fl: Any) -> None:
+    """Raise Skip if ferroloader's num_workers>0 raises NotImplementedError."""
+    if "result" not in _MW_PROBE:
+        try:
+            first_batch(fl.DataLoader(IntDataset(8), batch_size=4, num_workers=2))
+            _MW_PROBE["result"] = None
+        except NotImplementedError as exc:
+            _MW_PROBE["result"] = str(exc) or "NotImplementedError"
+    if _MW_PROBE["result"] is not None:
+        raise Skip(f"skipped: ferroloader num_workers>0 not available: {_MW_PROBE['result']}")
+
+
+# ---------------------------------------------------------------------------
+# Loader scenarios (shared shape)
+# ---------------------------------------------------------------------------
+
+
+def loader_pair(
+    st: Settings,
+    check: Check,
+    make_torch: Callable[[], Iterable[Any]],
+    make_ferro: Callable[[], Iterable[Any]],
+    units_per_epoch: float,
+    extra: Optional[List[Tuple[Check, Callable[[], float]]]] = None,
+) -> None:
+    """Warm up both loaders, then interleave torch, ferro (and extras) per round.
+
+    ``extra`` pairs a second check with a rate function measured in the same
+    round; its ratio is that round's ferroloader rate over the extra rate
+    (``check.baseline`` holds the extra rate).
+    """
+    tl, fl = make_torch(), make_ferro()
+    tb, fb = first_batch(tl), first_batch(fl)  # also starts persistent workers
+    check_same(check, tb, fb)
+    del tb, fb
+    t_step, f_step = epoch_step(tl, units_per_epoch), epoch_step(fl, units_per_epoch)
+    warm = st.min_time / 2
+    timed_rate(t_step, warm)
+    timed_rate(f_step, warm)
+    for fn in (e[1] for e in extra or []):
+        fn()
+    for _ in range(st.repeats):
+        t = timed_rate(t_step, st.min_time)
+        f = timed_rate(f_step, st.min_time)
+        check.add(t, f)
+        for other, fn in extra or []:
+            other.add(fn(), f)
+    del tl, fl, t_step, f_step
+    gc.collect()
+
+
+# --- num_workers=0 ----------------------------------------------------------
+
+
+def sc_int64(st: Settings, fl: Any) -> List[Check]:
+    n = 2048 if st.quick else 65536
+    check = Check("samples/s", "samples/s", "torch", target=2.0)
+    loader_pair(
+        st,
+        check,
+        lambda: tud.DataLoader(IntDataset(n), batch_size=64),
+        lambda: fl.DataLoader(IntDataset(n), batch_size=64),
+        n,
+    )
+    return [check]
+
+
+def sc_tensords(st: Settings, fl: Any) -> List[Check]:
+    n = 4096 if st.quick else 65536
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 32, generator=gen)
+    y = torch.randint(0, 10, (n,), generator=gen)
+    check = Check("samples/s", "samples/s", "torch", target=5.0)
+    loader_pair(
+        st,
+        check,
+        lambda: tud.DataLoader(tud.TensorDataset(x, y), batch_size=256),
+        lambda: fl.DataLoader(fl.TensorDataset(x, y), batch_size=256),
+        n,
+    )
+    return [check]
+
+
+def collate_samples(n: int = 64) -> List[Dict[str, Any]]:
+    rng = np.random.default_rng(0)
+    return [
+        {
+            "a": torch.from_numpy(rng.standard_normal(8, dtype=np.float32)),
+            "b": torch.from_numpy(rng.integers(0, 100, (3, 4), dtype=np.int64)),
+            "c": rng.standard_normal(16, dtype=np.float32),
+            "d": rng.integers(0, 100, 4, dtype=np.int64),
+        }
+        for _ in range(n)
+    ]
+
+
+def sc_collate(st: Settings, fl: Any) -> List[Check]:
+    batch = collate_samples(64)
+    check = Check("samples/s", "samples/s", "torch", target=2.0)
+    t_fn, f_fn = tud.default_collate, fl.default_collate
+    check_same(check, t_fn(batch), f_fn(batch))
+
+    def t_step() -> float:
+        for _ in range(20):
+            t_fn(batch)
+        return 20 * len(batch)
+
+    def f_step() -> float:
+        for _ in range(20):
+            f_fn(batch)
+        return 20 * len(batch)
+
+    timed_rate(t_step, st.min_time / 2)
+    timed_rate(f_step, st.min_time / 2)
+    for _ in range(st.repeats):
+        check.add(timed_rate(t_step, st.min_time), timed_rate(f_step, st.min_time))
+    return [check]
+
+
+# --- num_workers=2 ----------------------------------------------------------
+
+
+def mw_kwargs(**kw: Any) -> Dict[str, Any]:
+    return dict(num_workers=2, persistent_workers=True, **kw)
+
+
+def sc_int64_w2(st: Settings, fl: Any) -> List[Check]:
+    probe_workers(fl)
+    n = 2048 if st.quick else 16384
+    check = Check("samples/s", "samples/s", "torch", target=10.0)
+    own = Check("samples/s", "samples/s", "ferroloader nw=0", target=1.0)
+    f0 = fl.DataLoader(IntDataset(n), batch_size=64)
+    f0_step = epoch_step(f0, n)
+    loader_pair(
+        st,
+        check,
+        lambda: tud.DataLoader(IntDataset(n), batch_size=64, **mw_kwargs()),
+        lambda: fl.DataLoader(IntDataset(n), batch_size=64, **mw_kwargs()),
+        n,
+        extra=[(own, lambda: timed_rate(f0_step, st.min_time))],
+    )
+    return [check, own]
+
+
+def sc_dict40_w2(st: Settings, fl: Any) -> List[Check]:
+    probe_workers(fl)
+    n = 128 if st.quick else 512
+    gen = torch.Generator().manual_seed(0)
+    samples = [
+        {
+            f"k{j:02d}": (
+                torch.randn(8, generator=gen)
+                if j % 2 == 0
+                else torch.randint(0, 100, (2, 2), generator=gen)
+            )
+            for j in range(40)
+        }
+        for _ in range(64)
+    ]
+    check = Check("samples/s", "samples/s", "torch", target=5.0)
+    loader_pair(
+        st,
+        check,
+        lambda: tud.DataLoader(CycleDataset(samples, n), batch_size=16, **mw_kwargs()),
+        lambda: fl.DataLoader(CycleDataset(samples, n), batch_size=16, **mw_kwargs()),
+        n,
+    )
+    return [check]
+
+
+IMAGE_SHAPE = (3, 224, 224)
+IMAGE_BATCH = 32
+
+
+def image_samples() -> List[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(IMAGE_SHAPE, generator=gen) for _ in range(4)]
+
+
+def memcpy_rate(nbytes: int, min_time: float) -> Callable[[], float]:
+    """MB/s of a one-thread copy of ``nbytes`` between two preallocated arrays."""
+    src = np.ones(nbytes // 4, dtype=np.float32)
+    dst = np.zeros_like(src)
+
+    def step() -> float:
+        np.copyto(dst, src)
+        return nbytes / 1e6
+
+    return lambda: timed_rate(step, min_time)
+
+
+def sc_image_w2(st: Settings, fl: Any) -> List[Check]:
+    probe_workers(fl)
+    n = IMAGE_BATCH * (2 if st.quick else 8)
+    sample_bytes = math.prod(IMAGE_SHAPE) * 4
+    samples = image_samples()
+    check = Check("MB/s", "MB/s", "torch", target=1.5)
+    vs_copy = Check("MB/s", "MB/s", "memcpy of batch", target=0.5)
+    loader_pair(
+        st,
+        check,
+        lambda: tud.DataLoader(CycleDataset(samples, n), batch_size=IMAGE_BATCH, **mw_kwargs()),
+        lambda: fl.DataLoader(CycleDataset(samples, n), batch_size=IMAGE_BATCH, **mw_kwargs()),
+        n * sample_bytes / 1e6,
+        extra=[(vs_copy, memcpy_rate(IMAGE_BATCH * sample_bytes, st.min_time))],
+    )
+    return [check, vs_copy]
+
+
+def sc_cpu_w2(st: Settings, fl: Any) -> List[Check]:
+    probe_workers(fl)
+    iters = calibrate_cpu_iters(0.5e-3)
+    n = 128 if st.quick else 1024
+    check = Check("samples/s", "samples/s", "torch", target=0.9)
+    check.note = f"__getitem__ = {iters} loop steps (~0.5 ms here)"
+    loader_pair(
+        st,
+        check,
+        lambda: tud.DataLoader(CpuDataset(n, iters), batch_size=32, **mw_kwargs()),
+        lambda: fl.DataLoader(CpuDataset(n, iters), batch_size=32, **mw_kwargs()),
+        n,
+    )
+    return [check]
+
+
+def calibrate_cpu_iters(seconds: float) -> int:
+    ds = CpuDataset(1, 20000)
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        ds[0]
+        best = min(best, time.perf_counter() - t0)
+    return max(1, round(20000 * seconds / best))
+
+
+def sc_ttfb_w2(st: Settings, fl: Any) -> List[Check]:
+    probe_workers(fl)
+    n = 4096
+    checks = []
+    rounds = {"fork": st.repeats, "spawn": max(2, min(st.repeats, 3))}
+    for ctx, nrounds in rounds.items():
+        check = Check(f"ms to first batch ({ctx})", "ms", "torch", target=1.0)
+        check.higher_is_better = False
+        if ctx == "spawn":
+            check.note = f"{nrounds} rounds (a spawned interpreter imports torch)"
+
+        def ttfb(lib: Any, ctx: str = ctx) -> float:
+            gc.collect()
+            t0 = time.perf_counter()
+            loader = lib.DataLoader(
+                IntDataset(n), batch_size=64, num_workers=2, multiprocessing_context=ctx
+            )
+            it = iter(loader)
+            next(it)
+            dt = time.perf_counter() - t0  # worker shutdown below is not timed
+            del it, loader
+            gc.collect()
+            return dt * 1e3
+
+        for _ in range(nrounds):
+            t = ttfb(tud)
+            check.add(t, ttfb(fl))
+        checks.append(check)
+    return checks
+
+
+# --- peak memory of the process tree, measured in fresh child processes -----
+
+RSS_MARK = "@@RSS@@"
+
+
+def _children(pid: int) -> List[int]:
+    kids: List[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+        return kids
+    except OSError:
+        pass
+    for entry in os.listdir("/proc"):  # fallback: scan parents
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return kids
+
+
+def _tree(pid: int) -> List[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += _children(p)
+    return out
+
+
+def _mem_kib(pid: int) -> Tuple[int, int]:
+    """(RSS, PSS) of one process in KiB; PSS falls back to RSS."""
+    rss = pss = 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
+                    break
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    pss = int(line.split()[1])
+                    break
+    except (OSError, ValueError):
+        pass
+    return rss, pss or rss
+
+
+class TreeMemSampler(threading.Thread):
+    """Samples the summed RSS and PSS of this process and its descendants."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        super().__init__(daemon=True)
+        self.interval = interval
+        self.peak_rss = self.peak_pss = 0
+        self.max_procs = 0
+        self._stop_event = threading.Event()
+
+    def sample(self) -> None:
+        pids = _tree(os.getpid())
+        mems = [_mem_kib(p) for p in pids]
+        self.peak_rss = max(self.peak_rss, sum(m[0] for m in mems))
+        self.peak_pss = max(self.peak_pss, sum(m[1] for m in mems))
+        self.max_procs = max(self.max_procs, len(pids))
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self.sample()
+            self._stop_event.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+        self.sample()
+
+
+def rss_child(lib_name: str, quick: bool) -> None:
+    """Entry of the fresh child process: run the image_w2 job once, print peaks."""
+    lib: Any = tud if lib_name == "torch" else import_ferro()
+    samples = image_samples()
+    n = IMAGE_BATCH * (2 if quick else 16)
+    gc.collect()
+    base = TreeMemSampler()
+    base.sample()
+    result: Dict[str, Any] = {"base_rss_kib": base.peak_rss, "base_pss_kib": base.peak_pss}
+    sampler = TreeMemSampler()
+    sampler.start()
+    try:
+        loader = lib.DataLoader(CycleDataset(samples, n), batch_size=IMAGE_BATCH, num_workers=2)
+        batches = 0
+        for _batch in loader:
+            batches += 1
+        del loader
+        result.update(batches=batches)
+    except NotImplementedError as exc:
+        result.update(not_implemented=str(exc) or "NotImplementedError")
+    finally:
+        sampler.stop()
+    result.update(
+        peak_rss_kib=sampler.peak_rss, peak_pss_kib=sampler.peak_pss, procs=sampler.max_procs
+    )
+    print(RSS_MARK + json.dumps(result), flush=True)
+
+
+def run_rss_child(lib_name: str, quick: bool) -> Dict[str, Any]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--_rss-child", lib_name]
+    if quick:
+        cmd.append("--quick")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    for line in proc.stdout.splitlines():
+        if line.startswith(RSS_MARK):
+            out: Dict[str, Any] = json.loads(line[len(RSS_MARK) :])
+            if "not_implemented" in out:
+                raise Skip(
+                    "skipped: ferroloader num_workers>0 not available: " + out["not_implemented"]
+                )
+            return out
+    raise RuntimeError(
+        f"memory child for {lib_name} failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
+    )
+
+
+def sc_image_w2_rss(st: Settings, fl: Any) -> List[Check]:
+    probe_workers(fl)
+    pss = Check("peak tree PSS", "MiB", "torch", target=1.0, higher_is_better=False)
+    rss = Check("peak tree RSS (sum)", "MiB", "torch", target=1.0, higher_is_better=False)
+    rounds = 2
+    pss.note = f"fresh process per run, {rounds} rounds; RSS sum counts shared pages twice"
+    for _ in range(rounds):
+        t = run_rss_child("torch", st.quick)
+        f = run_rss_child("ferro", st.quick)
+        pss.add(t["peak_pss_kib"] / 1024, f["peak_pss_kib"] / 1024)
+        rss.add(t["peak_rss_kib"] / 1024, f["peak_rss_kib"] / 1024)
+    return [pss, rss]
+
+
+# ---------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------
+
+SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
+    "int64": ("map-style Python int, batch 64, num_workers=0", sc_int64),
+    "tensords": ("TensorDataset (N,32) f32 + i64, batch 256, num_workers=0", sc_tensords),
+    "collate": ("default_collate of 64 dicts (2 tensors, 2 ndarrays)", sc_collate),
+    "int64_w2": ("map-style Python int, batch 64, num_workers=2", sc_int64_w2),
+    "dict40_w2": ("dicts of 40 small tensors, batch 16, num_workers=2", sc_dict40_w2),
+    "image_w2": ("3x224x224 f32 samples, batch 32, num_workers=2", sc_image_w2),
+    "image_w2_rss": ("peak memory of the process tree, image_w2 job", sc_image_w2_rss),
+    "cpu_w2": ("pure-Python ~0.5 ms __getitem__, batch 32, num_workers=2", sc_cpu_w2),
+    "ttfb_w2": ("time to first batch, num_workers=2, fork and spawn", sc_ttfb_w2),
+}
+
+
+def fmt_num(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    if x >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.3g}"
+
+
+def fmt_target(c: Check) -> str:
+    return f"{'>=' if c.higher_is_better else '<='} {c.target:g}x"
+
+
+def verdict(c: Check) -> str:
+    if c.note.startswith("MISMATCH"):
+        return "FAIL (mismatch)"
+    return "PASS" if c.passed else "FAIL"
+
+
+def print_scenario(s: Scenario) -> None:
+    print(f"\n== {s.name}: {s.title} ({s.seconds:.1f} s)", flush=True)
+    if s.status != "ok":
+        print(f"   {s.note}", flush=True)
+        return
+    for c in s.checks:
+        r = c.ratios
+        print(
+            f"   {c.measure}: ferroloader/{c.baseline_name} median {c.median_ratio:.2f}x "
+            f"(spread {min(r):.2f}-{max(r):.2f}x, {len(r)} rounds)  "
+            f"target {fmt_target(c)}  {verdict(c)}"
+        )
+        print(
+            f"     context: {c.baseline_name} {fmt_num(statistics.median(c.baseline))} "
+            f"{c.unit}, ferroloader {fmt_num(statistics.median(c.ferro))} {c.unit} (medians)"
+        )
+        print("     per-round ratios: " + " ".join(f"{x:.2f}" for x in r))
+        if c.note:
+            print(f"     note: {c.note}")
+    sys.stdout.flush()
+
+
+def print_table(results: List[Scenario]) -> None:
+    head = (
+        "scenario",
+        "measure",
+        "baseline",
+        "baseline*",
+        "ferroloader*",
+        "ratio (median)",
+        "spread",
+        "target",
+        "result",
+    )
+    rows: List[Tuple[str, ...]] = []
+    for s in results:
+        if s.status != "ok":
+            rows.append((s.name, "-", "-", "-", "-", "-", "-", "-", s.status.upper()))
+            continue
+        for c in s.checks:
+            r = c.ratios
+            rows.append(
+                (
+                    s.name,
+                    c.measure,
+                    c.baseline_name,
+                    f"{fmt_num(statistics.median(c.baseline))} {c.unit}",
+                    f"{fmt_num(statistics.median(c.ferro))} {c.unit}",
+                    f"{c.median_ratio:.2f}x",
+                    f"{min(r):.2f}-{max(r):.2f}x",
+                    fmt_target(c),
+                    verdict(c),
+                )
+            )
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+
+    def line(row: Sequence[str]) -> str:
+        return "| " + " | ".join(v.ljust(w) for v, w in zip(row, widths)) + " |"
+
+    print("\nSummary: ratio = ferroloader / baseline, median of per-round ratios")
+    print("(* absolute figures are context only: medians on a shared, noisy machine)")
+    print(line(head))
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print(line(row))
+    notes: Dict[str, List[str]] = {}
+    for s in results:
+        if s.status != "ok":
+            first = s.note.strip().splitlines()[-1] if s.note.strip() else s.status
+            notes.setdefault(first, []).append(s.name)
+    for note, names in notes.items():
+        print(f"  {', '.join(names)}: {note}")
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Side-by-side bench of torch.utils.data vs ferroloader (ratios, one run)."
+    )
+    p.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 7)")
+    p.add_argument(
+        "--scenarios",
+        default="all",
+        help="comma-separated subset of: " + ",".join(SCENARIOS) + " (default all)",
+    )
+    p.add_argument("--quick", action="store_true", help="tiny sizes, 2 rounds (smoke test)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--min-time", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--_rss-child", dest="rss_child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 2 if args.quick else 7
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    if args.scenarios == "all":
+        args.scenarios = list(SCENARIOS)
+    else:
+        args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+        unknown = [s for s in args.scenarios if s not in SCENARIOS]
+        if unknown:
+            p.error(f"unknown scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.rss_child:
+        rss_child(args.rss_child, args.quick)
+        return 0
+    st = Settings(
+        repeats=args.repeats,
+        quick=args.quick,
+        min_time=args.min_time or (0.02 if args.quick else 0.25),
+    )
+    fl = import_ferro()
+    meta = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "ferroloader": ferro_version(fl),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "repeats": st.repeats,
+        "quick": st.quick,
+        "min_time_s": st.min_time,
+        "argv": sys.argv[1:],
+    }
+    print(
+        "ferroloader vs torch.utils.data, interleaved rounds (torch, ferroloader, ...); "
+        f"{st.repeats} rounds, >= {st.min_time} s of work per timing"
+    )
+    print(
+        "  "
+        + ", ".join(f"{k} {meta[k]}" for k in ("python", "torch", "numpy", "ferroloader", "cpus"))
+    )
+    print("  ratios are the result; absolute figures are context (shared, noisy machine)")
+
+    results: List[Scenario] = []
+    crashed = False
+    t_all = time.perf_counter()
+    for name in args.scenarios:
+        title, fn = SCENARIOS[name]
+        sc = Scenario(name, title)
+        t0 = time.perf_counter()
+        try:
+            sc.checks = fn(st, fl)
+        except Skip as exc:
+            sc.status, sc.note = "skipped", str(exc)
+        except NotImplementedError as exc:
+            if name.endswith(("_w2", "_rss")):
+                sc.status, sc.note = "skipped", str(_mw_unavailable(exc))
+            else:
+                crashed = True
+                sc.status, sc.note = "error", traceback.format_exc()
+        except Exception:
+            crashed = True
+            sc.status, sc.note = "error", traceback.format_exc()
+        sc.seconds = time.perf_counter() - t0
+        gc.collect()
+        print_scenario(sc)
+        results.append(sc)
+
+    print_table(results)
+    print(f"\ntotal {time.perf_counter() - t_all:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"meta": meta, "scenarios": {s.name: s.to_json() for s in results}},
+                f,
+                indent=2,
+            )
+        print(f"results written to {args.json}")
+    return 1 if crashed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
