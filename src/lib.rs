@@ -7,7 +7,9 @@
 //! `// SAFETY:` comment.
 
 pub mod collate;
+pub mod ring;
 pub mod sampler;
+pub mod scheduler;
 
 #[cfg(feature = "python")]
 mod python;

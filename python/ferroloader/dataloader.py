@@ -9,23 +9,20 @@ replaced: indices, fetch, default collation and reassembly run in Rust.
 
 from __future__ import annotations
 
+import os
+import socket
 import warnings
 from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 
 import torch
 import torch.utils.data.dataloader as _tdl
 from torch.utils.data import _utils
-from torch.utils.data.dataset import TensorDataset as _TorchTensorDataset
 
-from ferroloader import _core
+from ferroloader import _core, _worker
+from ferroloader._fetch import fetch_plan
 from ferroloader.sampler import native_batch_iter, native_iter
 
 _T_co = TypeVar("_T_co", covariant=True)
-
-_NOT_YET = (
-    "ferroloader: multi-process loading (num_workers > 0) is not implemented yet; "
-    "use num_workers=0"
-)
 
 
 class DataLoader(_tdl.DataLoader[_T_co]):
@@ -71,13 +68,12 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
-        if num_workers > 0:
-            raise NotImplementedError(_NOT_YET)
 
     def _get_iterator(self) -> Any:
-        if self.num_workers > 0:
-            raise NotImplementedError(_NOT_YET)
-        return _single_process_iter(self)
+        if self.num_workers == 0:
+            return _single_process_iter(self)
+        self.check_worker_number_rationality()
+        return _MultiProcessIter.start(self)
 
 
 def _is_datapipe(dataset: Any) -> bool:
@@ -113,6 +109,23 @@ def _pin_settings(loader: DataLoader[Any]) -> Optional[tuple[Any, str]]:
     return (_utils.pin_memory.pin_memory, device)  # type: ignore[return-value]
 
 
+def _index_source(loader: DataLoader[Any]) -> Any:
+    """The epoch's index stream: a Rust iterator for samplers the engine
+    knows, else ``iter(index_sampler)`` as torch creates it."""
+    if loader._dataset_kind == _tdl._DatasetKind.Iterable:
+        return None
+    index_sampler = loader._index_sampler
+    auto = loader._auto_collation
+    native = native_batch_iter(index_sampler) if auto else native_iter(index_sampler)
+    return native if native is not None else iter(index_sampler)
+
+
+def _draw_base_seed(loader: DataLoader[Any]) -> int:
+    """The loader's base seed, drawn where torch draws it (the generator
+    advances even when no worker needs it)."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
+
+
 def _single_process_iter(loader: DataLoader[Any]) -> Any:
     """Builds the iterator in the order ``_SingleProcessDataLoaderIter``
     does its work: index sampler iterator, base-seed draw, fetcher."""
@@ -120,41 +133,144 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
     if _is_datapipe(dataset):
         return _tdl._SingleProcessDataLoaderIter(loader)
     pin = _pin_settings(loader)
-    index_sampler = loader._index_sampler
-    auto = loader._auto_collation
     iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
-    source: Any = None
-    if not iterable:
-        native = native_batch_iter(index_sampler) if auto else native_iter(index_sampler)
-        source = native if native is not None else iter(index_sampler)
-    # The loader's base seed: drawn (and the generator advanced) even though
-    # a single-process loader has no worker to hand it to.
-    torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+    source = _index_source(loader)
+    _draw_base_seed(loader)
     if loader.timeout != 0:
         raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
-    getitems = None
-    tensors = None
     if iterable:
         source = iter(dataset)
-    else:
-        candidate = getattr(dataset, "__getitems__", None)
-        getitems = candidate if candidate else None
-        if type(dataset).__getitem__ is _TorchTensorDataset.__getitem__ and getitems is None:
-            tensors = list(dataset.tensors)
+    getitems, tensors = fetch_plan(dataset, iterable)
     return _core.SingleProcessIter(
         source,
         dataset,
         iterable=iterable,
         getitems=getitems,
         tensors=tensors,
-        auto_collation=auto,
+        auto_collation=loader._auto_collation,
         batch_size=loader.batch_size or 0,
         drop_last=loader.drop_last,
         collate_fn=loader.collate_fn,
         pin=pin,
-        index_sampler=index_sampler,
+        index_sampler=loader._index_sampler,
         len_called=loader._IterableDataset_len_called,
     )
+
+
+_SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_INITIAL_ARENA = 64 << 20
+
+
+def shm_limit() -> int:
+    """The loader's shared-memory budget in bytes, shared by its workers:
+    ``FERROLOADER_SHM_LIMIT`` (a byte count, optionally with a K, M, G or T
+    suffix), else half of physical memory."""
+    raw = os.environ.get("FERROLOADER_SHM_LIMIT", "").strip().upper().removesuffix("B")
+    if raw:
+        unit = raw[-1] if raw[-1] in _SIZE_SUFFIXES else ""
+        number = raw[: len(raw) - len(unit)].strip()
+        try:
+            return max(1, int(float(number) * _SIZE_SUFFIXES[unit]))
+        except ValueError:
+            raise ValueError(
+                f"FERROLOADER_SHM_LIMIT={os.environ['FERROLOADER_SHM_LIMIT']!r} is not a size "
+                "(e.g. 512M or 8G)"
+            ) from None
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+class _MultiProcessIter(_core.MultiProcessIter):
+    """torch's ``_MultiProcessingDataLoaderIter``: workers started through
+    ``multiprocessing``; dispatch, transport and reassembly in Rust."""
+
+    _procs: list[Any]
+
+    @classmethod
+    def start(cls, loader: DataLoader[Any]) -> _MultiProcessIter:
+        dataset = loader.dataset
+        pin = _pin_settings(loader)
+        iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
+        source = _index_source(loader)
+        base_seed = _draw_base_seed(loader)
+        ctx = loader.multiprocessing_context or torch.multiprocessing
+        fork = ctx.get_start_method() == "fork"
+        n = loader.num_workers
+        per_worker = max(shm_limit() // n, 1 << 20)
+        socks: list[socket.socket] = []
+        procs: list[Any] = []
+        try:
+            for i in range(n):
+                parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                close_fds = [s.fileno() for s in (*socks, parent)] if fork else []
+                w = ctx.Process(
+                    target=_worker.worker_entry,
+                    args=(
+                        child,
+                        [dataset],
+                        iterable,
+                        loader._auto_collation,
+                        loader.collate_fn,
+                        loader.drop_last,
+                        base_seed,
+                        loader.worker_init_fn,
+                        i,
+                        n,
+                        os.getpid(),
+                        min(_INITIAL_ARENA, per_worker),
+                        per_worker,
+                        close_fds,
+                    ),
+                )
+                w.daemon = True
+                socks.append(parent)
+                try:
+                    w.start()
+                finally:
+                    child.close()
+                procs.append(w)
+        except BaseException:
+            for w in procs:
+                w.terminate()
+                w.join()
+            for s in socks:
+                s.close()
+            raise
+        workers = [(s.detach(), w.pid) for s, w in zip(socks, procs)]
+        timeout = float(loader.timeout)
+        it = cls(
+            workers,
+            source,
+            dataset,
+            iterable=iterable,
+            batch_size=loader.batch_size,
+            auto_collation=loader._auto_collation,
+            prefetch_factor=loader.prefetch_factor,
+            in_order=loader.in_order,
+            persistent=loader.persistent_workers,
+            timeout=timeout,
+            timeout_text=str(loader.timeout),
+            pin=pin,
+            index_sampler=loader._index_sampler,
+            len_called=loader._IterableDataset_len_called,
+        )
+        it._procs = procs
+        it._prime()
+        return it
+
+    def _reset(self, loader: DataLoader[Any], first_iter: bool = False) -> None:
+        """A new epoch on persistent workers (``DataLoader.__iter__``)."""
+        self._reset_epoch(_index_source(loader), loader._IterableDataset_len_called)
+
+    def _shutdown_workers(self) -> None:
+        self._close()
+        for w in getattr(self, "_procs", ()):
+            w.join(timeout=5.0)
+            if w.is_alive():
+                w.terminate()
+                w.join()
+
+    def __del__(self) -> None:
+        self._shutdown_workers()
 
 
 __all__ = ["DataLoader"]

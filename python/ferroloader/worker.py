@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
-from torch.utils.data._utils.worker import WorkerInfo
-
-_worker_info: Optional[WorkerInfo] = None
+from torch.utils.data._utils import worker as _torch_worker
 
 
-def get_worker_info() -> Optional[Any]:
-    """Return information about the current loader worker, or ``None`` in the
-    main process (every loader runs in the main process until multi-process
-    loading lands)."""
-    return _worker_info
+def get_worker_info() -> Optional[_torch_worker.WorkerInfo]:
+    """Information about the current loader worker (id, num_workers, seed,
+    dataset), or ``None`` in the main process. Workers set torch's record, so
+    ``torch.utils.data.get_worker_info()`` answers the same inside them."""
+    return _torch_worker._worker_info
+
+
+__all__ = ["get_worker_info"]

@@ -14,6 +14,16 @@ use super::ffi::{DlView, FreshTensor};
 use super::torch::{torch, Torch};
 use crate::collate::{stack_into, write_scalars};
 
+/// Where natively collated leaves go.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Sink {
+    /// Main process: a new tensor per leaf.
+    InProcess,
+    /// Worker: a [`PendingLeaf`] placeholder, written into the batch's arena
+    /// record once the whole batch is laid out.
+    Deferred,
+}
+
 /// One `collate` call: the registry and the keyword arguments handed to
 /// registered functions, built once.
 pub struct Collator<'py> {
@@ -21,22 +31,24 @@ pub struct Collator<'py> {
     t: &'static Torch,
     map: Option<Bound<'py, PyDict>>,
     kwargs: Option<Bound<'py, PyDict>>,
+    sink: Sink,
 }
 
 impl<'py> Collator<'py> {
-    pub fn new(py: Python<'py>, map: Option<Bound<'py, PyDict>>) -> PyResult<Self> {
+    pub fn new(py: Python<'py>, map: Option<Bound<'py, PyDict>>, sink: Sink) -> PyResult<Self> {
         Ok(Collator {
             py,
             t: torch(py)?,
             map,
             kwargs: None,
+            sink,
         })
     }
 
     /// `default_collate`: torch's registry.
-    pub fn default(py: Python<'py>) -> PyResult<Self> {
+    pub fn default(py: Python<'py>, sink: Sink) -> PyResult<Self> {
         let t = torch(py)?;
-        Self::new(py, Some(t.default_collate_fn_map.bind(py).clone()))
+        Self::new(py, Some(t.default_collate_fn_map.bind(py).clone()), sink)
     }
 
     fn kwargs(&mut self) -> PyResult<Bound<'py, PyDict>> {
@@ -142,7 +154,29 @@ impl<'py> Collator<'py> {
         if !plain {
             return Ok(None);
         }
-        self.t.stack.bind(py).call1((batch, 0)).map(Some)
+        if self.sink == Sink::InProcess {
+            return self.t.stack.bind(py).call1((batch, 0)).map(Some);
+        }
+        // Worker: torch allocates `out` with elem's dtype and shape and stacks
+        // into it; the engine does the same into the arena record.
+        if !elem
+            .getattr(pyo3::intern!(py, "device"))?
+            .getattr(pyo3::intern!(py, "type"))?
+            .eq("cpu")?
+        {
+            return Ok(None);
+        }
+        let Some(dtype) = self.t.dl_dtype(&elem.getattr(pyo3::intern!(py, "dtype"))?) else {
+            return Ok(None);
+        };
+        let mut shape: Vec<i64> = vec![batch.len()? as i64];
+        shape.extend(elem.getattr(pyo3::intern!(py, "shape"))?.extract::<Vec<i64>>()?);
+        let leaf = PendingLeaf {
+            dtype,
+            shape,
+            data: Pending::Stack(batch.clone().unbind()),
+        };
+        Ok(Some(Bound::new(py, leaf)?.into_any()))
     }
 
     /// `collate_numpy_array_fn`: each array's bytes copied once into one
@@ -184,6 +218,15 @@ impl<'py> Collator<'py> {
         let mut out_shape = Vec::with_capacity(shape.len() + 1);
         out_shape.push(views.len() as i64);
         out_shape.extend_from_slice(&shape);
+        if self.sink == Sink::Deferred {
+            let arrays = items.iter().map(Bound::unbind).collect();
+            let leaf = PendingLeaf {
+                dtype,
+                shape: out_shape,
+                data: Pending::Arrays(arrays),
+            };
+            return Ok(Some(Bound::new(py, leaf)?.into_any()));
+        }
         let mut out = FreshTensor::empty(
             self.t.empty.bind(py),
             &out_shape,
@@ -237,6 +280,18 @@ impl<'py> Collator<'py> {
         vals: &[T],
         dtype: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        if self.sink == Sink::Deferred {
+            let dl = self
+                .t
+                .dl_dtype(dtype)
+                .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("no DLPack dtype for a scalar batch"))?;
+            let leaf = PendingLeaf {
+                dtype: dl,
+                shape: vec![vals.len() as i64],
+                data: Pending::Bytes(bytemuck::cast_slice(vals).to_vec()),
+            };
+            return Ok(Bound::new(self.py, leaf)?.into_any());
+        }
         let mut out = FreshTensor::empty(
             self.t.empty.bind(self.py),
             &[vals.len() as i64],
@@ -397,5 +452,26 @@ pub fn collate<'py>(
             }
         },
     };
-    Collator::new(py, map)?.collate(batch)
+    Collator::new(py, map, Sink::InProcess)?.collate(batch)
+}
+
+/// What a deferred leaf is made from.
+pub enum Pending {
+    /// Raw element bytes, already in place order (ints, floats, bools).
+    Bytes(Vec<u8>),
+    /// A batch of tensors for `torch.stack(batch, 0, out=...)`.
+    Stack(Py<PyAny>),
+    /// Contiguous CPU arrays (numpy, or a copied tensor), concatenated.
+    Arrays(Vec<Py<PyAny>>),
+    /// Rows of a `TensorDataset` tensor.
+    Rows { source: Py<PyAny>, indices: Vec<i64> },
+}
+
+/// A batch leaf the worker will write into the arena record: its dtype and
+/// shape are known now, its bytes are written once the record exists.
+#[pyclass(module = "ferroloader._core", frozen)]
+pub struct PendingLeaf {
+    pub dtype: super::ffi::DlDtype,
+    pub shape: Vec<i64>,
+    pub data: Pending,
 }

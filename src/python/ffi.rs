@@ -252,3 +252,109 @@ impl<'py> FreshTensor<'py> {
         self.tensor
     }
 }
+
+/// What a DLPack capsule we export owns: the tensor header (shape) and
+/// whatever keeps the memory alive (`owner`), dropped by the deleter.
+///
+/// Invariant: `managed` is the first field, so a `*mut DlManagedTensor`
+/// handed to a consumer is also a `*mut Exported`; `managed.dl_tensor.shape`
+/// points into `shape`, whose heap buffer never moves.
+#[repr(C)]
+struct Exported {
+    managed: DlManagedTensor,
+    shape: Vec<i64>,
+    owner: Box<dyn Send>,
+}
+
+unsafe extern "C" fn exported_deleter(managed: *mut DlManagedTensor) {
+    if !managed.is_null() {
+        // SAFETY: only capsules made by `export_capsule` use this deleter,
+        // and their DLManagedTensor is the first field of a leaked
+        // Box<Exported> (struct invariant); the consumer calls it once.
+        drop(unsafe { Box::from_raw(managed as *mut Exported) });
+    }
+}
+
+unsafe extern "C" fn capsule_destructor(capsule: *mut pyffi::PyObject) {
+    // SAFETY: called by CPython with the capsule being destroyed (GIL held).
+    // A consumer that took the tensor renamed it "used_dltensor", so only an
+    // unconsumed capsule still named "dltensor" owns its tensor here.
+    unsafe {
+        if pyffi::PyCapsule_IsValid(capsule, DLTENSOR.as_ptr()) == 1 {
+            let managed =
+                pyffi::PyCapsule_GetPointer(capsule, DLTENSOR.as_ptr()) as *mut DlManagedTensor;
+            if let Some(deleter) = (*managed).deleter {
+                deleter(managed);
+            }
+        }
+    }
+}
+
+/// A `"dltensor"` capsule over `len` bytes at `data`, a contiguous array of
+/// `shape` and `dtype` on the CPU. `owner` is dropped when the consumer
+/// (or, unconsumed, the capsule) is done with it.
+///
+/// The caller must guarantee that `owner` keeps `data..data+len` valid and
+/// unaliased by writers for as long as it lives; every caller passes the
+/// arena record handle (or buffer) the pointer came from.
+pub fn export_capsule<'py>(
+    py: Python<'py>,
+    data: *const u8,
+    shape: &[i64],
+    dtype: DlDtype,
+    owner: Box<dyn Send>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let mut exported = Box::new(Exported {
+        managed: DlManagedTensor {
+            dl_tensor: DlTensor {
+                data: data as *mut c_void,
+                device: DlDevice {
+                    device_type: DL_CPU,
+                    device_id: 0,
+                },
+                ndim: shape.len() as i32,
+                dtype,
+                shape: std::ptr::null_mut(),
+                strides: std::ptr::null_mut(),
+                byte_offset: 0,
+            },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(exported_deleter),
+        },
+        shape: shape.to_vec(),
+        owner,
+    });
+    exported.managed.dl_tensor.shape = exported.shape.as_mut_ptr();
+    let raw = Box::into_raw(exported);
+    // SAFETY: `raw` is a valid leaked Box<Exported> whose first field is the
+    // DLManagedTensor (repr(C)); the capsule destructor or the consumer
+    // frees it exactly once through `exported_deleter`.
+    let capsule = unsafe {
+        pyffi::PyCapsule_New(raw as *mut c_void, DLTENSOR.as_ptr(), Some(capsule_destructor))
+    };
+    if capsule.is_null() {
+        // SAFETY: the capsule was not created, so we still own `raw`.
+        drop(unsafe { Box::from_raw(raw) });
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: PyCapsule_New returned a new, owned reference.
+    Ok(unsafe { Bound::from_owned_ptr(py, capsule) })
+}
+
+/// Takes ownership of a file descriptor Python handed over with
+/// `socket.detach()` (so nothing in Python will close it again).
+pub fn adopt_fd(fd: i32) -> PyResult<std::os::fd::OwnedFd> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    if fd < 0 {
+        return Err(PyRuntimeError::new_err("invalid file descriptor"));
+    }
+    // Refuse a number that is not an open descriptor before claiming it.
+    // SAFETY: borrowing for the duration of one fcntl call; `fd` is only
+    // inspected, not closed.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    rustix::io::fcntl_getfd(borrowed)
+        .map_err(|e| PyRuntimeError::new_err(format!("file descriptor {fd}: {e}")))?;
+    // SAFETY: the descriptor is open (checked above) and the caller detached
+    // it from its Python owner, so this OwnedFd is its only owner.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}

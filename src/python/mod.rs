@@ -4,18 +4,24 @@
 
 use pyo3::prelude::*;
 
+mod codec;
 mod collate;
+mod fetch;
 mod ffi;
 mod loader;
+mod multiproc;
 mod sampler;
 mod torch;
+mod worker;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(collate::collate, m)?)?;
     m.add_function(wrap_pyfunction!(sampler::randperm_list, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::worker_loop, m)?)?;
     m.add_class::<sampler::SamplerIter>()?;
     m.add_class::<sampler::BatchSamplerIter>()?;
     m.add_class::<loader::SingleProcessIter>()?;
+    m.add_class::<multiproc::MultiProcessIter>()?;
     Ok(())
 }

@@ -49,6 +49,13 @@ pub struct Torch {
     pub stack: Py<PyAny>,
     pub empty: Py<PyAny>,
     pub to_dlpack: Py<PyAny>,
+    pub from_dlpack: Py<PyAny>,
+    pub np_from_dlpack: Py<PyAny>,
+    pub pickler: Py<PyAny>,
+    pub unpickler: Py<PyAny>,
+    pub loads: Py<PyAny>,
+    pub dumps: Py<PyAny>,
+    pub bytes_io: Py<PyAny>,
     pub int64: Py<PyAny>,
     pub float64: Py<PyAny>,
     pub bool_: Py<PyAny>,
@@ -98,6 +105,13 @@ impl Torch {
             stack: stack.unbind(),
             empty: empty.unbind(),
             to_dlpack: to_dlpack.unbind(),
+            from_dlpack: c.getattr("_from_dlpack")?.unbind(),
+            np_from_dlpack: np.getattr("from_dlpack")?.unbind(),
+            pickler: py.import("pickle")?.getattr("Pickler")?.unbind(),
+            unpickler: py.import("pickle")?.getattr("Unpickler")?.unbind(),
+            loads: py.import("pickle")?.getattr("loads")?.unbind(),
+            dumps: py.import("pickle")?.getattr("dumps")?.unbind(),
+            bytes_io: py.import("io")?.getattr("BytesIO")?.unbind(),
             int64: torch.getattr("int64")?.unbind(),
             float64: torch.getattr("float64")?.unbind(),
             bool_: torch.getattr("bool")?.unbind(),
@@ -153,5 +167,14 @@ impl Torch {
 
     pub fn dtype<'py>(&self, py: Python<'py>, dl: DlDtype) -> Option<&Bound<'py, PyAny>> {
         self.dtypes.get(&dl).map(|d| d.bind(py))
+    }
+
+    /// The DLPack dtype of a `torch.dtype` object (dtype objects are
+    /// singletons, so identity is enough).
+    pub fn dl_dtype(&self, dtype: &Bound<'_, PyAny>) -> Option<DlDtype> {
+        self.dtypes
+            .iter()
+            .find(|(_, d)| d.is(dtype))
+            .map(|(dl, _)| *dl)
     }
 }

@@ -1,0 +1,21 @@
+"""What the engine may do natively with a dataset, decided once per epoch."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from torch.utils.data.dataset import TensorDataset as _TorchTensorDataset
+
+
+def fetch_plan(dataset: Any, iterable: bool) -> tuple[Optional[Any], Optional[list[Any]]]:
+    """``(getitems, tensors)``: the dataset's truthy ``__getitems__`` (torch
+    calls it instead of ``__getitem__`` when present), and the tensors of a
+    plain ``TensorDataset`` whose rows the engine may gather directly."""
+    if iterable:
+        return None, None
+    candidate = getattr(dataset, "__getitems__", None)
+    getitems = candidate if candidate else None
+    tensors = None
+    if getitems is None and type(dataset).__getitem__ is _TorchTensorDataset.__getitem__:
+        tensors = list(dataset.tensors)
+    return getitems, tensors

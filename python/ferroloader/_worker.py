@@ -1,0 +1,106 @@
+"""Worker process entry point: torch's worker set-up, then the Rust loop.
+
+Mirrors ``torch.utils.data._utils.worker._worker_loop`` up to the point
+where it starts serving tasks: signal handlers, one intra-op thread, the
+seeds of ``random``, ``torch`` and ``numpy`` derived from the loader's base
+seed exactly as torch derives them, ``get_worker_info()``, then
+``worker_init_fn``. Serving tasks is ``ferroloader._core.worker_loop``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import socket
+from typing import Any, Callable, Optional
+
+import torch
+from torch._utils import ExceptionWrapper
+from torch.utils.data._utils import signal_handling
+from torch.utils.data._utils import worker as _torch_worker
+
+from ferroloader import _core
+from ferroloader._fetch import fetch_plan
+
+
+def _wrapper(worker_id: int) -> Callable[[BaseException], bytes]:
+    where = f"in DataLoader worker process {worker_id}"
+
+    def wrap(exc: BaseException) -> bytes:
+        wrapped = ExceptionWrapper(exc_info=(type(exc), exc, exc.__traceback__), where=where)
+        return pickle.dumps(wrapped)
+
+    return wrap
+
+
+def worker_entry(
+    sock: socket.socket,
+    dataset_holder: list[Any],
+    iterable: bool,
+    auto_collation: bool,
+    collate_fn: Optional[Callable[[Any], Any]],
+    drop_last: bool,
+    base_seed: int,
+    init_fn: Optional[Callable[[int], None]],
+    worker_id: int,
+    num_workers: int,
+    main_pid: int,
+    shm_initial: int,
+    shm_limit: int,
+    close_fds: list[int],
+) -> None:
+    dataset = dataset_holder.pop()
+    # Forked workers inherit the main process's ends of earlier workers'
+    # sockets; holding them would keep those sockets open after the main
+    # process closes its side.
+    for fd in close_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fd = sock.detach()
+    try:
+        signal_handling._set_worker_signal_handlers()
+        torch.multiprocessing._set_thread_name("pt_data_worker")
+        torch.set_num_threads(1)
+        seed = base_seed + worker_id
+        random.seed(seed)
+        torch.manual_seed(seed)
+        try:
+            import numpy as np
+
+            np.random.seed(_torch_worker._generate_state(base_seed, worker_id))
+        except ImportError:
+            pass
+        _torch_worker._worker_info = _torch_worker.WorkerInfo(
+            id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset
+        )
+        wrap = _wrapper(worker_id)
+        init_exception = None
+        try:
+            if init_fn is not None:
+                init_fn(worker_id)
+        except Exception as e:
+            init_exception = wrap(e)
+        getitems, tensors = fetch_plan(dataset, iterable)
+        _core.worker_loop(
+            fd,
+            dataset=dataset,
+            iterable=iterable,
+            auto_collation=auto_collation,
+            drop_last=drop_last,
+            collate_fn=collate_fn,
+            getitems=getitems,
+            tensors=tensors,
+            main_pid=main_pid,
+            shm_initial=shm_initial,
+            shm_limit=shm_limit,
+            make_iter=lambda: iter(dataset),
+            wrap_exception=wrap,
+            init_exception=init_exception,
+        )
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _torch_worker._worker_info = None

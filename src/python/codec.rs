@@ -1,0 +1,350 @@
+//! A collated batch in and out of an arena record.
+//!
+//! Worker: the batch is pickled with a `persistent_id` that takes out every
+//! leaf the engine can place in shared memory (deferred native leaves,
+//! CPU tensors, numeric numpy arrays) and numbers it; the record is then
+//! laid out (`protocol::layout_record`), allocated once, and each leaf is
+//! written straight into it. Only the structure is pickled.
+//!
+//! Main: the pickle is loaded with a `persistent_load` that turns leaf `i`
+//! into a tensor (or array) over the record's memory through DLPack; each
+//! holds a share of the record, which is released when the last one dies.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use super::collate::{Pending, PendingLeaf};
+use super::ffi::{export_capsule, DlDtype, DlView};
+use super::torch::torch;
+use crate::collate::{gather_rows, stack_into};
+use crate::ring::{ArenaReader, ArenaWriter, RecordHandle, RecordRef};
+use crate::scheduler::protocol::{layout_record, parse_record, LeafDtype, LeafKind};
+
+fn to_leaf_dtype(d: DlDtype) -> LeafDtype {
+    LeafDtype {
+        code: d.code,
+        bits: d.bits,
+        lanes: d.lanes,
+    }
+}
+
+fn to_dl_dtype(d: LeafDtype) -> DlDtype {
+    DlDtype {
+        code: d.code,
+        bits: d.bits,
+        lanes: d.lanes,
+    }
+}
+
+struct Collected {
+    dtype: DlDtype,
+    kind: LeafKind,
+    shape: Vec<i64>,
+    data: CollectedData,
+}
+
+enum CollectedData {
+    Pending(Py<PendingLeaf>),
+    Copy(Py<PyAny>),
+    Array(Py<PyAny>),
+}
+
+/// The `persistent_id` of the worker's pickler.
+#[pyclass(module = "ferroloader._core", unsendable)]
+struct LeafCollector {
+    leaves: RefCell<Vec<Collected>>,
+}
+
+#[pymethods]
+impl LeafCollector {
+    fn __call__(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+        let collected = if let Ok(p) = obj.cast::<PendingLeaf>() {
+            let leaf = p.get();
+            Collected {
+                dtype: leaf.dtype,
+                kind: LeafKind::Tensor,
+                shape: leaf.shape.clone(),
+                data: CollectedData::Pending(p.clone().unbind()),
+            }
+        } else {
+            let t = torch(py)?;
+            let ty = obj.get_type();
+            if ty.is(t.tensor_type.bind(py)) {
+                match tensor_leaf(py, obj)? {
+                    Some(c) => c,
+                    None => return Ok(None),
+                }
+            } else if ty.is(t.ndarray_type.bind(py)) {
+                match array_leaf(obj)? {
+                    Some(c) => c,
+                    None => return Ok(None),
+                }
+            } else {
+                return Ok(None);
+            }
+        };
+        let mut leaves = self.leaves.borrow_mut();
+        leaves.push(collected);
+        Ok(Some(leaves.len() - 1))
+    }
+}
+
+/// A tensor made by user code: copied into the record if it is a plain CPU
+/// tensor that needs no autograd history (anything else pickles as torch does).
+fn tensor_leaf(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Option<Collected>> {
+    let t = torch(py)?;
+    if obj.getattr(pyo3::intern!(py, "requires_grad"))?.is_truthy()?
+        || !obj.getattr(pyo3::intern!(py, "layout"))?.is(&t.strided)
+        || obj.getattr(pyo3::intern!(py, "is_nested"))?.is_truthy()?
+        || !obj
+            .getattr(pyo3::intern!(py, "device"))?
+            .getattr(pyo3::intern!(py, "type"))?
+            .eq("cpu")?
+    {
+        return Ok(None);
+    }
+    let Some(dtype) = t.dl_dtype(&obj.getattr(pyo3::intern!(py, "dtype"))?) else {
+        return Ok(None);
+    };
+    let shape: Vec<i64> = obj.getattr(pyo3::intern!(py, "shape"))?.extract()?;
+    Ok(Some(Collected {
+        dtype,
+        kind: LeafKind::Tensor,
+        shape,
+        data: CollectedData::Copy(obj.clone().unbind()),
+    }))
+}
+
+/// A numpy array made by user code: copied if C-contiguous and numeric.
+fn array_leaf(obj: &Bound<'_, PyAny>) -> PyResult<Option<Collected>> {
+    let Ok(capsule) = obj.call_method0(pyo3::intern!(obj.py(), "__dlpack__")) else {
+        return Ok(None);
+    };
+    let Some(view) = DlView::open(capsule) else {
+        return Ok(None);
+    };
+    if view.contiguous_bytes().is_none() || torch(obj.py())?.dtype(obj.py(), view.dtype()).is_none() {
+        return Ok(None);
+    }
+    Ok(Some(Collected {
+        dtype: view.dtype(),
+        kind: LeafKind::Ndarray,
+        shape: view.shape().to_vec(),
+        data: CollectedData::Array(obj.clone().unbind()),
+    }))
+}
+
+fn limit_error(e: crate::ring::ArenaError) -> PyErr {
+    PyRuntimeError::new_err(format!("ferroloader: {e}"))
+}
+
+/// Pickles `batch` into a new record of `arena` and publishes it.
+pub fn encode_batch(py: Python<'_>, batch: &Bound<'_, PyAny>, arena: &mut ArenaWriter) -> PyResult<RecordRef> {
+    let t = torch(py)?;
+    let collector = Bound::new(
+        py,
+        LeafCollector {
+            leaves: RefCell::new(Vec::new()),
+        },
+    )?;
+    let buf = t.bytes_io.bind(py).call0()?;
+    let pickler = t.pickler.bind(py).call1((&buf, 5))?;
+    pickler.setattr(pyo3::intern!(py, "persistent_id"), &collector)?;
+    pickler.call_method1(pyo3::intern!(py, "dump"), (batch,))?;
+    let data = buf.call_method0(pyo3::intern!(py, "getbuffer"))?;
+    let pickle: Vec<u8> = data.call_method0(pyo3::intern!(py, "tobytes"))?.extract()?;
+    drop(pickler);
+    let leaves = collector.borrow().leaves.take();
+    let layout = layout_record(
+        pickle.len(),
+        leaves
+            .iter()
+            .map(|c| (to_leaf_dtype(c.dtype), c.kind, c.shape.clone()))
+            .collect(),
+    );
+    let record = arena.alloc(layout.total).map_err(limit_error)?;
+    let written = (|| -> PyResult<()> {
+        let payload = arena.payload_mut(record);
+        payload[..layout.header.len()].copy_from_slice(&layout.header);
+        payload[layout.pickle_offset..layout.pickle_offset + pickle.len()].copy_from_slice(&pickle);
+        for (c, leaf) in leaves.iter().zip(&layout.leaves) {
+            let range = leaf.offset as usize..leaf.offset as usize + leaf.nbytes();
+            write_leaf(py, c, arena, record, range)?;
+        }
+        Ok(())
+    })();
+    match written {
+        Ok(()) => {
+            arena.publish(record);
+            Ok(record)
+        }
+        Err(e) => {
+            arena.abandon(record);
+            Err(e)
+        }
+    }
+}
+
+fn write_leaf(
+    py: Python<'_>,
+    c: &Collected,
+    arena: &mut ArenaWriter,
+    record: RecordRef,
+    range: std::ops::Range<usize>,
+) -> PyResult<()> {
+    match &c.data {
+        CollectedData::Pending(p) => match &p.get().data {
+            Pending::Bytes(b) => {
+                arena.payload_mut(record)[range].copy_from_slice(b);
+                Ok(())
+            }
+            Pending::Arrays(arrays) => write_arrays(py, arrays, &mut arena.payload_mut(record)[range]),
+            Pending::Rows { source, indices } => {
+                let t = torch(py)?;
+                let capsule = t.to_dlpack.bind(py).call1((source.bind(py),))?;
+                let view = DlView::open(capsule)
+                    .ok_or_else(|| PyRuntimeError::new_err("TensorDataset tensor is not exportable"))?;
+                let src = view
+                    .contiguous_bytes()
+                    .ok_or_else(|| PyRuntimeError::new_err("TensorDataset tensor is not contiguous"))?;
+                let rows = view.shape()[0] as usize;
+                let row_bytes = src.len().checked_div(rows).unwrap_or(0);
+                let dst = &mut arena.payload_mut(record)[range];
+                if !gather_rows(dst, src, rows, row_bytes, indices) {
+                    return Err(PyValueError::new_err("index out of range in TensorDataset"));
+                }
+                Ok(())
+            }
+            Pending::Stack(batch) => {
+                let out = ring_view(py, c, arena, record, range)?;
+                let t = torch(py)?;
+                let kwargs = PyDict::new(py);
+                kwargs.set_item("out", &out)?;
+                t.stack.bind(py).call((batch.bind(py), 0), Some(&kwargs))?;
+                Ok(())
+            }
+        },
+        CollectedData::Copy(src) => copy_tensor(py, c, src.bind(py), arena, record, range),
+        CollectedData::Array(a) => write_arrays(py, std::slice::from_ref(a), &mut arena.payload_mut(record)[range]),
+    }
+}
+
+fn write_arrays(py: Python<'_>, arrays: &[Py<PyAny>], dst: &mut [u8]) -> PyResult<()> {
+    let mut views = Vec::with_capacity(arrays.len());
+    for a in arrays {
+        let capsule = a.bind(py).call_method0(pyo3::intern!(py, "__dlpack__"))?;
+        views.push(DlView::open(capsule).ok_or_else(|| PyRuntimeError::new_err("array is not exportable"))?);
+    }
+    let mut parts = Vec::with_capacity(views.len());
+    for v in &views {
+        parts.push(
+            v.contiguous_bytes()
+                .ok_or_else(|| PyRuntimeError::new_err("array is not contiguous"))?,
+        );
+    }
+    stack_into(dst, &parts);
+    Ok(())
+}
+
+fn copy_tensor(
+    py: Python<'_>,
+    c: &Collected,
+    src: &Bound<'_, PyAny>,
+    arena: &mut ArenaWriter,
+    record: RecordRef,
+    range: std::ops::Range<usize>,
+) -> PyResult<()> {
+    let out = ring_view(py, c, arena, record, range)?;
+    out.call_method1(pyo3::intern!(py, "copy_"), (src,))?;
+    Ok(())
+}
+
+/// A worker-side tensor over part of an unpublished record, for torch to
+/// write into; dropped before the record is published.
+fn ring_view<'py>(
+    py: Python<'py>,
+    c: &Collected,
+    arena: &mut ArenaWriter,
+    record: RecordRef,
+    range: std::ops::Range<usize>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let ptr = arena.payload_mut(record)[range].as_ptr();
+    let capsule = export_capsule(py, ptr, &c.shape, c.dtype, Box::new(()))?;
+    torch(py)?.from_dlpack.bind(py).call1((capsule,))
+}
+
+/// Rebuilds leaves over a record in the main process.
+#[pyclass(module = "ferroloader._core")]
+struct LeafLoader {
+    record: Arc<RecordHandle>,
+    leaves: Vec<crate::scheduler::protocol::Leaf>,
+}
+
+#[pymethods]
+impl LeafLoader {
+    fn __call__<'py>(&self, py: Python<'py>, pid: usize) -> PyResult<Bound<'py, PyAny>> {
+        let leaf = self
+            .leaves
+            .get(pid)
+            .ok_or_else(|| PyRuntimeError::new_err("ferroloader: bad leaf id in a batch record"))?;
+        let ptr = self.record.as_ptr().wrapping_add(leaf.offset as usize);
+        let owner: Box<dyn Send> = Box::new(Arc::clone(&self.record));
+        let capsule = export_capsule(py, ptr, &leaf.shape, to_dl_dtype(leaf.dtype), owner)?;
+        let t = torch(py)?;
+        match leaf.kind {
+            LeafKind::Tensor => t.from_dlpack.bind(py).call1((capsule,)),
+            LeafKind::Ndarray => {
+                let holder = Bound::new(py, DlpackHolder { capsule: Some(capsule.unbind()) })?;
+                t.np_from_dlpack.bind(py).call1((holder,))
+            }
+        }
+    }
+}
+
+/// Hands one capsule to `numpy.from_dlpack`.
+#[pyclass(module = "ferroloader._core")]
+struct DlpackHolder {
+    capsule: Option<Py<PyAny>>,
+}
+
+#[pymethods]
+impl DlpackHolder {
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn __dlpack__(&mut self, _args: &Bound<'_, pyo3::types::PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Py<PyAny>> {
+        self.capsule
+            .take()
+            .ok_or_else(|| PyRuntimeError::new_err("DLPack capsule already consumed"))
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (super::ffi::DL_CPU, 0)
+    }
+}
+
+/// Loads the batch in `record`; its leaves share the record.
+pub fn decode_batch<'py>(py: Python<'py>, reader: &ArenaReader, record: RecordRef) -> PyResult<Bound<'py, PyAny>> {
+    let handle = reader
+        .open(record)
+        .ok_or_else(|| PyRuntimeError::new_err("ferroloader: batch record outside the worker's arena"))?;
+    let parsed = parse_record(handle.bytes()).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    let pickle = PyBytes::new(py, &handle.bytes()[parsed.pickle.clone()]);
+    let t = torch(py)?;
+    if parsed.leaves.is_empty() {
+        return t.loads.bind(py).call1((pickle,));
+    }
+    let loader = Bound::new(
+        py,
+        LeafLoader {
+            record: Arc::new(handle),
+            leaves: parsed.leaves,
+        },
+    )?;
+    let buf = t.bytes_io.bind(py).call1((pickle,))?;
+    let unpickler = t.unpickler.bind(py).call1((buf,))?;
+    unpickler.setattr(pyo3::intern!(py, "persistent_load"), loader)?;
+    unpickler.call_method0(pyo3::intern!(py, "load"))
+}

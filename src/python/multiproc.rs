@@ -1,0 +1,467 @@
+//! The main process side of multi-process loading.
+//!
+//! One socket and one arena per worker. `__next__` follows torch's
+//! `_next_data` through the [`Scheduler`]; when nothing is ready it polls
+//! every worker socket and pidfd at once with the GIL released, in slices
+//! short enough to deliver Ctrl-C promptly. A worker that dies is reported
+//! with its pid and signal or exit code as soon as its pidfd fires.
+
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::{PyRuntimeError, PyUserWarning};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use rustix::event::{PollFd, PollFlags};
+
+use super::codec::decode_batch;
+use super::ffi::adopt_fd;
+use super::sampler::{BatchSamplerIter, SamplerIter};
+use super::torch::torch;
+use crate::ring::{ArenaReader, RecordRef, Segment};
+use crate::scheduler::protocol::{FromWorker, TaskIndices, ToWorker};
+use crate::scheduler::transport::{poll_fds, Conn, Exit, ReadState, Watched};
+use crate::scheduler::{Next, Scheduler};
+
+/// The longest the main process sleeps without checking for signals.
+const SIGNAL_SLICE: Duration = Duration::from_millis(50);
+
+enum Payload {
+    Batch(RecordRef),
+    Error(Vec<u8>),
+}
+
+struct WorkerLink {
+    conn: Option<Conn>,
+    process: Watched,
+    arena: ArenaReader,
+    /// Still expected to answer (not shut down, not told to stop).
+    running: bool,
+}
+
+enum Source {
+    Batches(Py<BatchSamplerIter>),
+    Indices(Py<SamplerIter>),
+    Python(Py<PyAny>),
+    Iterable(Option<u32>),
+}
+
+#[pyclass(subclass, module = "ferroloader._core")]
+pub struct MultiProcessIter {
+    workers: Vec<WorkerLink>,
+    sched: Scheduler<Payload>,
+    source: Source,
+    iterable: bool,
+    persistent: bool,
+    timeout: Option<(Duration, String)>,
+    pin: Option<(Py<PyAny>, Py<PyAny>)>,
+    index_sampler: Py<PyAny>,
+    dataset: Py<PyAny>,
+    len_called: Option<usize>,
+    num_yielded: usize,
+    shutdown: bool,
+    /// The batch `wait` found ready out of order (`in_order=False`).
+    early: Option<(usize, Payload)>,
+}
+
+fn io_err(e: std::io::Error) -> PyErr {
+    PyRuntimeError::new_err(format!("ferroloader: lost contact with a worker: {e}"))
+}
+
+fn make_source(source: &Bound<'_, PyAny>, iterable: Option<Option<u32>>) -> Source {
+    if let Some(n) = iterable {
+        Source::Iterable(n)
+    } else if let Ok(b) = source.cast::<BatchSamplerIter>() {
+        Source::Batches(b.clone().unbind())
+    } else if let Ok(s) = source.cast::<SamplerIter>() {
+        Source::Indices(s.clone().unbind())
+    } else {
+        Source::Python(source.clone().unbind())
+    }
+}
+
+#[pymethods]
+impl MultiProcessIter {
+    #[new]
+    #[pyo3(signature = (workers, source, dataset, *, iterable, batch_size, auto_collation, prefetch_factor, in_order, persistent, timeout, timeout_text, pin, index_sampler, len_called))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        workers: Vec<(i32, i32)>,
+        source: &Bound<'_, PyAny>,
+        dataset: Py<PyAny>,
+        iterable: bool,
+        batch_size: Option<u32>,
+        auto_collation: bool,
+        prefetch_factor: usize,
+        in_order: bool,
+        persistent: bool,
+        timeout: f64,
+        timeout_text: String,
+        pin: Option<(Py<PyAny>, Py<PyAny>)>,
+        index_sampler: Py<PyAny>,
+        len_called: Option<usize>,
+    ) -> PyResult<Self> {
+        let mut links = Vec::with_capacity(workers.len());
+        for (fd, pid) in workers {
+            let conn = Conn::new(adopt_fd(fd)?);
+            conn.set_nonblocking(true).map_err(io_err)?;
+            links.push(WorkerLink {
+                conn: Some(conn),
+                process: Watched::new(pid),
+                arena: ArenaReader::new(),
+                running: true,
+            });
+        }
+        let n = links.len();
+        let iterable_batch = iterable.then_some(if auto_collation { batch_size } else { None });
+        Ok(MultiProcessIter {
+            workers: links,
+            sched: Scheduler::new(n, prefetch_factor, in_order, persistent),
+            source: make_source(source, iterable_batch),
+            iterable,
+            persistent,
+            timeout: (timeout > 0.0).then(|| (Duration::from_secs_f64(timeout), timeout_text)),
+            pin,
+            index_sampler,
+            dataset,
+            len_called,
+            num_yielded: 0,
+            shutdown: false,
+            early: None,
+        })
+    }
+
+    /// Fills the prefetch window (`_reset`'s loop).
+    fn _prime(&mut self, py: Python<'_>) -> PyResult<()> {
+        for _ in 0..self.sched.max_tasks() {
+            self.try_put_index(py)?;
+        }
+        Ok(())
+    }
+
+    /// Persistent workers: a new epoch over `source` (torch's `_reset`).
+    fn _reset_epoch(&mut self, py: Python<'_>, source: &Bound<'_, PyAny>, len_called: Option<usize>) -> PyResult<()> {
+        let iterable_batch = match self.source {
+            Source::Iterable(n) => Some(n),
+            _ => None,
+        };
+        self.source = make_source(source, iterable_batch);
+        self.len_called = len_called;
+        self.num_yielded = 0;
+        self.early = None;
+        self.sched.reset();
+        let mut waiting = 0;
+        for w in 0..self.workers.len() {
+            self.send(w, &ToWorker::Resume)?;
+            waiting += 1;
+        }
+        // Results of the previous epoch still in flight are dropped (their
+        // records released) until every worker has acknowledged.
+        while waiting > 0 {
+            waiting -= self.pump(py, true)?;
+        }
+        self._prime(py)
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.index_sampler.bind(py).len()
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if self.shutdown {
+            return Ok(None);
+        }
+        loop {
+            let (worker, payload) = if let Some(early) = self.early.take() {
+                early
+            } else {
+                match self.sched.next() {
+                    Next::Yield { worker, data } => (worker, data),
+                    Next::Stop => {
+                        if !self.persistent {
+                            self.close();
+                        }
+                        return Ok(None);
+                    }
+                    Next::Wait => {
+                        self.wait(py)?;
+                        continue;
+                    }
+                }
+            };
+            // `_process_data`: refill first, then hand over or re-raise.
+            self.try_put_index(py)?;
+            let data = match payload {
+                Payload::Batch(record) => decode_batch(py, &self.workers[worker].arena, record)?,
+                Payload::Error(bytes) => {
+                    let wrapper = torch(py)?.loads.bind(py).call1((PyBytes::new(py, &bytes),))?;
+                    wrapper.call_method0("reraise")?;
+                    return Err(PyRuntimeError::new_err("ExceptionWrapper.reraise returned"));
+                }
+            };
+            let data = match &self.pin {
+                Some((pin_fn, device)) => pin_fn.bind(py).call1((data, device))?,
+                None => data,
+            };
+            self.num_yielded += 1;
+            self.warn_if_past_len(py)?;
+            return Ok(Some(data));
+        }
+    }
+
+    /// Stops every worker: a Shutdown frame, then the socket is closed so a
+    /// worker that misses the frame still sees EOF.
+    fn _close(&mut self) {
+        self.close();
+    }
+
+    fn __getstate__(&self) -> PyResult<()> {
+        Err(pyo3::exceptions::PyNotImplementedError::new_err(
+            "MultiProcessIter cannot be pickled",
+        ))
+    }
+}
+
+impl MultiProcessIter {
+    fn close(&mut self) {
+        self.shutdown = true;
+        for w in 0..self.workers.len() {
+            let _ = self.send(w, &ToWorker::Shutdown);
+            let link = &mut self.workers[w];
+            if let Some(conn) = link.conn.as_mut() {
+                let _ = conn.flush();
+            }
+            link.conn = None;
+            link.running = false;
+        }
+    }
+
+    fn send(&mut self, worker: usize, msg: &ToWorker) -> PyResult<()> {
+        let Some(conn) = self.workers[worker].conn.as_mut() else {
+            return Ok(());
+        };
+        let mut body = Vec::new();
+        msg.encode(&mut body);
+        conn.queue_frame(&body);
+        conn.flush().map_err(io_err)?;
+        Ok(())
+    }
+
+    /// `_try_put_index`: draw the next index and give it to a worker.
+    fn try_put_index(&mut self, py: Python<'_>) -> PyResult<()> {
+        if !self.sched.can_dispatch() {
+            return Ok(());
+        }
+        let indices = match &self.source {
+            Source::Iterable(n) => TaskIndices::Iterable(*n),
+            Source::Batches(b) => {
+                let mut b = b.bind(py).borrow_mut();
+                if let Some(v) = b.next_native()? {
+                    TaskIndices::Ints(v.to_vec())
+                } else if b.is_native_batches() {
+                    return Ok(());
+                } else {
+                    match b.__next__(py)? {
+                        Some(list) => TaskIndices::Pickled(pickle(py, list.as_any())?),
+                        None => return Ok(()),
+                    }
+                }
+            }
+            Source::Indices(s) => match s.bind(py).borrow_mut().__next__()? {
+                Some(i) => TaskIndices::Int(i),
+                None => return Ok(()),
+            },
+            Source::Python(it) => match super::fetch::next(it.bind(py))? {
+                Some(obj) => TaskIndices::Pickled(pickle(py, &obj)?),
+                None => return Ok(()),
+            },
+        };
+        let Some(d) = self.sched.dispatch() else {
+            return Ok(());
+        };
+        self.send(d.worker, &ToWorker::Task { seq: d.seq, indices })
+    }
+
+    fn warn_if_past_len(&self, py: Python<'_>) -> PyResult<()> {
+        let (true, Some(reported)) = (self.iterable, self.len_called) else {
+            return Ok(());
+        };
+        if self.num_yielded <= reported {
+            return Ok(());
+        }
+        let msg = format!(
+            "Length of IterableDataset {} was reported to be {reported}(when accessing len(dataloader)), but {} samples have been fetched. For multiprocessing data-loading, this could be caused by not properly configuring the IterableDataset replica at each worker. Please see https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.",
+            self.dataset.bind(py).str()?,
+            self.num_yielded
+        );
+        let category = py.get_type::<PyUserWarning>();
+        PyErr::warn(py, &category, &std::ffi::CString::new(msg)?, 2)
+    }
+
+    /// Blocks until at least one result arrives (or a worker fails, or the
+    /// timeout passes).
+    fn wait(&mut self, py: Python<'_>) -> PyResult<()> {
+        let started = Instant::now();
+        loop {
+            if self.pump(py, false)? > 0 || self.early.is_some() {
+                return Ok(());
+            }
+            self.check_deaths(py)?;
+            let mut slice = SIGNAL_SLICE;
+            if let Some((limit, text)) = &self.timeout {
+                let spent = started.elapsed();
+                if spent >= *limit {
+                    return Err(PyRuntimeError::new_err(format!(
+                        "DataLoader timed out after {text} seconds"
+                    )));
+                }
+                slice = slice.min(*limit - spent);
+            }
+            let workers = &self.workers;
+            let ready = py
+                .detach(|| {
+                    let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(2 * workers.len());
+                    for w in workers.iter().filter(|w| w.running) {
+                        if let Some(c) = &w.conn {
+                            let mut ev = PollFlags::IN;
+                            if c.has_unflushed() {
+                                ev |= PollFlags::OUT;
+                            }
+                            fds.push(PollFd::from_borrowed_fd(c.as_fd(), ev));
+                        }
+                        if let Some(p) = w.process.pidfd() {
+                            fds.push(PollFd::from_borrowed_fd(p, PollFlags::IN));
+                        }
+                    }
+                    poll_fds(&mut fds, Some(slice))
+                })
+                .map_err(io_err)?;
+            let _ = ready;
+            py.check_signals()?;
+        }
+    }
+
+    /// Reads every worker's socket and handles complete messages. Returns
+    /// how many task results (or, with `resuming`, Resume acks) came in.
+    fn pump(&mut self, py: Python<'_>, resuming: bool) -> PyResult<usize> {
+        let mut got = 0;
+        for w in 0..self.workers.len() {
+            let Some(conn) = self.workers[w].conn.as_mut() else {
+                continue;
+            };
+            if conn.has_unflushed() {
+                conn.flush().map_err(io_err)?;
+            }
+            let state = conn.read_some().map_err(io_err)?;
+            while let Some(frame) = self.workers[w].conn.as_mut().and_then(Conn::next_frame) {
+                let msg = FromWorker::decode(&frame).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+                got += self.handle(py, w, msg, resuming)?;
+            }
+            if state == ReadState::Closed && self.workers[w].running {
+                self.workers[w].conn = None;
+                self.check_deaths(py)?;
+            }
+        }
+        Ok(got)
+    }
+
+    fn handle(&mut self, py: Python<'_>, w: usize, msg: FromWorker, resuming: bool) -> PyResult<usize> {
+        let record = |r: crate::scheduler::protocol::RecordLoc| RecordRef {
+            segment: r.segment,
+            offset: r.offset,
+            len: r.len,
+        };
+        match msg {
+            FromWorker::Segment { id } => {
+                let fd = self.workers[w]
+                    .conn
+                    .as_mut()
+                    .and_then(Conn::take_fd)
+                    .ok_or_else(|| PyRuntimeError::new_err("ferroloader: segment without its descriptor"))?;
+                let seg = Segment::from_fd(fd).map_err(io_err)?;
+                self.workers[w].arena.add_segment(id, seg);
+                Ok(0)
+            }
+            FromWorker::Resumed => Ok(usize::from(resuming)),
+            _ if resuming => {
+                // A result of the epoch being abandoned: release its record.
+                if let FromWorker::Batch { record: r, .. } = msg {
+                    drop(self.workers[w].arena.open(record(r)));
+                }
+                Ok(0)
+            }
+            FromWorker::Batch { seq, record: r } => {
+                if let Some(early) = self.sched.on_result(seq, Payload::Batch(record(r))) {
+                    self.early = Some(early);
+                }
+                Ok(1)
+            }
+            FromWorker::Error { seq, payload } => {
+                if let Some(early) = self.sched.on_result(seq, Payload::Error(payload)) {
+                    self.early = Some(early);
+                }
+                Ok(1)
+            }
+            FromWorker::Exhausted { .. } => {
+                self.sched.on_exhausted(w);
+                if !self.persistent {
+                    // `_mark_worker_as_unavailable`: this replica is done.
+                    self.send(w, &ToWorker::Shutdown)?;
+                    self.workers[w].running = false;
+                }
+                self.try_put_index(py)?;
+                Ok(1)
+            }
+        }
+    }
+
+    /// Raises torch's error for a worker that ended while still expected.
+    fn check_deaths(&mut self, py: Python<'_>) -> PyResult<()> {
+        for w in 0..self.workers.len() {
+            if !self.workers[w].running {
+                continue;
+            }
+            let Some(exit) = self.workers[w].process.exit_status() else {
+                continue;
+            };
+            let pid = self.workers[w].process.pid();
+            self.workers[w].running = false;
+            self.sched.mark_unavailable(w);
+            let msg = match exit {
+                Exit::Signal(sig) => {
+                    let name: String = py
+                        .import("signal")?
+                        .call_method1("strsignal", (sig,))?
+                        .extract()
+                        .unwrap_or_else(|_| format!("signal {sig}"));
+                    let mut m = format!("DataLoader worker (pid {pid}) is killed by signal: {name}. ");
+                    if sig == rustix::process::Signal::BUS.as_raw() {
+                        m.push_str("It is possible that dataloader's workers are out of shared memory. Please try to raise your shared memory limit.");
+                    }
+                    m
+                }
+                Exit::Code(code) => format!(
+                    "DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}. Details are lost due to multiprocessing. Rerunning with num_workers=0 may give better error trace."
+                ),
+            };
+            self.close();
+            return Err(PyRuntimeError::new_err(msg));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for MultiProcessIter {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn pickle(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    let b = torch(py)?.dumps.bind(py).call1((obj,))?;
+    Ok(b.cast_into::<PyBytes>()?.as_bytes().to_vec())
+}

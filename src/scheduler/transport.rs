@@ -1,0 +1,317 @@
+//! One Unix stream socket per worker: frames of [`protocol`](super::protocol)
+//! messages, file descriptors passed with `SCM_RIGHTS`, and process liveness
+//! through pidfds.
+//!
+//! The main process never blocks on a write (its frames are queued and
+//! flushed as the socket drains), so a worker blocked writing a result can
+//! never deadlock against a main process blocked writing a task.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use rustix::process::{Pid, PidfdFlags, WaitIdOptions};
+
+use super::protocol::{put_frame, take_frame};
+
+/// Result of reading from a connection.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReadState {
+    /// Bytes may have arrived; the peer is still there.
+    Open,
+    /// The peer closed its end (it exited or shut down).
+    Closed,
+}
+
+pub struct Conn {
+    fd: OwnedFd,
+    rbuf: Vec<u8>,
+    rpos: usize,
+    fds: VecDeque<OwnedFd>,
+    wbuf: Vec<u8>,
+    wpos: usize,
+}
+
+impl Conn {
+    pub fn new(fd: OwnedFd) -> Self {
+        Conn {
+            fd,
+            rbuf: Vec::new(),
+            rpos: 0,
+            fds: VecDeque::new(),
+            wbuf: Vec::new(),
+            wpos: 0,
+        }
+    }
+
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        rustix::io::ioctl_fionbio(&self.fd, on)?;
+        Ok(())
+    }
+
+    /// Queues one frame (non-blocking side); call [`Conn::flush`] after.
+    pub fn queue_frame(&mut self, body: &[u8]) {
+        put_frame(&mut self.wbuf, body);
+    }
+
+    /// Writes queued bytes until done or the socket is full. `Ok(true)` when
+    /// nothing is left queued.
+    pub fn flush(&mut self) -> io::Result<bool> {
+        while self.wpos < self.wbuf.len() {
+            match rustix::io::write(&self.fd, &self.wbuf[self.wpos..]) {
+                Ok(n) => self.wpos += n,
+                Err(Errno::AGAIN) => break,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if self.wpos == self.wbuf.len() {
+            self.wbuf.clear();
+            self.wpos = 0;
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    pub fn has_unflushed(&self) -> bool {
+        self.wpos < self.wbuf.len()
+    }
+
+    /// Writes one frame, blocking until sent; `fd` rides on its first byte.
+    pub fn send_frame_blocking(&mut self, body: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+        let mut frame = Vec::with_capacity(body.len() + 4);
+        put_frame(&mut frame, body);
+        let mut sent = 0;
+        if let Some(fd) = fd {
+            let fds = [fd];
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            control.push(SendAncillaryMessage::ScmRights(&fds));
+            loop {
+                match sendmsg(&self.fd, &[IoSlice::new(&frame)], &mut control, SendFlags::NOSIGNAL) {
+                    Ok(n) => {
+                        sent = n;
+                        break;
+                    }
+                    Err(Errno::INTR) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        while sent < frame.len() {
+            match rustix::net::send(&self.fd, &frame[sent..], SendFlags::NOSIGNAL) {
+                Ok(n) => sent += n,
+                Err(Errno::INTR) => continue,
+                Err(Errno::AGAIN) => {
+                    wait_fd(self.fd.as_fd(), PollFlags::OUT, None)?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads whatever is available (one `recvmsg`), collecting passed fds.
+    /// On a blocking socket this waits for at least one byte.
+    pub fn read_some(&mut self) -> io::Result<ReadState> {
+        if self.rpos > 0 && self.rpos == self.rbuf.len() {
+            self.rbuf.clear();
+            self.rpos = 0;
+        }
+        let mut chunk = [0u8; 64 * 1024];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let n = loop {
+            match recvmsg(
+                &self.fd,
+                &mut [IoSliceMut::new(&mut chunk)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            ) {
+                Ok(r) => break r.bytes,
+                Err(Errno::INTR) => continue,
+                Err(Errno::AGAIN) => return Ok(ReadState::Open),
+                Err(Errno::CONNRESET) => return Ok(ReadState::Closed),
+                Err(e) => return Err(e.into()),
+            }
+        };
+        for msg in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = msg {
+                self.fds.extend(fds);
+            }
+        }
+        if n == 0 {
+            return Ok(ReadState::Closed);
+        }
+        self.rbuf.extend_from_slice(&chunk[..n]);
+        Ok(ReadState::Open)
+    }
+
+    /// Pops the next complete frame's body, if one has arrived.
+    pub fn next_frame(&mut self) -> Option<Vec<u8>> {
+        let (body, used) = take_frame(&self.rbuf[self.rpos..])?;
+        let out = self.rbuf[self.rpos + body.start..self.rpos + body.end].to_vec();
+        self.rpos += used;
+        Some(out)
+    }
+
+    /// Blocks until a whole frame is in (worker side). `None`: peer closed.
+    pub fn recv_frame_blocking(&mut self) -> io::Result<Option<Vec<u8>>> {
+        loop {
+            if let Some(f) = self.next_frame() {
+                return Ok(Some(f));
+            }
+            if self.read_some()? == ReadState::Closed {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The oldest file descriptor received and not yet taken.
+    pub fn take_fd(&mut self) -> Option<OwnedFd> {
+        self.fds.pop_front()
+    }
+}
+
+impl AsFd for Conn {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Waits until `fd` is ready for `events`; `Ok(false)` on timeout.
+pub fn wait_fd(fd: BorrowedFd<'_>, events: PollFlags, timeout: Option<std::time::Duration>) -> io::Result<bool> {
+    let mut fds = [PollFd::from_borrowed_fd(fd, events)];
+    let n = poll_fds(&mut fds, timeout)?;
+    Ok(n > 0)
+}
+
+/// `poll(2)` retried on `EINTR` with the time that is left.
+pub fn poll_fds(fds: &mut [PollFd<'_>], timeout: Option<std::time::Duration>) -> io::Result<usize> {
+    let deadline = timeout.map(|t| std::time::Instant::now() + t);
+    loop {
+        let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+        let ts = left.map(|d| Timespec {
+            tv_sec: d.as_secs() as i64,
+            tv_nsec: d.subsec_nanos() as i64,
+        });
+        match poll(fds, ts.as_ref()) {
+            Ok(n) => return Ok(n),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// A process watched through a pidfd (Linux 5.3+), or, where pidfds are
+/// missing, by probing the pid.
+pub struct Watched {
+    pid: i32,
+    pidfd: Option<OwnedFd>,
+}
+
+/// How a worker process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+impl Watched {
+    pub fn new(pid: i32) -> Self {
+        let pidfd = Pid::from_raw(pid).and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
+        Watched { pid, pidfd }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    pub fn pidfd(&self) -> Option<BorrowedFd<'_>> {
+        self.pidfd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// How the process ended, without reaping it (the `multiprocessing`
+    /// `Process` object still joins it). `None` while it runs.
+    pub fn exit_status(&self) -> Option<Exit> {
+        let status = match &self.pidfd {
+            Some(fd) => rustix::process::waitid(
+                rustix::process::WaitId::PidFd(fd.as_fd()),
+                WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
+            ),
+            None => rustix::process::waitid(
+                rustix::process::WaitId::Pid(Pid::from_raw(self.pid)?),
+                WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
+            ),
+        };
+        let status = status.ok()??;
+        if let Some(sig) = status.terminating_signal() {
+            return Some(Exit::Signal(sig));
+        }
+        status.exit_status().map(Exit::Code)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+
+    fn pair() -> (Conn, Conn) {
+        let (a, b) = socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None).unwrap();
+        (Conn::new(a), Conn::new(b))
+    }
+
+    #[test]
+    fn frames_and_fds_arrive_in_order() {
+        let (mut a, mut b) = pair();
+        let (x, _y) = pair();
+        a.send_frame_blocking(b"one", None).unwrap();
+        a.send_frame_blocking(b"two", Some(x.as_fd())).unwrap();
+        assert_eq!(b.recv_frame_blocking().unwrap().unwrap(), b"one");
+        assert_eq!(b.recv_frame_blocking().unwrap().unwrap(), b"two");
+        assert!(b.take_fd().is_some());
+        assert!(b.take_fd().is_none());
+        drop(a);
+        assert_eq!(b.recv_frame_blocking().unwrap(), None);
+    }
+
+    #[test]
+    fn nonblocking_writer_queues_when_full() {
+        let (mut a, mut b) = pair();
+        a.set_nonblocking(true).unwrap();
+        let big = vec![7u8; 1 << 20];
+        a.queue_frame(&big);
+        let done = a.flush().unwrap();
+        assert!(!done, "a 1 MiB frame cannot fit a socket buffer");
+        let reader = std::thread::spawn(move || b.recv_frame_blocking().unwrap().unwrap().len());
+        while a.has_unflushed() {
+            wait_fd(a.as_fd(), PollFlags::OUT, None).unwrap();
+            a.flush().unwrap();
+        }
+        assert_eq!(reader.join().unwrap(), 1 << 20);
+    }
+
+    #[test]
+    fn exit_status_of_a_finished_child() {
+        let child = std::process::Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
+        let w = Watched::new(child.id() as i32);
+        if let Some(fd) = w.pidfd() {
+            assert!(wait_fd(fd, PollFlags::IN, Some(std::time::Duration::from_secs(5))).unwrap());
+        } else {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        assert_eq!(w.exit_status(), Some(Exit::Code(3)));
+        // NOWAIT left it for its owner to reap.
+        let mut child = child;
+        assert_eq!(child.wait().unwrap().code(), Some(3));
+    }
+}
