@@ -32,6 +32,9 @@ pub struct Collator<'py> {
     map: Option<Bound<'py, PyDict>>,
     kwargs: Option<Bound<'py, PyDict>>,
     sink: Sink,
+    /// Whether the registry collates `torch.Tensor` with torch's default
+    /// function (computed on first need).
+    tensors_default: Option<bool>,
 }
 
 impl<'py> Collator<'py> {
@@ -42,6 +45,7 @@ impl<'py> Collator<'py> {
             map,
             kwargs: None,
             sink,
+            tensors_default: None,
         })
     }
 
@@ -179,10 +183,42 @@ impl<'py> Collator<'py> {
         Ok(Some(Bound::new(py, leaf)?.into_any()))
     }
 
+    /// Whether `collate` of a batch of plain tensors reaches torch's
+    /// `collate_tensor_fn` under this registry (what `collate_numpy_array_fn`
+    /// recurses into after `torch.as_tensor`).
+    fn tensors_collate_by_default(&mut self) -> PyResult<bool> {
+        if let Some(known) = self.tensors_default {
+            return Ok(known);
+        }
+        let tensor_type = self.t.tensor_type.bind(self.py);
+        let resolved = match &self.map {
+            None => None,
+            Some(map) => match map.get_item(tensor_type)? {
+                Some(f) => Some(f),
+                None => {
+                    let mut found = None;
+                    for (key, f) in map.iter() {
+                        if tensor_type.is_subclass(&key)? {
+                            found = Some(f);
+                            break;
+                        }
+                    }
+                    found
+                }
+            },
+        };
+        let known = resolved.is_some_and(|f| f.is(&self.t.fns.tensor));
+        self.tensors_default = Some(known);
+        Ok(known)
+    }
+
     /// `collate_numpy_array_fn`: each array's bytes copied once into one
     /// tensor, when all are C-contiguous CPU arrays of one dtype and shape.
     fn stack_arrays(&mut self, items: &Items<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let py = self.py;
+        if !self.tensors_collate_by_default()? {
+            return Ok(None);
+        }
         let nd = self.t.ndarray_type.bind(py);
         let mut views = Vec::with_capacity(items.len());
         for a in items.iter() {
