@@ -97,7 +97,9 @@ impl LeafCollector {
 /// tensor that needs no autograd history (anything else pickles as torch does).
 fn tensor_leaf(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Option<Collected>> {
     let t = torch(py)?;
-    if obj.getattr(pyo3::intern!(py, "requires_grad"))?.is_truthy()?
+    if obj
+        .getattr(pyo3::intern!(py, "requires_grad"))?
+        .is_truthy()?
         || !obj.getattr(pyo3::intern!(py, "layout"))?.is(&t.strided)
         || obj.getattr(pyo3::intern!(py, "is_nested"))?.is_truthy()?
         || !obj
@@ -127,7 +129,8 @@ fn array_leaf(obj: &Bound<'_, PyAny>) -> PyResult<Option<Collected>> {
     let Some(view) = DlView::open(capsule) else {
         return Ok(None);
     };
-    if view.contiguous_bytes().is_none() || torch(obj.py())?.dtype(obj.py(), view.dtype()).is_none() {
+    if view.contiguous_bytes().is_none() || torch(obj.py())?.dtype(obj.py(), view.dtype()).is_none()
+    {
         return Ok(None);
     }
     Ok(Some(Collected {
@@ -143,7 +146,11 @@ fn limit_error(e: crate::ring::ArenaError) -> PyErr {
 }
 
 /// Pickles `batch` into a new record of `arena` and publishes it.
-pub fn encode_batch(py: Python<'_>, batch: &Bound<'_, PyAny>, arena: &mut ArenaWriter) -> PyResult<RecordRef> {
+pub fn encode_batch(
+    py: Python<'_>,
+    batch: &Bound<'_, PyAny>,
+    arena: &mut ArenaWriter,
+) -> PyResult<RecordRef> {
     let t = torch(py)?;
     let collector = Bound::new(
         py,
@@ -202,15 +209,18 @@ fn write_leaf(
                 arena.payload_mut(record)[range].copy_from_slice(b);
                 Ok(())
             }
-            Pending::Arrays(arrays) => write_arrays(py, arrays, &mut arena.payload_mut(record)[range]),
+            Pending::Arrays(arrays) => {
+                write_arrays(py, arrays, &mut arena.payload_mut(record)[range])
+            }
             Pending::Rows { source, indices } => {
                 let t = torch(py)?;
                 let capsule = t.to_dlpack.bind(py).call1((source.bind(py),))?;
-                let view = DlView::open(capsule)
-                    .ok_or_else(|| PyRuntimeError::new_err("TensorDataset tensor is not exportable"))?;
-                let src = view
-                    .contiguous_bytes()
-                    .ok_or_else(|| PyRuntimeError::new_err("TensorDataset tensor is not contiguous"))?;
+                let view = DlView::open(capsule).ok_or_else(|| {
+                    PyRuntimeError::new_err("TensorDataset tensor is not exportable")
+                })?;
+                let src = view.contiguous_bytes().ok_or_else(|| {
+                    PyRuntimeError::new_err("TensorDataset tensor is not contiguous")
+                })?;
                 let rows = view.shape()[0] as usize;
                 let row_bytes = src.len().checked_div(rows).unwrap_or(0);
                 let dst = &mut arena.payload_mut(record)[range];
@@ -229,7 +239,11 @@ fn write_leaf(
             }
         },
         CollectedData::Copy(src) => copy_tensor(py, c, src.bind(py), arena, record, range),
-        CollectedData::Array(a) => write_arrays(py, std::slice::from_ref(a), &mut arena.payload_mut(record)[range]),
+        CollectedData::Array(a) => write_arrays(
+            py,
+            std::slice::from_ref(a),
+            &mut arena.payload_mut(record)[range],
+        ),
     }
 }
 
@@ -237,7 +251,10 @@ fn write_arrays(py: Python<'_>, arrays: &[Py<PyAny>], dst: &mut [u8]) -> PyResul
     let mut views = Vec::with_capacity(arrays.len());
     for a in arrays {
         let capsule = a.bind(py).call_method0(pyo3::intern!(py, "__dlpack__"))?;
-        views.push(DlView::open(capsule).ok_or_else(|| PyRuntimeError::new_err("array is not exportable"))?);
+        views.push(
+            DlView::open(capsule)
+                .ok_or_else(|| PyRuntimeError::new_err("array is not exportable"))?,
+        );
     }
     let mut parts = Vec::with_capacity(views.len());
     for v in &views {
@@ -298,7 +315,12 @@ impl LeafLoader {
         match leaf.kind {
             LeafKind::Tensor => t.from_dlpack.bind(py).call1((capsule,)),
             LeafKind::Ndarray => {
-                let holder = Bound::new(py, DlpackHolder { capsule: Some(capsule.unbind()) })?;
+                let holder = Bound::new(
+                    py,
+                    DlpackHolder {
+                        capsule: Some(capsule.unbind()),
+                    },
+                )?;
                 t.np_from_dlpack.bind(py).call1((holder,))
             }
         }
@@ -314,7 +336,11 @@ struct DlpackHolder {
 #[pymethods]
 impl DlpackHolder {
     #[pyo3(signature = (*_args, **_kwargs))]
-    fn __dlpack__(&mut self, _args: &Bound<'_, pyo3::types::PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Py<PyAny>> {
+    fn __dlpack__(
+        &mut self,
+        _args: &Bound<'_, pyo3::types::PyTuple>,
+        _kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Py<PyAny>> {
         self.capsule
             .take()
             .ok_or_else(|| PyRuntimeError::new_err("DLPack capsule already consumed"))
@@ -326,11 +352,16 @@ impl DlpackHolder {
 }
 
 /// Loads the batch in `record`; its leaves share the record.
-pub fn decode_batch<'py>(py: Python<'py>, reader: &ArenaReader, record: RecordRef) -> PyResult<Bound<'py, PyAny>> {
-    let handle = reader
-        .open(record)
-        .ok_or_else(|| PyRuntimeError::new_err("ferroloader: batch record outside the worker's arena"))?;
-    let parsed = parse_record(handle.bytes()).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+pub fn decode_batch<'py>(
+    py: Python<'py>,
+    reader: &ArenaReader,
+    record: RecordRef,
+) -> PyResult<Bound<'py, PyAny>> {
+    let handle = reader.open(record).ok_or_else(|| {
+        PyRuntimeError::new_err("ferroloader: batch record outside the worker's arena")
+    })?;
+    let parsed =
+        parse_record(handle.bytes()).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
     let pickle = PyBytes::new(py, &handle.bytes()[parsed.pickle.clone()]);
     let t = torch(py)?;
     if parsed.leaves.is_empty() {

@@ -174,7 +174,10 @@ impl<'py> Collator<'py> {
             return Ok(None);
         };
         let mut shape: Vec<i64> = vec![batch.len()? as i64];
-        shape.extend(elem.getattr(pyo3::intern!(py, "shape"))?.extract::<Vec<i64>>()?);
+        shape.extend(
+            elem.getattr(pyo3::intern!(py, "shape"))?
+                .extract::<Vec<i64>>()?,
+        );
         let leaf = PendingLeaf {
             dtype,
             shape,
@@ -317,10 +320,9 @@ impl<'py> Collator<'py> {
         dtype: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         if self.sink == Sink::Deferred {
-            let dl = self
-                .t
-                .dl_dtype(dtype)
-                .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("no DLPack dtype for a scalar batch"))?;
+            let dl = self.t.dl_dtype(dtype).ok_or_else(|| {
+                pyo3::exceptions::PyRuntimeError::new_err("no DLPack dtype for a scalar batch")
+            })?;
             let leaf = PendingLeaf {
                 dtype: dl,
                 shape: vec![vals.len() as i64],
@@ -500,7 +502,10 @@ pub enum Pending {
     /// Contiguous CPU arrays (numpy, or a copied tensor), concatenated.
     Arrays(Vec<Py<PyAny>>),
     /// Rows of a `TensorDataset` tensor.
-    Rows { source: Py<PyAny>, indices: Vec<i64> },
+    Rows {
+        source: Py<PyAny>,
+        indices: Vec<i64>,
+    },
 }
 
 /// A batch leaf the worker will write into the arena record: its dtype and

@@ -44,7 +44,11 @@ impl Fetcher {
     }
 
     /// An auto-collated batch for integer indices from a native sampler.
-    pub fn batch_from_ints<'py>(&self, py: Python<'py>, indices: &[i64]) -> PyResult<Bound<'py, PyAny>> {
+    pub fn batch_from_ints<'py>(
+        &self,
+        py: Python<'py>,
+        indices: &[i64],
+    ) -> PyResult<Bound<'py, PyAny>> {
         if let Some(batch) = self.gather(py, indices)? {
             return Ok(batch);
         }
@@ -53,7 +57,11 @@ impl Fetcher {
 
     /// An auto-collated batch for any index container (given to
     /// `__getitems__` as is, as torch does).
-    pub fn batch_from_obj<'py>(&self, py: Python<'py>, indices: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    pub fn batch_from_obj<'py>(
+        &self,
+        py: Python<'py>,
+        indices: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let samples = if let Some(getitems) = &self.getitems {
             getitems.bind(py).call1((indices,))?
         } else {
@@ -68,13 +76,17 @@ impl Fetcher {
     }
 
     /// `batch_size=None`: one sample, through `collate_fn` (default_convert).
-    pub fn sample<'py>(&self, py: Python<'py>, index: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    pub fn sample<'py>(
+        &self,
+        py: Python<'py>,
+        index: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let sample = self.dataset.bind(py).get_item(index)?;
         self.collate(py, sample)
     }
 
     /// `_IterableDatasetFetcher.fetch`: `None` stands for its StopIteration.
-    pub fn from_iterator<'py>(
+    pub fn batch_from_iterator<'py>(
         &self,
         py: Python<'py>,
         it: &Bound<'py, PyAny>,
@@ -107,7 +119,11 @@ impl Fetcher {
         self.collate(py, samples.into_any()).map(Some)
     }
 
-    fn collate<'py>(&self, py: Python<'py>, data: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn collate<'py>(
+        &self,
+        py: Python<'py>,
+        data: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         match &self.collate_fn {
             None => Collator::default(py, self.sink)?.collate(&data),
             Some(f) => f.bind(py).call1((data,)),
@@ -132,7 +148,7 @@ impl Fetcher {
         let out = PyList::empty(py);
         for tensor in tensors {
             let tensor = tensor.bind(py);
-            if !tensor.get_type().is(t.tensor_type.bind(py)) {
+            if !tensor.get_type().is(t.tensor_type.bind(py)) || !plain_data(tensor)? {
                 return Ok(None);
             }
             let Ok(capsule) = t.to_dlpack.bind(py).call1((tensor,)) else {
@@ -200,6 +216,21 @@ fn resolves_to_nothing(map: &Bound<'_, PyDict>, ty: &Bound<'_, PyType>) -> PyRes
         }
     }
     Ok(true)
+}
+
+/// A tensor whose values are its bytes: no autograd history to keep (a
+/// stacked batch would require grad), no lazy conjugate or negative bit.
+pub fn plain_data(tensor: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = tensor.py();
+    Ok(!tensor
+        .getattr(pyo3::intern!(py, "requires_grad"))?
+        .is_truthy()?
+        && !tensor
+            .call_method0(pyo3::intern!(py, "is_conj"))?
+            .is_truthy()?
+        && !tensor
+            .call_method0(pyo3::intern!(py, "is_neg"))?
+            .is_truthy()?)
 }
 
 /// `next(it)`, with StopIteration as `None`.

@@ -330,7 +330,11 @@ pub fn export_capsule<'py>(
     // DLManagedTensor (repr(C)); the capsule destructor or the consumer
     // frees it exactly once through `exported_deleter`.
     let capsule = unsafe {
-        pyffi::PyCapsule_New(raw as *mut c_void, DLTENSOR.as_ptr(), Some(capsule_destructor))
+        pyffi::PyCapsule_New(
+            raw as *mut c_void,
+            DLTENSOR.as_ptr(),
+            Some(capsule_destructor),
+        )
     };
     if capsule.is_null() {
         // SAFETY: the capsule was not created, so we still own `raw`.

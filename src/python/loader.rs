@@ -121,9 +121,13 @@ impl SingleProcessIter {
     fn next_data<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         if let Source::Iterable { iter, ended } = &mut self.source {
             let batch = self.auto_collation.then_some(self.batch_size);
-            return self
-                .fetcher
-                .from_iterator(py, iter.bind(py), batch, self.drop_last, ended);
+            return self.fetcher.batch_from_iterator(
+                py,
+                iter.bind(py),
+                batch,
+                self.drop_last,
+                ended,
+            );
         }
         if !self.auto_collation {
             let index = match &self.source {

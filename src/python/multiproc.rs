@@ -60,8 +60,9 @@ pub struct MultiProcessIter {
     len_called: Option<usize>,
     num_yielded: usize,
     shutdown: bool,
-    /// The batch `wait` found ready out of order (`in_order=False`).
-    early: Option<(usize, Payload)>,
+    /// Batches that arrived out of order and are handed over as they came
+    /// (`in_order=False`).
+    early: std::collections::VecDeque<(usize, Payload)>,
 }
 
 fn io_err(e: std::io::Error) -> PyErr {
@@ -127,7 +128,7 @@ impl MultiProcessIter {
             len_called,
             num_yielded: 0,
             shutdown: false,
-            early: None,
+            early: std::collections::VecDeque::new(),
         })
     }
 
@@ -140,7 +141,12 @@ impl MultiProcessIter {
     }
 
     /// Persistent workers: a new epoch over `source` (torch's `_reset`).
-    fn _reset_epoch(&mut self, py: Python<'_>, source: &Bound<'_, PyAny>, len_called: Option<usize>) -> PyResult<()> {
+    fn _reset_epoch(
+        &mut self,
+        py: Python<'_>,
+        source: &Bound<'_, PyAny>,
+        len_called: Option<usize>,
+    ) -> PyResult<()> {
         let iterable_batch = match self.source {
             Source::Iterable(n) => Some(n),
             _ => None,
@@ -148,7 +154,7 @@ impl MultiProcessIter {
         self.source = make_source(source, iterable_batch);
         self.len_called = len_called;
         self.num_yielded = 0;
-        self.early = None;
+        self.early.clear();
         self.sched.reset();
         let mut waiting = 0;
         for w in 0..self.workers.len() {
@@ -176,10 +182,10 @@ impl MultiProcessIter {
             return Ok(None);
         }
         loop {
-            let (worker, payload) = if let Some(early) = self.early.take() {
+            let (worker, payload) = if let Some(early) = self.early.pop_front() {
                 early
             } else {
-                match self.sched.next() {
+                match self.sched.next_step() {
                     Next::Yield { worker, data } => (worker, data),
                     Next::Stop => {
                         if !self.persistent {
@@ -198,7 +204,10 @@ impl MultiProcessIter {
             let data = match payload {
                 Payload::Batch(record) => decode_batch(py, &self.workers[worker].arena, record)?,
                 Payload::Error(bytes) => {
-                    let wrapper = torch(py)?.loads.bind(py).call1((PyBytes::new(py, &bytes),))?;
+                    let wrapper = torch(py)?
+                        .loads
+                        .bind(py)
+                        .call1((PyBytes::new(py, &bytes),))?;
                     wrapper.call_method0("reraise")?;
                     return Err(PyRuntimeError::new_err("ExceptionWrapper.reraise returned"));
                 }
@@ -283,7 +292,13 @@ impl MultiProcessIter {
         let Some(d) = self.sched.dispatch() else {
             return Ok(());
         };
-        self.send(d.worker, &ToWorker::Task { seq: d.seq, indices })
+        self.send(
+            d.worker,
+            &ToWorker::Task {
+                seq: d.seq,
+                indices,
+            },
+        )
     }
 
     fn warn_if_past_len(&self, py: Python<'_>) -> PyResult<()> {
@@ -307,7 +322,7 @@ impl MultiProcessIter {
     fn wait(&mut self, py: Python<'_>) -> PyResult<()> {
         let started = Instant::now();
         loop {
-            if self.pump(py, false)? > 0 || self.early.is_some() {
+            if self.pump(py, false)? > 0 || !self.early.is_empty() {
                 return Ok(());
             }
             self.check_deaths(py)?;
@@ -358,7 +373,8 @@ impl MultiProcessIter {
             }
             let state = conn.read_some().map_err(io_err)?;
             while let Some(frame) = self.workers[w].conn.as_mut().and_then(Conn::next_frame) {
-                let msg = FromWorker::decode(&frame).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+                let msg = FromWorker::decode(&frame)
+                    .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
                 got += self.handle(py, w, msg, resuming)?;
             }
             if state == ReadState::Closed && self.workers[w].running {
@@ -369,7 +385,13 @@ impl MultiProcessIter {
         Ok(got)
     }
 
-    fn handle(&mut self, py: Python<'_>, w: usize, msg: FromWorker, resuming: bool) -> PyResult<usize> {
+    fn handle(
+        &mut self,
+        py: Python<'_>,
+        w: usize,
+        msg: FromWorker,
+        resuming: bool,
+    ) -> PyResult<usize> {
         let record = |r: crate::scheduler::protocol::RecordLoc| RecordRef {
             segment: r.segment,
             offset: r.offset,
@@ -381,7 +403,9 @@ impl MultiProcessIter {
                     .conn
                     .as_mut()
                     .and_then(Conn::take_fd)
-                    .ok_or_else(|| PyRuntimeError::new_err("ferroloader: segment without its descriptor"))?;
+                    .ok_or_else(|| {
+                        PyRuntimeError::new_err("ferroloader: segment without its descriptor")
+                    })?;
                 let seg = Segment::from_fd(fd).map_err(io_err)?;
                 self.workers[w].arena.add_segment(id, seg);
                 Ok(0)
@@ -390,19 +414,19 @@ impl MultiProcessIter {
             _ if resuming => {
                 // A result of the epoch being abandoned: release its record.
                 if let FromWorker::Batch { record: r, .. } = msg {
-                    drop(self.workers[w].arena.open(record(r)));
+                    self.workers[w].arena.discard(record(r));
                 }
                 Ok(0)
             }
             FromWorker::Batch { seq, record: r } => {
                 if let Some(early) = self.sched.on_result(seq, Payload::Batch(record(r))) {
-                    self.early = Some(early);
+                    self.early.push_back(early);
                 }
                 Ok(1)
             }
             FromWorker::Error { seq, payload } => {
                 if let Some(early) = self.sched.on_result(seq, Payload::Error(payload)) {
-                    self.early = Some(early);
+                    self.early.push_back(early);
                 }
                 Ok(1)
             }

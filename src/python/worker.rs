@@ -87,12 +87,19 @@ impl Worker {
     fn send(&mut self, msg: &FromWorker) -> PyResult<()> {
         // New arena segments go first, so the main process can map a record
         // before it reads the message naming it.
-        let new: Vec<u32> = self.arena.take_new_segments().into_iter().map(|(id, _)| id).collect();
+        let new: Vec<u32> = self
+            .arena
+            .take_new_segments()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
         for id in new {
             let mut body = Vec::new();
             FromWorker::Segment { id }.encode(&mut body);
             let fd = self.arena.segment_fd(id).expect("segment just created");
-            self.conn.send_frame_blocking(&body, Some(fd)).map_err(io_err)?;
+            self.conn
+                .send_frame_blocking(&body, Some(fd))
+                .map_err(io_err)?;
         }
         let mut body = Vec::new();
         msg.encode(&mut body);
@@ -109,14 +116,24 @@ impl Worker {
 
     fn wrap(&self, py: Python<'_>, e: PyErr) -> PyResult<Vec<u8>> {
         let wrapped = self.wrap_exception.bind(py).call1((e.into_value(py),))?;
-        wrapped.cast_into::<PyBytes>().map(|b| b.as_bytes().to_vec()).map_err(Into::into)
+        wrapped
+            .cast_into::<PyBytes>()
+            .map(|b| b.as_bytes().to_vec())
+            .map_err(Into::into)
     }
 
     /// Fetch and collate one task. `Ok(None)`: the replica is exhausted.
-    fn run<'py>(&mut self, py: Python<'py>, indices: TaskIndices) -> PyResult<Option<Bound<'py, PyAny>>> {
+    fn run<'py>(
+        &mut self,
+        py: Python<'py>,
+        indices: TaskIndices,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         match indices {
             TaskIndices::Ints(v) => self.fetcher.batch_from_ints(py, &v).map(Some),
-            TaskIndices::Int(i) => self.fetcher.sample(py, i.into_pyobject(py)?.into_any()).map(Some),
+            TaskIndices::Int(i) => self
+                .fetcher
+                .sample(py, i.into_pyobject(py)?.into_any())
+                .map(Some),
             TaskIndices::Pickled(b) => {
                 let obj = torch(py)?.loads.bind(py).call1((PyBytes::new(py, &b),))?;
                 if self.auto_collation {
@@ -133,9 +150,13 @@ impl Worker {
                     .bind(py)
                     .clone();
                 let mut ended = self.ended;
-                let out = self
-                    .fetcher
-                    .from_iterator(py, &it, n.map(|n| n as usize), self.drop_last, &mut ended);
+                let out = self.fetcher.batch_from_iterator(
+                    py,
+                    &it,
+                    n.map(|n| n as usize),
+                    self.drop_last,
+                    &mut ended,
+                );
                 self.ended = ended;
                 out
             }
@@ -166,7 +187,9 @@ impl Worker {
                 self.send(&FromWorker::Exhausted { seq })
             }
             Ok(None) => Err(PyRuntimeError::new_err("map-style fetch ended")),
-            Err(e) if self.iterable && e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) => {
+            Err(e)
+                if self.iterable && e.is_instance_of::<pyo3::exceptions::PyStopIteration>(py) =>
+            {
                 self.iteration_end = true;
                 self.send(&FromWorker::Exhausted { seq })
             }

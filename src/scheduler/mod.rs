@@ -62,7 +62,12 @@ pub struct Scheduler<T> {
 }
 
 impl<T> Scheduler<T> {
-    pub fn new(num_workers: usize, prefetch_factor: usize, in_order: bool, persistent: bool) -> Self {
+    pub fn new(
+        num_workers: usize,
+        prefetch_factor: usize,
+        in_order: bool,
+        persistent: bool,
+    ) -> Self {
         assert!(num_workers > 0 && prefetch_factor > 0);
         Scheduler {
             num_workers,
@@ -81,7 +86,12 @@ impl<T> Scheduler<T> {
 
     /// `_reset`: a new epoch over the same workers.
     pub fn reset(&mut self) {
-        *self = Scheduler::new(self.num_workers, self.prefetch_factor, self.in_order, self.persistent);
+        *self = Scheduler::new(
+            self.num_workers,
+            self.prefetch_factor,
+            self.in_order,
+            self.persistent,
+        );
     }
 
     pub fn max_tasks(&self) -> usize {
@@ -92,7 +102,10 @@ impl<T> Scheduler<T> {
     /// (torch draws it first, so an index is consumed even when no worker is
     /// active). `None`: no active worker takes it.
     pub fn dispatch(&mut self) -> Option<Dispatch> {
-        assert!(self.tasks_outstanding < self.max_tasks(), "too many outstanding tasks");
+        assert!(
+            self.tasks_outstanding < self.max_tasks(),
+            "too many outstanding tasks"
+        );
         let active = self.workers_status.iter().filter(|&&a| a).count();
         let mut chosen = None;
         for _ in 0..self.num_workers {
@@ -120,7 +133,7 @@ impl<T> Scheduler<T> {
     }
 
     /// The `_next_data` loop up to the point where it would block.
-    pub fn next(&mut self) -> Next<T> {
+    pub fn next_step(&mut self) -> Next<T> {
         loop {
             if self.rcvd_idx >= self.send_idx {
                 return Next::Stop;
@@ -203,7 +216,11 @@ mod tests {
     /// Simulates workers that answer their tasks in order, each producing
     /// `lens[w]` batches before reporting exhaustion; results arrive in the
     /// order given by `pick` among the workers that have an answer pending.
-    fn simulate(lens: &[usize], prefetch: usize, mut pick: impl FnMut(&[usize]) -> usize) -> Vec<(usize, usize)> {
+    fn simulate(
+        lens: &[usize],
+        prefetch: usize,
+        mut pick: impl FnMut(&[usize]) -> usize,
+    ) -> Vec<(usize, usize)> {
         let n = lens.len();
         let mut s: Scheduler<(usize, usize)> = Scheduler::new(n, prefetch, true, false);
         let mut queues: Vec<VecDeque<u64>> = vec![VecDeque::new(); n];
@@ -219,14 +236,16 @@ mod tests {
             put(&mut s, &mut queues);
         }
         loop {
-            match s.next() {
+            match s.next_step() {
                 Next::Yield { data, .. } => {
                     out.push(data);
                     put(&mut s, &mut queues);
                 }
                 Next::Stop => return out,
                 Next::Wait => {
-                    let ready: Vec<usize> = (0..n).filter(|&w| !done[w] && !queues[w].is_empty()).collect();
+                    let ready: Vec<usize> = (0..n)
+                        .filter(|&w| !done[w] && !queues[w].is_empty())
+                        .collect();
                     let w = ready[pick(&ready) % ready.len()];
                     let seq = queues[w].pop_front().unwrap();
                     if produced[w] < lens[w] {
@@ -270,7 +289,7 @@ mod tests {
                 }
                 let mut k = seed;
                 loop {
-                    match s.next() {
+                    match s.next_step() {
                         Next::Yield { data, .. } => {
                             out.push(data);
                             if drawn < total {
@@ -298,11 +317,17 @@ mod tests {
         let a = s.dispatch().unwrap();
         let b = s.dispatch().unwrap();
         assert_eq!((a.worker, b.worker), (0, 1));
-        assert_eq!(s.next(), Next::Wait);
+        assert_eq!(s.next_step(), Next::Wait);
         assert_eq!(s.on_result(b.seq, 10), Some((1, 10)));
         assert_eq!(s.on_result(a.seq, 20), None);
-        assert_eq!(s.next(), Next::Yield { worker: 0, data: 20 });
-        assert_eq!(s.next(), Next::Stop);
+        assert_eq!(
+            s.next_step(),
+            Next::Yield {
+                worker: 0,
+                data: 20
+            }
+        );
+        assert_eq!(s.next_step(), Next::Stop);
     }
 
     #[test]

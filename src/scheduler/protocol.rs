@@ -43,7 +43,10 @@ pub enum TaskIndices {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToWorker {
-    Task { seq: u64, indices: TaskIndices },
+    Task {
+        seq: u64,
+        indices: TaskIndices,
+    },
     /// Persistent workers: a new epoch starts (recreate the replica iterator).
     Resume,
     Shutdown,
@@ -51,14 +54,24 @@ pub enum ToWorker {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FromWorker {
-    Batch { seq: u64, record: RecordLoc },
+    Batch {
+        seq: u64,
+        record: RecordLoc,
+    },
     /// A pickled `ExceptionWrapper` for task `seq`.
-    Error { seq: u64, payload: Vec<u8> },
+    Error {
+        seq: u64,
+        payload: Vec<u8>,
+    },
     /// The replica raised `StopIteration` on task `seq`.
-    Exhausted { seq: u64 },
+    Exhausted {
+        seq: u64,
+    },
     Resumed,
     /// A new arena segment; its fd rides with the frame.
-    Segment { id: u32 },
+    Segment {
+        id: u32,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,13 +102,19 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
     fn u16(&mut self) -> Result<u16, DecodeError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
     }
     fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     fn i64(&mut self) -> Result<i64, DecodeError> {
         Ok(self.u64()? as i64)
@@ -270,7 +289,11 @@ pub struct Leaf {
 
 impl Leaf {
     pub fn nbytes(&self) -> usize {
-        self.shape.iter().map(|&d| d.max(0) as usize).product::<usize>() * self.dtype.itemsize()
+        self.shape
+            .iter()
+            .map(|&d| d.max(0) as usize)
+            .product::<usize>()
+            * self.dtype.itemsize()
     }
 }
 
@@ -289,8 +312,15 @@ pub struct RecordLayout {
 
 /// Lays out a record for a pickle of `pickle_len` bytes and leaves of the
 /// given dtype, kind and shape; fills in each leaf's offset.
-pub fn layout_record(pickle_len: usize, leaves: Vec<(LeafDtype, LeafKind, Vec<i64>)>) -> RecordLayout {
-    let header_len: usize = 24 + leaves.iter().map(|(_, _, s)| 24 + 8 * s.len()).sum::<usize>();
+pub fn layout_record(
+    pickle_len: usize,
+    leaves: Vec<(LeafDtype, LeafKind, Vec<i64>)>,
+) -> RecordLayout {
+    let header_len: usize = 24
+        + leaves
+            .iter()
+            .map(|(_, _, s)| 24 + 8 * s.len())
+            .sum::<usize>();
     let pickle_offset = header_len;
     let mut cursor = align(pickle_offset + pickle_len);
     let mut placed = Vec::with_capacity(leaves.len());
@@ -427,9 +457,18 @@ mod tests {
 
     fn from_worker() -> impl Strategy<Value = FromWorker> {
         prop_oneof![
-            (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(seq, segment, offset, len)| {
-                FromWorker::Batch { seq, record: RecordLoc { segment, offset, len } }
-            }),
+            (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(
+                |(seq, segment, offset, len)| {
+                    FromWorker::Batch {
+                        seq,
+                        record: RecordLoc {
+                            segment,
+                            offset,
+                            len,
+                        },
+                    }
+                }
+            ),
             (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..50))
                 .prop_map(|(seq, payload)| FromWorker::Error { seq, payload }),
             any::<u64>().prop_map(|seq| FromWorker::Exhausted { seq }),

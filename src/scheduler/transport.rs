@@ -86,7 +86,11 @@ impl Conn {
     }
 
     /// Writes one frame, blocking until sent; `fd` rides on its first byte.
-    pub fn send_frame_blocking(&mut self, body: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    pub fn send_frame_blocking(
+        &mut self,
+        body: &[u8],
+        fd: Option<BorrowedFd<'_>>,
+    ) -> io::Result<()> {
         let mut frame = Vec::with_capacity(body.len() + 4);
         put_frame(&mut frame, body);
         let mut sent = 0;
@@ -96,7 +100,12 @@ impl Conn {
             let mut control = SendAncillaryBuffer::new(&mut space);
             control.push(SendAncillaryMessage::ScmRights(&fds));
             loop {
-                match sendmsg(&self.fd, &[IoSlice::new(&frame)], &mut control, SendFlags::NOSIGNAL) {
+                match sendmsg(
+                    &self.fd,
+                    &[IoSlice::new(&frame)],
+                    &mut control,
+                    SendFlags::NOSIGNAL,
+                ) {
                     Ok(n) => {
                         sent = n;
                         break;
@@ -188,7 +197,11 @@ impl AsFd for Conn {
 }
 
 /// Waits until `fd` is ready for `events`; `Ok(false)` on timeout.
-pub fn wait_fd(fd: BorrowedFd<'_>, events: PollFlags, timeout: Option<std::time::Duration>) -> io::Result<bool> {
+pub fn wait_fd(
+    fd: BorrowedFd<'_>,
+    events: PollFlags,
+    timeout: Option<std::time::Duration>,
+) -> io::Result<bool> {
     let mut fds = [PollFd::from_borrowed_fd(fd, events)];
     let n = poll_fds(&mut fds, timeout)?;
     Ok(n > 0)
@@ -227,7 +240,8 @@ pub enum Exit {
 
 impl Watched {
     pub fn new(pid: i32) -> Self {
-        let pidfd = Pid::from_raw(pid).and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
+        let pidfd = Pid::from_raw(pid)
+            .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
         Watched { pid, pidfd }
     }
 
@@ -266,7 +280,13 @@ mod tests {
     use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 
     fn pair() -> (Conn, Conn) {
-        let (a, b) = socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None).unwrap();
+        let (a, b) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
         (Conn::new(a), Conn::new(b))
     }
 
@@ -302,7 +322,10 @@ mod tests {
 
     #[test]
     fn exit_status_of_a_finished_child() {
-        let child = std::process::Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
+        let child = std::process::Command::new("sh")
+            .args(["-c", "exit 3"])
+            .spawn()
+            .unwrap();
         let w = Watched::new(child.id() as i32);
         if let Some(fd) = w.pidfd() {
             assert!(wait_fd(fd, PollFlags::IN, Some(std::time::Duration::from_secs(5))).unwrap());
