@@ -323,7 +323,7 @@ fn pull<S: IndexSource<Index = i64, Error = Infallible>>(
     take: Option<usize>,
 ) -> Vec<i64> {
     let mut out = Vec::new();
-    while take.map_or(true, |k| out.len() < k) {
+    while take.is_none_or(|k| out.len() < k) {
         match s.next_index() {
             Ok(Some(i)) => out.push(i),
             Ok(None) => break,
@@ -731,7 +731,7 @@ fn batches<S: IndexSource<Index = i64, Error = Infallible>>(
     let mut it = BatchIter::new(source, batch_size, drop_last);
     let mut out = Vec::new();
     let mut all = Vec::new();
-    while take.map_or(true, |k| all.len() < k) {
+    while take.is_none_or(|k| all.len() < k) {
         match it.next_batch(&mut out) {
             Ok(true) => all.push(out.clone()),
             Ok(false) => break,
