@@ -12,6 +12,8 @@ def randperm(n: int, generator: Optional[torch.Generator] = None) -> list[int]:
 
 class SamplerIter(Iterator[int]):
     @staticmethod
+    def deferred(sampler: Any, resolve: Any) -> SamplerIter: ...
+    @staticmethod
     def sequential(n: int) -> SamplerIter: ...
     @staticmethod
     def random(

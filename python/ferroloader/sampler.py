@@ -30,14 +30,23 @@ def _sequential(s: Any) -> Optional[_core.SamplerIter]:
     return _core.SamplerIter.sequential(len(s.data_source))
 
 
-def _random(s: Any) -> Optional[_core.SamplerIter]:
+def _resolve_random(s: Any) -> Any:
+    """``RandomSampler.__iter__``'s first step: read the sampler now."""
     n = len(s.data_source)
     num_samples = s.num_samples
-    if n <= 0 or not _cpu_generator(s.generator) or type(num_samples) is not int:
-        return None
-    if num_samples <= 0:
-        return None
-    return _core.SamplerIter.random(n, num_samples, bool(s.replacement), s.generator)
+    if n > 0 and _cpu_generator(s.generator) and type(num_samples) is int and num_samples > 0:
+        return _core.SamplerIter.random(n, num_samples, bool(s.replacement), s.generator)
+    return _ts.RandomSampler.__iter__(s)
+
+
+def _resolve_weighted(s: Any) -> Any:
+    if _cpu_generator(s.generator):
+        return _core.SamplerIter.weighted(s.weights, s.num_samples, s.replacement, s.generator)
+    return _ts.WeightedRandomSampler.__iter__(s)
+
+
+def _random(s: Any) -> Optional[_core.SamplerIter]:
+    return _core.SamplerIter.deferred(s, _resolve_random)
 
 
 def _subset_random(s: Any) -> Optional[_core.SamplerIter]:
@@ -50,9 +59,7 @@ def _subset_random(s: Any) -> Optional[_core.SamplerIter]:
 
 
 def _weighted(s: Any) -> Optional[_core.SamplerIter]:
-    if not _cpu_generator(s.generator):
-        return None
-    return _core.SamplerIter.weighted(s.weights, s.num_samples, s.replacement, s.generator)
+    return _core.SamplerIter.deferred(s, _resolve_weighted)
 
 
 def _distributed(s: Any) -> Optional[_core.SamplerIter]:
@@ -62,16 +69,20 @@ def _distributed(s: Any) -> Optional[_core.SamplerIter]:
         return None
     if type(seed) is not int or not -(1 << 63) <= seed < _U64:
         return None
-    return _core.SamplerIter.distributed(
-        len(s.dataset),
-        s.num_replicas,
-        s.rank,
-        bool(s.shuffle),
-        seed % _U64,
-        bool(s.drop_last),
-        s.num_samples,
-        s.total_size,
-    )
+    try:
+        return _core.SamplerIter.distributed(
+            len(s.dataset),
+            s.num_replicas,
+            s.rank,
+            bool(s.shuffle),
+            seed % _U64,
+            bool(s.drop_last),
+            s.num_samples,
+            s.total_size,
+        )
+    except AssertionError:
+        # An inconsistent sampler: let torch's own code raise its error.
+        return None
 
 
 def native_iter(sampler: Any) -> Optional[_core.SamplerIter]:
@@ -106,8 +117,7 @@ class RandomSampler(_ts.RandomSampler):
     __doc__ = _ts.RandomSampler.__doc__
 
     def __iter__(self) -> Iterator[int]:
-        it = _random(self)
-        return it if it is not None else super().__iter__()
+        return _random(self)  # type: ignore[return-value]
 
 
 class SubsetRandomSampler(_ts.SubsetRandomSampler):
@@ -122,8 +132,7 @@ class WeightedRandomSampler(_ts.WeightedRandomSampler):
     __doc__ = _ts.WeightedRandomSampler.__doc__
 
     def __iter__(self) -> Iterator[int]:
-        it = _weighted(self)
-        return it if it is not None else super().__iter__()
+        return _weighted(self)  # type: ignore[return-value]
 
 
 class BatchSampler(_ts.BatchSampler):

@@ -95,6 +95,16 @@ impl IndexSource for Weighted {
 
 /// A sampler the engine runs natively.
 pub enum NativeSampler {
+    /// Not built yet: torch's `__iter__` is a generator that reads the
+    /// sampler's attributes on the first `next()`, so this does too, by
+    /// calling `resolve(sampler)` (a native iterator, or torch's own one).
+    Deferred {
+        sampler: Py<PyAny>,
+        resolve: Py<PyAny>,
+    },
+    /// torch's own iterator, for configurations the engine leaves to torch
+    /// (they yield Python ints).
+    Fallback(Py<PyAny>),
     Sequential(SequentialIter),
     Random(RandomIter<Rng>),
     SubsetRandom(SubsetRandomIter<Rng>),
@@ -106,7 +116,26 @@ impl IndexSource for NativeSampler {
     type Index = i64;
     type Error = PyErr;
     fn next_index(&mut self) -> PyResult<Option<i64>> {
+        if let NativeSampler::Deferred { sampler, resolve } = self {
+            *self = Python::attach(|py| -> PyResult<NativeSampler> {
+                let it = resolve.bind(py).call1((sampler.bind(py),))?;
+                Ok(match it.cast::<SamplerIter>() {
+                    Ok(native) => std::mem::replace(
+                        &mut native.borrow_mut().inner,
+                        NativeSampler::List(Vec::new().into_iter()),
+                    ),
+                    Err(_) => NativeSampler::Fallback(it.unbind()),
+                })
+            })?;
+        }
         match self {
+            NativeSampler::Deferred { .. } => unreachable!("resolved above"),
+            NativeSampler::Fallback(it) => {
+                Python::attach(|py| match super::fetch::next(it.bind(py))? {
+                    Some(v) => v.extract().map(Some),
+                    None => Ok(None),
+                })
+            }
             NativeSampler::Sequential(s) => Ok(s.next_index().unwrap_or(None)),
             NativeSampler::Random(s) => s.next_index(),
             NativeSampler::SubsetRandom(s) => s.next_index(),
@@ -124,6 +153,14 @@ pub struct SamplerIter {
 
 #[pymethods]
 impl SamplerIter {
+    /// A sampler resolved on the first `next()` by `resolve(sampler)`.
+    #[staticmethod]
+    fn deferred(sampler: Py<PyAny>, resolve: Py<PyAny>) -> Self {
+        SamplerIter {
+            inner: NativeSampler::Deferred { sampler, resolve },
+        }
+    }
+
     #[staticmethod]
     fn sequential(n: usize) -> Self {
         SamplerIter {
