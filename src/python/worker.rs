@@ -32,6 +32,15 @@ fn io_err(e: std::io::Error) -> PyErr {
     PyRuntimeError::new_err(format!("ferroloader worker: {e}"))
 }
 
+/// The main process closed its end (it stopped this iterator): not an
+/// error, the worker just leaves.
+fn main_gone(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+    )
+}
+
 /// Kills this process when `main_pid` exits.
 fn start_watchdog(main_pid: i32) {
     let me = rustix::process::getpid();
@@ -85,6 +94,13 @@ struct Worker {
 
 impl Worker {
     fn send(&mut self, msg: &FromWorker) -> PyResult<()> {
+        let io = |e: std::io::Error| {
+            if main_gone(&e) {
+                PyErr::new::<pyo3::exceptions::PyConnectionAbortedError, _>("main process gone")
+            } else {
+                io_err(e)
+            }
+        };
         // New arena segments go first, so the main process can map a record
         // before it reads the message naming it.
         let new: Vec<u32> = self
@@ -97,13 +113,11 @@ impl Worker {
             let mut body = Vec::new();
             FromWorker::Segment { id }.encode(&mut body);
             let fd = self.arena.segment_fd(id).expect("segment just created");
-            self.conn
-                .send_frame_blocking(&body, Some(fd))
-                .map_err(io_err)?;
+            self.conn.send_frame_blocking(&body, Some(fd)).map_err(io)?;
         }
         let mut body = Vec::new();
         msg.encode(&mut body);
-        self.conn.send_frame_blocking(&body, None).map_err(io_err)
+        self.conn.send_frame_blocking(&body, None).map_err(io)
     }
 
     fn new_iterator(&mut self, py: Python<'_>) {
@@ -245,21 +259,29 @@ pub fn worker_loop(
     }
     loop {
         let conn = &mut w.conn;
-        let frame = py.detach(|| conn.recv_frame_blocking()).map_err(io_err)?;
-        let Some(frame) = frame else {
-            return Ok(());
+        let frame = match py.detach(|| conn.recv_frame_blocking()) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return Ok(()),
+            Err(e) if main_gone(&e) => return Ok(()),
+            Err(e) => return Err(io_err(e)),
         };
         let msg = ToWorker::decode(&frame).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-        match msg {
-            ToWorker::Task { seq, indices } => w.task(py, seq, indices)?,
-            ToWorker::Resume => {
-                w.send(&FromWorker::Resumed)?;
+        let handled = match msg {
+            ToWorker::Task { seq, indices } => w.task(py, seq, indices),
+            ToWorker::Resume => w.send(&FromWorker::Resumed).map(|()| {
                 w.iteration_end = false;
                 if w.iterable {
                     w.new_iterator(py);
                 }
-            }
+            }),
             ToWorker::Shutdown => return Ok(()),
+        };
+        match handled {
+            Ok(()) => {}
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyConnectionAbortedError>(py) => {
+                return Ok(())
+            }
+            Err(e) => return Err(e),
         }
     }
 }
