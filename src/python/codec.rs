@@ -1,13 +1,14 @@
 //! A collated batch in and out of an arena record.
 //!
-//! Worker: the batch is pickled with a `persistent_id` that takes out every
+//! Worker: the batch's structure is encoded (natively for plain containers
+//! and scalars, by pickle for other objects) with every
 //! leaf the engine can place in shared memory (deferred native leaves,
-//! CPU tensors, numeric numpy arrays) and numbers it; the record is then
+//! CPU tensors, numeric numpy arrays) taken out and numbered; the record is then
 //! laid out (`protocol::layout_record`), allocated once, and each leaf is
-//! written straight into it. Only the structure is pickled.
+//! written straight into it.
 //!
-//! Main: the pickle is loaded with a `persistent_load` that turns leaf `i`
-//! into a tensor (or array) over the record's memory through DLPack; each
+//! Main: the structure is rebuilt, and leaf `i` becomes
+//! a tensor (or array) over the record's memory through DLPack; each
 //! holds a share of the record, which is released when the last one dies.
 
 use std::cell::RefCell;
@@ -151,20 +152,19 @@ pub fn encode_batch(
     batch: &Bound<'_, PyAny>,
     arena: &mut ArenaWriter,
 ) -> PyResult<RecordRef> {
-    let t = torch(py)?;
     let collector = Bound::new(
         py,
         LeafCollector {
             leaves: RefCell::new(Vec::new()),
         },
     )?;
-    let buf = t.bytes_io.bind(py).call0()?;
-    let pickler = t.pickler.bind(py).call1((&buf, 5))?;
-    pickler.setattr(pyo3::intern!(py, "persistent_id"), &collector)?;
-    pickler.call_method1(pyo3::intern!(py, "dump"), (batch,))?;
-    let data = buf.call_method0(pyo3::intern!(py, "getbuffer"))?;
-    let pickle: Vec<u8> = data.call_method0(pyo3::intern!(py, "tobytes"))?.extract()?;
-    drop(pickler);
+    let mut enc = TreeEncoder {
+        py,
+        collector: &collector,
+        out: Vec::new(),
+    };
+    enc.encode(batch, 0)?;
+    let pickle = enc.out;
     let leaves = collector.borrow().leaves.take();
     let layout = layout_record(
         pickle.len(),
@@ -304,26 +304,7 @@ struct LeafLoader {
 #[pymethods]
 impl LeafLoader {
     fn __call__<'py>(&self, py: Python<'py>, pid: usize) -> PyResult<Bound<'py, PyAny>> {
-        let leaf = self
-            .leaves
-            .get(pid)
-            .ok_or_else(|| PyRuntimeError::new_err("ferroloader: bad leaf id in a batch record"))?;
-        let ptr = self.record.as_ptr().wrapping_add(leaf.offset as usize);
-        let owner: Box<dyn Send> = Box::new(Arc::clone(&self.record));
-        let capsule = export_capsule(py, ptr, &leaf.shape, to_dl_dtype(leaf.dtype), owner)?;
-        let t = torch(py)?;
-        match leaf.kind {
-            LeafKind::Tensor => t.from_dlpack.bind(py).call1((capsule,)),
-            LeafKind::Ndarray => {
-                let holder = Bound::new(
-                    py,
-                    DlpackHolder {
-                        capsule: Some(capsule.unbind()),
-                    },
-                )?;
-                t.np_from_dlpack.bind(py).call1((holder,))
-            }
-        }
+        make_leaf(py, &self.record, &self.leaves, pid)
     }
 }
 
@@ -362,20 +343,272 @@ pub fn decode_batch<'py>(
     })?;
     let parsed =
         parse_record(handle.bytes()).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-    let pickle = PyBytes::new(py, &handle.bytes()[parsed.pickle.clone()]);
-    let t = torch(py)?;
-    if parsed.leaves.is_empty() {
-        return t.loads.bind(py).call1((pickle,));
-    }
-    let loader = Bound::new(
+    let record = Arc::new(handle);
+    let mut dec = TreeDecoder {
         py,
-        LeafLoader {
-            record: Arc::new(handle),
-            leaves: parsed.leaves,
-        },
-    )?;
-    let buf = t.bytes_io.bind(py).call1((pickle,))?;
-    let unpickler = t.unpickler.bind(py).call1((buf,))?;
-    unpickler.setattr(pyo3::intern!(py, "persistent_load"), loader)?;
-    unpickler.call_method0(pyo3::intern!(py, "load"))
+        record: &record,
+        pos: parsed.pickle.start,
+        end: parsed.pickle.end,
+        leaves: &parsed.leaves,
+        loader: None,
+    };
+    dec.decode(0)
+}
+
+/// Tags of the structure encoding (see [`TreeEncoder`]).
+mod tag {
+    pub const NONE: u8 = 0;
+    pub const TRUE: u8 = 1;
+    pub const FALSE: u8 = 2;
+    pub const INT: u8 = 3;
+    pub const FLOAT: u8 = 4;
+    pub const STR: u8 = 5;
+    pub const BYTES: u8 = 6;
+    pub const LIST: u8 = 7;
+    pub const TUPLE: u8 = 8;
+    pub const DICT: u8 = 9;
+    pub const LEAF: u8 = 10;
+    pub const PICKLED: u8 = 11;
+}
+
+/// Deeper structures are pickled whole (pickle copes with cycles).
+const MAX_DEPTH: usize = 64;
+
+/// The batch's structure in a compact form the main process rebuilds
+/// without pickle: exact `dict`, `list`, `tuple`, `str`, `bytes`, `int`,
+/// `float`, `bool`, `None` and leaves; any other object (namedtuples, user
+/// types) is pickled, its own tensors and arrays still taken out as leaves.
+struct TreeEncoder<'a, 'py> {
+    py: Python<'py>,
+    collector: &'a Bound<'py, LeafCollector>,
+    out: Vec<u8>,
+}
+
+impl<'py> TreeEncoder<'_, 'py> {
+    fn len(&mut self, n: usize) {
+        self.out.extend_from_slice(&(n as u32).to_le_bytes());
+    }
+
+    fn encode(&mut self, obj: &Bound<'py, PyAny>, depth: usize) -> PyResult<()> {
+        use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyString, PyTuple};
+        if depth > MAX_DEPTH {
+            return self.pickled(obj);
+        }
+        if obj.is_none() {
+            self.out.push(tag::NONE);
+        } else if obj.is_exact_instance_of::<PyBool>() {
+            self.out.push(if obj.is_truthy()? {
+                tag::TRUE
+            } else {
+                tag::FALSE
+            });
+        } else if obj.is_exact_instance_of::<PyInt>() {
+            match obj.extract::<i64>() {
+                Ok(v) => {
+                    self.out.push(tag::INT);
+                    self.out.extend_from_slice(&v.to_le_bytes());
+                }
+                Err(_) => return self.pickled(obj),
+            }
+        } else if let Ok(f) = obj.cast_exact::<PyFloat>() {
+            self.out.push(tag::FLOAT);
+            self.out.extend_from_slice(&f.value().to_le_bytes());
+        } else if let Ok(st) = obj.cast_exact::<PyString>() {
+            match st.to_cow() {
+                Ok(text) => {
+                    self.out.push(tag::STR);
+                    self.len(text.len());
+                    self.out.extend_from_slice(text.as_bytes());
+                }
+                Err(_) => return self.pickled(obj),
+            }
+        } else if let Ok(b) = obj.cast_exact::<PyBytes>() {
+            self.out.push(tag::BYTES);
+            self.len(b.as_bytes().len());
+            self.out.extend_from_slice(b.as_bytes());
+        } else if let Ok(l) = obj.cast_exact::<PyList>() {
+            self.out.push(tag::LIST);
+            self.len(l.len());
+            for item in l.iter() {
+                self.encode(&item, depth + 1)?;
+            }
+        } else if let Ok(t) = obj.cast_exact::<PyTuple>() {
+            self.out.push(tag::TUPLE);
+            self.len(t.len());
+            for item in t.iter() {
+                self.encode(&item, depth + 1)?;
+            }
+        } else if let Ok(d) = obj.cast_exact::<PyDict>() {
+            self.out.push(tag::DICT);
+            self.len(d.len());
+            for (k, v) in d.iter() {
+                self.encode(&k, depth + 1)?;
+                self.encode(&v, depth + 1)?;
+            }
+        } else if let Some(id) = self.collector.borrow().__call__(self.py, obj)? {
+            self.out.push(tag::LEAF);
+            self.len(id);
+        } else {
+            return self.pickled(obj);
+        }
+        Ok(())
+    }
+
+    fn pickled(&mut self, obj: &Bound<'py, PyAny>) -> PyResult<()> {
+        let py = self.py;
+        let t = torch(py)?;
+        let buf = t.bytes_io.bind(py).call0()?;
+        let pickler = t.pickler.bind(py).call1((&buf, 5))?;
+        pickler.setattr(pyo3::intern!(py, "persistent_id"), self.collector)?;
+        pickler.call_method1(pyo3::intern!(py, "dump"), (obj,))?;
+        let data: Vec<u8> = buf.call_method0(pyo3::intern!(py, "getvalue"))?.extract()?;
+        self.out.push(tag::PICKLED);
+        self.len(data.len());
+        self.out.extend_from_slice(&data);
+        Ok(())
+    }
+}
+
+struct TreeDecoder<'a, 'py> {
+    py: Python<'py>,
+    record: &'a Arc<RecordHandle>,
+    pos: usize,
+    end: usize,
+    leaves: &'a [crate::scheduler::protocol::Leaf],
+    loader: Option<Bound<'py, LeafLoader>>,
+}
+
+fn corrupt() -> PyErr {
+    PyRuntimeError::new_err("ferroloader: malformed batch record")
+}
+
+impl<'py> TreeDecoder<'_, 'py> {
+    fn take(&mut self, n: usize) -> PyResult<&[u8]> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.end)
+            .ok_or_else(corrupt)?;
+        let bytes = &self.record.bytes()[self.pos..end];
+        self.pos = end;
+        Ok(bytes)
+    }
+
+    fn len(&mut self) -> PyResult<usize> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")) as usize)
+    }
+
+    fn decode(&mut self, depth: usize) -> PyResult<Bound<'py, PyAny>> {
+        use pyo3::types::{PyList, PyString, PyTuple};
+        let py = self.py;
+        if depth > MAX_DEPTH + 1 {
+            return Err(corrupt());
+        }
+        let tag = self.take(1)?[0];
+        Ok(match tag {
+            tag::NONE => py.None().into_bound(py),
+            tag::TRUE => pyo3::types::PyBool::new(py, true).to_owned().into_any(),
+            tag::FALSE => pyo3::types::PyBool::new(py, false).to_owned().into_any(),
+            tag::INT => {
+                let v = i64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes"));
+                v.into_pyobject(py)?.into_any()
+            }
+            tag::FLOAT => {
+                let v = f64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes"));
+                v.into_pyobject(py)?.into_any()
+            }
+            tag::STR => {
+                let n = self.len()?;
+                let text = std::str::from_utf8(self.take(n)?).map_err(|_| corrupt())?;
+                PyString::new(py, text).into_any()
+            }
+            tag::BYTES => {
+                let n = self.len()?;
+                PyBytes::new(py, self.take(n)?).into_any()
+            }
+            tag::LIST => {
+                let n = self.len()?;
+                let list = PyList::empty(py);
+                for _ in 0..n {
+                    list.append(self.decode(depth + 1)?)?;
+                }
+                list.into_any()
+            }
+            tag::TUPLE => {
+                let n = self.len()?;
+                let mut items = Vec::with_capacity(n.min(1 << 16));
+                for _ in 0..n {
+                    items.push(self.decode(depth + 1)?);
+                }
+                PyTuple::new(py, items)?.into_any()
+            }
+            tag::DICT => {
+                let n = self.len()?;
+                let dict = PyDict::new(py);
+                for _ in 0..n {
+                    let k = self.decode(depth + 1)?;
+                    let v = self.decode(depth + 1)?;
+                    dict.set_item(k, v)?;
+                }
+                dict.into_any()
+            }
+            tag::LEAF => {
+                let id = self.len()?;
+                make_leaf(py, self.record, self.leaves, id)?
+            }
+            tag::PICKLED => {
+                let n = self.len()?;
+                let data = PyBytes::new(py, self.take(n)?);
+                let loader = match &self.loader {
+                    Some(l) => l.clone(),
+                    None => {
+                        let l = Bound::new(
+                            py,
+                            LeafLoader {
+                                record: Arc::clone(self.record),
+                                leaves: self.leaves.to_vec(),
+                            },
+                        )?;
+                        self.loader = Some(l.clone());
+                        l
+                    }
+                };
+                let t = torch(py)?;
+                let buf = t.bytes_io.bind(py).call1((data,))?;
+                let unpickler = t.unpickler.bind(py).call1((buf,))?;
+                unpickler.setattr(pyo3::intern!(py, "persistent_load"), loader)?;
+                unpickler.call_method0(pyo3::intern!(py, "load"))?
+            }
+            _ => return Err(corrupt()),
+        })
+    }
+}
+
+/// Leaf `id` of a record: a tensor (or numpy array) over the record's
+/// memory, holding a share of it.
+fn make_leaf<'py>(
+    py: Python<'py>,
+    record: &Arc<RecordHandle>,
+    leaves: &[crate::scheduler::protocol::Leaf],
+    id: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let leaf = leaves
+        .get(id)
+        .ok_or_else(|| PyRuntimeError::new_err("ferroloader: bad leaf id in a batch record"))?;
+    let ptr = record.as_ptr().wrapping_add(leaf.offset as usize);
+    let owner: Box<dyn Send> = Box::new(Arc::clone(record));
+    let capsule = export_capsule(py, ptr, &leaf.shape, to_dl_dtype(leaf.dtype), owner)?;
+    let t = torch(py)?;
+    match leaf.kind {
+        LeafKind::Tensor => t.from_dlpack.bind(py).call1((capsule,)),
+        LeafKind::Ndarray => {
+            let holder = Bound::new(
+                py,
+                DlpackHolder {
+                    capsule: Some(capsule.unbind()),
+                },
+            )?;
+            t.np_from_dlpack.bind(py).call1((holder,))
+        }
+    }
 }
