@@ -18,13 +18,17 @@ use super::codec::decode_batch;
 use super::ffi::adopt_fd;
 use super::sampler::{BatchSamplerIter, SamplerIter};
 use super::torch::torch;
-use crate::ring::{ArenaReader, RecordRef, Segment};
-use crate::scheduler::protocol::{FromWorker, TaskIndices, ToWorker};
+use crate::ring::{ArenaReader, Dir, Mailbox, RecordRef, Segment};
+use crate::scheduler::protocol::{FromWorker, TaskIndices, ToWorker, ON_SOCKET};
 use crate::scheduler::transport::{poll_fds, Conn, Exit, ReadState, Watched};
 use crate::scheduler::{Next, Scheduler};
 
 /// The longest the main process sleeps without checking for signals.
 const SIGNAL_SLICE: Duration = Duration::from_millis(50);
+/// How long the main process keeps checking the mailboxes before sleeping.
+const SPIN: Duration = Duration::from_micros(50);
+/// Bytes per mailbox ring.
+const MAILBOX_BYTES: usize = 1 << 20;
 
 enum Payload {
     Batch(RecordRef),
@@ -33,6 +37,9 @@ enum Payload {
 
 struct WorkerLink {
     conn: Option<Conn>,
+    mailbox: Mailbox,
+    /// Messages for the worker not yet in its mailbox (it was full).
+    outbox: std::collections::VecDeque<Vec<u8>>,
     process: Watched,
     arena: ArenaReader,
     /// Still expected to answer (not shut down, not told to stop).
@@ -104,10 +111,17 @@ impl MultiProcessIter {
     ) -> PyResult<Self> {
         let mut links = Vec::with_capacity(workers.len());
         for (fd, pid) in workers {
-            let conn = Conn::new(adopt_fd(fd)?);
+            let mut conn = Conn::new(adopt_fd(fd)?);
             conn.set_nonblocking(true).map_err(io_err)?;
+            let mailbox = Mailbox::create(MAILBOX_BYTES).map_err(io_err)?;
+            let mut body = Vec::new();
+            ToWorker::Mailbox.encode(&mut body);
+            conn.send_frame_blocking(&body, Some(mailbox.fd()))
+                .map_err(io_err)?;
             links.push(WorkerLink {
                 conn: Some(conn),
+                mailbox,
+                outbox: std::collections::VecDeque::new(),
                 process: Watched::new(pid),
                 arena: ArenaReader::new(),
                 running: true,
@@ -156,7 +170,7 @@ impl MultiProcessIter {
         self.num_yielded = 0;
         self.early.clear();
         self.sched.reset();
-        let mut waiting = 0;
+        let mut waiting = 0usize;
         for w in 0..self.workers.len() {
             self.send(w, &ToWorker::Resume)?;
             waiting += 1;
@@ -164,7 +178,13 @@ impl MultiProcessIter {
         // Results of the previous epoch still in flight are dropped (their
         // records released) until every worker has acknowledged.
         while waiting > 0 {
-            waiting -= self.pump(py, true)?;
+            let got = self.pump(py, true)?;
+            waiting = waiting.saturating_sub(got);
+            if waiting > 0 && got == 0 {
+                self.sleep(py, SIGNAL_SLICE)?;
+                self.check_deaths(py)?;
+                py.check_signals()?;
+            }
         }
         self._prime(py)
     }
@@ -250,13 +270,43 @@ impl MultiProcessIter {
     }
 
     fn send(&mut self, worker: usize, msg: &ToWorker) -> PyResult<()> {
-        let Some(conn) = self.workers[worker].conn.as_mut() else {
+        if self.workers[worker].conn.is_none() {
             return Ok(());
-        };
+        }
         let mut body = Vec::new();
         msg.encode(&mut body);
-        conn.queue_frame(&body);
-        conn.flush().map_err(io_err)?;
+        self.workers[worker].outbox.push_back(body);
+        self.flush_outbox(worker)
+    }
+
+    /// Moves queued messages into the worker's mailbox, in order; one too
+    /// large for it goes on the socket behind a marker. Wakes the worker if
+    /// it was asleep.
+    fn flush_outbox(&mut self, worker: usize) -> PyResult<()> {
+        let link = &mut self.workers[worker];
+        let Some(conn) = link.conn.as_mut() else {
+            link.outbox.clear();
+            return Ok(());
+        };
+        let mut pushed = false;
+        while let Some(body) = link.outbox.front() {
+            if body.len() > link.mailbox.max_message() {
+                if !link.mailbox.push(Dir::Tasks, ON_SOCKET) {
+                    break;
+                }
+                conn.queue_frame(body);
+            } else if !link.mailbox.push(Dir::Tasks, body) {
+                break;
+            }
+            link.outbox.pop_front();
+            pushed = true;
+        }
+        if pushed && link.mailbox.consumer_was_sleeping(Dir::Tasks) {
+            conn.queue_frame(&[]);
+        }
+        if conn.has_unflushed() {
+            conn.flush().map_err(io_err)?;
+        }
         Ok(())
     }
 
@@ -318,14 +368,21 @@ impl MultiProcessIter {
     }
 
     /// Blocks until at least one result arrives (or a worker fails, or the
-    /// timeout passes).
+    /// timeout passes): mailboxes first, a short spin, then a sleep on every
+    /// worker's socket and pidfd at once with the GIL released.
     fn wait(&mut self, py: Python<'_>) -> PyResult<()> {
         let started = Instant::now();
         loop {
             if self.pump(py, false)? > 0 || !self.early.is_empty() {
                 return Ok(());
             }
-            self.check_deaths(py)?;
+            let spin = Instant::now();
+            while spin.elapsed() < SPIN && !self.any_result_waiting() {
+                std::thread::yield_now();
+            }
+            if self.any_result_waiting() {
+                continue;
+            }
             let mut slice = SIGNAL_SLICE;
             if let Some((limit, text)) = &self.timeout {
                 let spent = started.elapsed();
@@ -336,50 +393,123 @@ impl MultiProcessIter {
                 }
                 slice = slice.min(*limit - spent);
             }
-            let workers = &self.workers;
-            let ready = py
-                .detach(|| {
-                    let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(2 * workers.len());
-                    for w in workers.iter().filter(|w| w.running) {
-                        if let Some(c) = &w.conn {
-                            let mut ev = PollFlags::IN;
-                            if c.has_unflushed() {
-                                ev |= PollFlags::OUT;
-                            }
-                            fds.push(PollFd::from_borrowed_fd(c.as_fd(), ev));
-                        }
-                        if let Some(p) = w.process.pidfd() {
-                            fds.push(PollFd::from_borrowed_fd(p, PollFlags::IN));
-                        }
-                    }
-                    poll_fds(&mut fds, Some(slice))
-                })
-                .map_err(io_err)?;
-            let _ = ready;
+            self.sleep(py, slice)?;
+            self.check_deaths(py)?;
             py.check_signals()?;
         }
     }
 
-    /// Reads every worker's socket and handles complete messages. Returns
-    /// how many task results (or, with `resuming`, Resume acks) came in.
-    fn pump(&mut self, py: Python<'_>, resuming: bool) -> PyResult<usize> {
-        let mut got = 0;
-        for w in 0..self.workers.len() {
+    fn any_result_waiting(&self) -> bool {
+        self.workers
+            .iter()
+            .any(|w| w.conn.is_some() && w.mailbox.has_message(Dir::Results))
+    }
+
+    /// Sleeps on every worker's socket and pidfd (GIL released) unless a
+    /// result arrives while announcing it; then reads what `poll` reported.
+    fn sleep(&mut self, py: Python<'_>, slice: Duration) -> PyResult<()> {
+        for (i, w) in self.workers.iter().enumerate() {
+            if w.conn.is_some() && !w.mailbox.prepare_sleep(Dir::Results) {
+                for v in &self.workers[..i] {
+                    v.mailbox.end_sleep(Dir::Results);
+                }
+                return Ok(());
+            }
+        }
+        let ready = self.poll_ready(py, slice);
+        for w in &self.workers {
+            w.mailbox.end_sleep(Dir::Results);
+        }
+        self.read_ready(py, &ready?)
+    }
+
+    /// Which workers' sockets or pidfds are ready within `slice`.
+    fn poll_ready(&self, py: Python<'_>, slice: Duration) -> PyResult<Vec<usize>> {
+        let workers = &self.workers;
+        py.detach(|| -> std::io::Result<Vec<usize>> {
+            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(2 * workers.len());
+            let mut owner = Vec::with_capacity(2 * workers.len());
+            for (i, w) in workers.iter().enumerate() {
+                if let Some(c) = &w.conn {
+                    let mut ev = PollFlags::IN;
+                    if c.has_unflushed() {
+                        ev |= PollFlags::OUT;
+                    }
+                    fds.push(PollFd::from_borrowed_fd(c.as_fd(), ev));
+                    owner.push(i);
+                }
+                if let (true, Some(p)) = (w.running, w.process.pidfd()) {
+                    fds.push(PollFd::from_borrowed_fd(p, PollFlags::IN));
+                    owner.push(i);
+                }
+            }
+            poll_fds(&mut fds, Some(slice))?;
+            let mut ready: Vec<usize> = fds
+                .iter()
+                .zip(&owner)
+                .filter(|(f, _)| !f.revents().is_empty())
+                .map(|(_, &i)| i)
+                .collect();
+            ready.dedup();
+            Ok(ready)
+        })
+        .map_err(io_err)
+    }
+
+    /// Reads the sockets `poll` reported: wake-ups are dropped, frames kept
+    /// for the markers that will ask for them, EOF noted.
+    fn read_ready(&mut self, py: Python<'_>, ready: &[usize]) -> PyResult<()> {
+        for &w in ready {
             let Some(conn) = self.workers[w].conn.as_mut() else {
                 continue;
             };
             if conn.has_unflushed() {
                 conn.flush().map_err(io_err)?;
             }
-            let state = conn.read_some().map_err(io_err)?;
-            while let Some(frame) = self.workers[w].conn.as_mut().and_then(Conn::next_frame) {
+            if conn.read_some().map_err(io_err)? == ReadState::Closed {
+                // Results still in the mailbox are handled before the loss.
+                self.pump(py, false)?;
+                self.workers[w].conn = None;
+                if self.workers[w].running {
+                    self.check_deaths(py)?;
+                }
+            } else {
+                conn.skip_wakeups();
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles every message waiting in the mailboxes (and retries queued
+    /// tasks). Returns how many task results (or, with `resuming`, Resume
+    /// acks) came in.
+    fn pump(&mut self, py: Python<'_>, resuming: bool) -> PyResult<usize> {
+        let mut got = 0;
+        let mut buf = Vec::new();
+        for w in 0..self.workers.len() {
+            if !self.workers[w].outbox.is_empty() {
+                self.flush_outbox(w)?;
+            }
+            loop {
+                let link = &mut self.workers[w];
+                if link.conn.is_none() || !link.mailbox.pop(Dir::Results, &mut buf) {
+                    break;
+                }
+                let frame = if buf == ON_SOCKET {
+                    let conn = link.conn.as_mut().expect("checked above");
+                    match py.detach(|| conn.recv_message_blocking()).map_err(io_err)? {
+                        Some(f) => f,
+                        None => {
+                            link.conn = None;
+                            break;
+                        }
+                    }
+                } else {
+                    std::mem::take(&mut buf)
+                };
                 let msg = FromWorker::decode(&frame)
                     .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
                 got += self.handle(py, w, msg, resuming)?;
-            }
-            if state == ReadState::Closed && self.workers[w].running {
-                self.workers[w].conn = None;
-                self.check_deaths(py)?;
             }
         }
         Ok(got)

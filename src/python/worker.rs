@@ -24,9 +24,13 @@ use super::collate::Sink;
 use super::fetch::Fetcher;
 use super::ffi::adopt_fd;
 use super::torch::torch;
-use crate::ring::ArenaWriter;
-use crate::scheduler::protocol::{FromWorker, TaskIndices, ToWorker};
-use crate::scheduler::transport::{wait_fd, Conn};
+use crate::ring::{ArenaWriter, Dir, Mailbox};
+use crate::scheduler::protocol::{FromWorker, TaskIndices, ToWorker, ON_SOCKET};
+use crate::scheduler::transport::{wait_fd, Conn, ReadState};
+
+/// How long an idle worker keeps checking its mailbox before it sleeps on
+/// its socket (a wake-up costs far more than this on a busy machine).
+const SPIN: Duration = Duration::from_micros(50);
 
 fn io_err(e: std::io::Error) -> PyErr {
     PyRuntimeError::new_err(format!("ferroloader worker: {e}"))
@@ -79,6 +83,8 @@ fn start_watchdog(main_pid: i32) {
 
 struct Worker {
     conn: Conn,
+    mailbox: Mailbox,
+    buf: Vec<u8>,
     arena: ArenaWriter,
     fetcher: Fetcher,
     iterable: bool,
@@ -93,14 +99,17 @@ struct Worker {
 }
 
 impl Worker {
+    fn gone_or(e: std::io::Error) -> PyErr {
+        if main_gone(&e) {
+            PyErr::new::<pyo3::exceptions::PyConnectionAbortedError, _>("main process gone")
+        } else {
+            io_err(e)
+        }
+    }
+
+    /// A message to the main process, in order: through the mailbox, or on
+    /// the socket behind a marker when it carries an fd or is too large.
     fn send(&mut self, msg: &FromWorker) -> PyResult<()> {
-        let io = |e: std::io::Error| {
-            if main_gone(&e) {
-                PyErr::new::<pyo3::exceptions::PyConnectionAbortedError, _>("main process gone")
-            } else {
-                io_err(e)
-            }
-        };
         // New arena segments go first, so the main process can map a record
         // before it reads the message naming it.
         let new: Vec<u32> = self
@@ -113,11 +122,89 @@ impl Worker {
             let mut body = Vec::new();
             FromWorker::Segment { id }.encode(&mut body);
             let fd = self.arena.segment_fd(id).expect("segment just created");
-            self.conn.send_frame_blocking(&body, Some(fd)).map_err(io)?;
+            self.conn
+                .send_frame_blocking(&body, Some(fd))
+                .map_err(Self::gone_or)?;
+            self.push(ON_SOCKET)?;
         }
         let mut body = Vec::new();
         msg.encode(&mut body);
-        self.conn.send_frame_blocking(&body, None).map_err(io)
+        if body.len() > self.mailbox.max_message() {
+            self.conn
+                .send_frame_blocking(&body, None)
+                .map_err(Self::gone_or)?;
+            return self.push(ON_SOCKET);
+        }
+        self.push(&body)
+    }
+
+    fn push(&mut self, body: &[u8]) -> PyResult<()> {
+        while !self.mailbox.push(Dir::Results, body) {
+            // The main process is behind (or gone): wait for room.
+            let state = wait_fd(
+                self.conn.as_fd_ref(),
+                PollFlags::IN,
+                Some(Duration::from_millis(1)),
+            )
+            .and_then(|ready| {
+                if ready {
+                    self.conn.read_some()
+                } else {
+                    Ok(ReadState::Open)
+                }
+            })
+            .map_err(Self::gone_or)?;
+            if state == ReadState::Closed {
+                return Err(Self::gone_or(std::io::ErrorKind::BrokenPipe.into()));
+            }
+        }
+        if self.mailbox.consumer_was_sleeping(Dir::Results) {
+            self.conn
+                .send_frame_blocking(&[], None)
+                .map_err(Self::gone_or)?;
+        }
+        Ok(())
+    }
+
+    /// The next message from the main process; `None` once it has closed
+    /// the connection. Spins briefly on the mailbox before sleeping.
+    fn next_message(&mut self, py: Python<'_>) -> PyResult<Option<ToWorker>> {
+        loop {
+            if self.mailbox.pop(Dir::Tasks, &mut self.buf) {
+                let frame = if self.buf == ON_SOCKET {
+                    match self.conn.recv_message_blocking() {
+                        Ok(Some(f)) => f,
+                        Ok(None) => return Ok(None),
+                        Err(e) if main_gone(&e) => return Ok(None),
+                        Err(e) => return Err(io_err(e)),
+                    }
+                } else {
+                    std::mem::take(&mut self.buf)
+                };
+                return ToWorker::decode(&frame)
+                    .map(Some)
+                    .map_err(|e| PyRuntimeError::new_err(e.to_string()));
+            }
+            let start = std::time::Instant::now();
+            while start.elapsed() < SPIN && !self.mailbox.has_message(Dir::Tasks) {
+                std::thread::yield_now();
+            }
+            if self.mailbox.has_message(Dir::Tasks) || !self.mailbox.prepare_sleep(Dir::Tasks) {
+                continue;
+            }
+            let conn = &mut self.conn;
+            let state = py.detach(|| {
+                wait_fd(conn.as_fd_ref(), PollFlags::IN, None)?;
+                conn.read_some()
+            });
+            self.mailbox.end_sleep(Dir::Tasks);
+            match state {
+                Ok(ReadState::Closed) => return Ok(None),
+                Ok(ReadState::Open) => self.conn.skip_wakeups(),
+                Err(e) if main_gone(&e) => return Ok(None),
+                Err(e) => return Err(io_err(e)),
+            }
+        }
     }
 
     fn new_iterator(&mut self, py: Python<'_>) {
@@ -237,11 +324,29 @@ pub fn worker_loop(
     init_exception: Option<Vec<u8>>,
 ) -> PyResult<()> {
     start_watchdog(main_pid);
-    let conn = Conn::new(adopt_fd(fd)?);
+    let mut conn = Conn::new(adopt_fd(fd)?);
+    let mailbox = match py.detach(|| conn.recv_message_blocking()).map_err(io_err)? {
+        None => return Ok(()),
+        Some(frame) => match ToWorker::decode(&frame) {
+            Ok(ToWorker::Mailbox) => {
+                let fd = conn
+                    .take_fd()
+                    .ok_or_else(|| PyRuntimeError::new_err("mailbox frame without its fd"))?;
+                Mailbox::from_fd(fd).map_err(io_err)?
+            }
+            _ => {
+                return Err(PyRuntimeError::new_err(
+                    "ferroloader worker: expected the mailbox first",
+                ))
+            }
+        },
+    };
     let arena = ArenaWriter::new(shm_initial, shm_limit).map_err(io_err)?;
     let fetcher = Fetcher::new(py, dataset, getitems, tensors, collate_fn, Sink::Deferred)?;
     let mut w = Worker {
         conn,
+        mailbox,
+        buf: Vec::new(),
         arena,
         fetcher,
         iterable,
@@ -258,14 +363,9 @@ pub fn worker_loop(
         w.new_iterator(py);
     }
     loop {
-        let conn = &mut w.conn;
-        let frame = match py.detach(|| conn.recv_frame_blocking()) {
-            Ok(Some(frame)) => frame,
-            Ok(None) => return Ok(()),
-            Err(e) if main_gone(&e) => return Ok(()),
-            Err(e) => return Err(io_err(e)),
+        let Some(msg) = w.next_message(py)? else {
+            return Ok(());
         };
-        let msg = ToWorker::decode(&frame).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         let handled = match msg {
             ToWorker::Task { seq, indices } => w.task(py, seq, indices),
             ToWorker::Resume => w.send(&FromWorker::Resumed).map(|()| {
@@ -275,6 +375,7 @@ pub fn worker_loop(
                 }
             }),
             ToWorker::Shutdown => return Ok(()),
+            ToWorker::Mailbox => Err(PyRuntimeError::new_err("a second mailbox")),
         };
         match handled {
             Ok(()) => {}

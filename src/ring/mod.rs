@@ -142,12 +142,14 @@
 #![allow(unsafe_code)]
 
 mod arena;
+mod mailbox;
 mod segment;
 
 pub use arena::{
     ArenaError, ArenaReader, ArenaWriter, RecordHandle, RecordRef, RECORD_ALIGN, RECORD_HEADER_LEN,
     SEGMENT_HEADER_LEN,
 };
+pub use mailbox::{Dir, Mailbox};
 pub use segment::{page_size, Segment};
 
 #[cfg(test)]

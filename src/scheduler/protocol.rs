@@ -50,7 +50,13 @@ pub enum ToWorker {
     /// Persistent workers: a new epoch starts (recreate the replica iterator).
     Resume,
     Shutdown,
+    /// The mailbox segment (its fd rides with the frame); the first frame.
+    Mailbox,
 }
+
+/// A mailbox message standing for "the next message is on the socket"
+/// (it carries a file descriptor or is too large for the ring).
+pub const ON_SOCKET: &[u8] = &[0xFF];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FromWorker {
@@ -167,6 +173,7 @@ impl ToWorker {
             }
             ToWorker::Resume => out.push(2),
             ToWorker::Shutdown => out.push(3),
+            ToWorker::Mailbox => out.push(4),
         }
     }
 
@@ -199,6 +206,7 @@ impl ToWorker {
             }
             2 => ToWorker::Resume,
             3 => ToWorker::Shutdown,
+            4 => ToWorker::Mailbox,
             _ => return Err(DecodeError("message tag")),
         };
         r.end()?;
@@ -452,6 +460,7 @@ mod tests {
             (any::<u64>(), indices).prop_map(|(seq, indices)| ToWorker::Task { seq, indices }),
             Just(ToWorker::Resume),
             Just(ToWorker::Shutdown),
+            Just(ToWorker::Mailbox),
         ]
     }
 

@@ -184,9 +184,44 @@ impl Conn {
         }
     }
 
+    /// Blocks until the next non-empty frame (empty frames are wake-ups).
+    /// `None`: the peer closed.
+    pub fn recv_message_blocking(&mut self) -> io::Result<Option<Vec<u8>>> {
+        loop {
+            while let Some(f) = self.next_frame() {
+                if !f.is_empty() {
+                    return Ok(Some(f));
+                }
+            }
+            if self.read_some()? == ReadState::Closed {
+                return Ok(None);
+            }
+            if self.rpos == self.rbuf.len() {
+                // Non-blocking socket with nothing yet: wait for it.
+                wait_fd(self.fd.as_fd(), PollFlags::IN, None)?;
+            }
+        }
+    }
+
+    /// Drops wake-up frames at the front of what has been read.
+    pub fn skip_wakeups(&mut self) {
+        while let Some((body, used)) = take_frame(&self.rbuf[self.rpos..]) {
+            if !body.is_empty() {
+                break;
+            }
+            self.rpos += used;
+        }
+    }
+
     /// The oldest file descriptor received and not yet taken.
     pub fn take_fd(&mut self) -> Option<OwnedFd> {
         self.fds.pop_front()
+    }
+}
+
+impl Conn {
+    pub fn as_fd_ref(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }
 
