@@ -26,7 +26,7 @@ use crate::scheduler::{Next, Scheduler};
 /// The longest the main process sleeps without checking for signals.
 const SIGNAL_SLICE: Duration = Duration::from_millis(50);
 /// How long the main process keeps checking the mailboxes before sleeping.
-const SPIN: Duration = Duration::from_micros(50);
+const SPIN: Duration = Duration::from_micros(20);
 /// Bytes per mailbox ring.
 const MAILBOX_BYTES: usize = 1 << 20;
 

@@ -30,7 +30,7 @@ use crate::scheduler::transport::{wait_fd, Conn, ReadState};
 
 /// How long an idle worker keeps checking its mailbox before it sleeps on
 /// its socket (a wake-up costs far more than this on a busy machine).
-const SPIN: Duration = Duration::from_micros(50);
+const SPIN: Duration = Duration::from_micros(20);
 
 fn io_err(e: std::io::Error) -> PyErr {
     PyRuntimeError::new_err(format!("ferroloader worker: {e}"))
