@@ -143,10 +143,31 @@ fn array_leaf(obj: &Bound<'_, PyAny>) -> PyResult<Option<Collected>> {
 }
 
 fn limit_error(e: crate::ring::ArenaError) -> PyErr {
-    PyRuntimeError::new_err(format!("ferroloader: {e}"))
+    PyRuntimeError::new_err(format!(
+        "{e} (FERROLOADER_SHM_LIMIT is the loader's total, split evenly across its workers)"
+    ))
 }
 
-/// Pickles `batch` into a new record of `arena` and publishes it.
+/// How long a worker at its memory limit waits for the main process to
+/// release records (batches in flight, tensors being freed) before failing.
+const LIMIT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn alloc_record(arena: &mut ArenaWriter, len: usize) -> PyResult<RecordRef> {
+    let deadline = std::time::Instant::now() + LIMIT_GRACE;
+    loop {
+        match arena.alloc(len) {
+            Ok(r) => return Ok(r),
+            Err(crate::ring::ArenaError::LimitExceeded { .. })
+                if std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Err(e) => return Err(limit_error(e)),
+        }
+    }
+}
+
+/// Encodes `batch` into a new record of `arena` and publishes it.
 pub fn encode_batch(
     py: Python<'_>,
     batch: &Bound<'_, PyAny>,
@@ -173,7 +194,7 @@ pub fn encode_batch(
             .map(|c| (to_leaf_dtype(c.dtype), c.kind, c.shape.clone()))
             .collect(),
     );
-    let record = arena.alloc(layout.total).map_err(limit_error)?;
+    let record = alloc_record(arena, layout.total)?;
     let written = (|| -> PyResult<()> {
         let payload = arena.payload_mut(record);
         payload[..layout.header.len()].copy_from_slice(&layout.header);

@@ -28,7 +28,7 @@ const SIGNAL_SLICE: Duration = Duration::from_millis(50);
 /// How long the main process keeps checking the mailboxes before sleeping.
 const SPIN: Duration = Duration::from_micros(20);
 /// Bytes per mailbox ring.
-const MAILBOX_BYTES: usize = 1 << 20;
+const MAILBOX_BYTES: usize = 256 << 10;
 
 enum Payload {
     Batch(RecordRef),
