@@ -35,17 +35,22 @@ pub struct Collator<'py> {
     /// Whether the registry collates `torch.Tensor` with torch's default
     /// function (computed on first need).
     tensors_default: Option<bool>,
+    /// No TorchFunctionMode is active, so native leaves build what torch's
+    /// functions would (checked once per call).
+    native: bool,
 }
 
 impl<'py> Collator<'py> {
     pub fn new(py: Python<'py>, map: Option<Bound<'py, PyDict>>, sink: Sink) -> PyResult<Self> {
+        let t = torch(py)?;
         Ok(Collator {
             py,
-            t: torch(py)?,
+            t,
             map,
             kwargs: None,
             sink,
             tensors_default: None,
+            native: !t.modes_active(py)?,
         })
     }
 
@@ -124,7 +129,9 @@ impl<'py> Collator<'py> {
         elem: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let fns = &self.t.fns;
-        let native = if f.is(&fns.tensor) {
+        let native = if !self.native && !f.is(&fns.str_) {
+            None
+        } else if f.is(&fns.tensor) {
             self.stack_tensors(batch, elem)?
         } else if f.is(&fns.ndarray) {
             self.stack_arrays(items)?

@@ -142,7 +142,7 @@ impl Fetcher {
             return Ok(None);
         }
         let t = torch(py)?;
-        if !default_map_collates_tuples_of_tensors(py, t)? {
+        if t.modes_active(py)? || !default_map_collates_tuples_of_tensors(py, t)? {
             return Ok(None);
         }
         let out = PyList::empty(py);

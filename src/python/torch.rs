@@ -61,6 +61,9 @@ pub struct Torch {
     pub bool_: Py<PyAny>,
     pub default_generator: Py<PyAny>,
     pub multinomial: Py<PyAny>,
+    /// `torch._C._len_torch_function_stack`: a TorchFunctionMode (such as
+    /// `torch.set_default_device`) changes what torch's collate builds.
+    pub function_modes: Py<PyAny>,
     /// torch's `collate` (Python), for container types the engine leaves to it.
     pub torch_collate: Py<PyAny>,
     pub default_collate_fn_map: Py<PyDict>,
@@ -117,6 +120,7 @@ impl Torch {
             bool_: torch.getattr("bool")?.unbind(),
             default_generator: torch.getattr("default_generator")?.unbind(),
             multinomial: torch.getattr("multinomial")?.unbind(),
+            function_modes: c.getattr("_len_torch_function_stack")?.unbind(),
             torch_collate: get("collate")?,
             default_collate_fn_map: collate
                 .getattr("default_collate_fn_map")?
@@ -167,6 +171,12 @@ impl Torch {
 
     pub fn dtype<'py>(&self, py: Python<'py>, dl: DlDtype) -> Option<&Bound<'py, PyAny>> {
         self.dtypes.get(&dl).map(|d| d.bind(py))
+    }
+
+    /// Whether a TorchFunctionMode is active (then native paths stand aside
+    /// and torch's own functions run, honouring it).
+    pub fn modes_active(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.function_modes.bind(py).call0()?.extract::<usize>()? > 0)
     }
 
     /// The DLPack dtype of a `torch.dtype` object (dtype objects are
