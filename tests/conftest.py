@@ -1,0 +1,57 @@
+"""Shared fixtures for the torch-conformance suite.
+
+Self-check of the suite itself: with ``FERROLOADER_TESTS_SELFCHECK=1`` the
+name ``ferroloader`` is bound to a stand-in that re-exports
+``torch.utils.data``, so every comparison test must pass; a failure there is a
+bug in a test, not in ferroloader.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import pytest
+
+if os.environ.get("FERROLOADER_TESTS_SELFCHECK") == "1":  # pragma: no cover
+    import torch.utils.data as _tud
+
+    _shim = types.ModuleType("ferroloader")
+    for _name in (
+        "DataLoader Dataset IterableDataset TensorDataset StackDataset ConcatDataset "
+        "ChainDataset Subset random_split get_worker_info Sampler SequentialSampler "
+        "RandomSampler SubsetRandomSampler WeightedRandomSampler BatchSampler "
+        "DistributedSampler default_collate default_convert"
+    ).split():
+        setattr(_shim, _name, getattr(_tud, _name))
+    from torch.utils.data._utils import collate as _collate_mod
+
+    _shim.collate = _collate_mod.collate
+    _shim.default_collate_fn_map = _collate_mod.default_collate_fn_map
+    sys.modules["ferroloader"] = _shim
+
+
+@pytest.fixture
+def collate_registries():
+    """Yield (torch_map, ferro_map); restores both registries afterwards."""
+    import ferroloader
+    from torch.utils.data._utils.collate import default_collate_fn_map as torch_map
+
+    ferro_map = ferroloader.default_collate_fn_map
+    saved_torch = dict(torch_map)
+    saved_ferro = dict(ferro_map)
+    try:
+        yield torch_map, ferro_map
+    finally:
+        _restore(torch_map, saved_torch)
+        _restore(ferro_map, saved_ferro)
+
+
+def _restore(registry, saved):
+    for key in list(registry):
+        if key not in saved:
+            del registry[key]
+    for key, fn in saved.items():
+        if key not in registry or registry[key] is not fn:
+            registry[key] = fn
