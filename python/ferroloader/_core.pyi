@@ -71,3 +71,53 @@ class SingleProcessIter(Iterator[Any]):
     def __iter__(self) -> SingleProcessIter: ...
     def __next__(self) -> Any: ...
     def __len__(self) -> int: ...
+
+class MultiProcessIter(Iterator[Any]):
+    """The main-process side of multi-process loading (subclassed in Python)."""
+
+    def __init__(
+        self,
+        workers: list[tuple[int, int]],
+        source: Any,
+        dataset: Any,
+        *,
+        iterable: bool,
+        batch_size: Optional[int],
+        auto_collation: bool,
+        prefetch_factor: int,
+        in_order: bool,
+        persistent: bool,
+        timeout: float,
+        timeout_text: str,
+        pin: Optional[tuple[Any, Any]],
+        index_sampler: Any,
+        len_called: Optional[int],
+    ) -> None: ...
+    def _prime(self) -> None: ...
+    def _reset_epoch(self, source: Any, len_called: Optional[int]) -> None: ...
+    def _close(self) -> None: ...
+    def __iter__(self) -> MultiProcessIter: ...
+    def __next__(self) -> Any: ...
+    def __len__(self) -> int: ...
+
+class PendingLeaf:
+    """A collated leaf a worker writes into shared memory once laid out."""
+
+def worker_loop(
+    fd: int,
+    *,
+    dataset: Any,
+    iterable: bool,
+    auto_collation: bool,
+    drop_last: bool,
+    collate_fn: Optional[Any],
+    getitems: Optional[Any],
+    tensors: Optional[list[torch.Tensor]],
+    main_pid: int,
+    shm_initial: int,
+    shm_limit: int,
+    make_iter: Any,
+    wrap_exception: Any,
+    init_exception: Optional[bytes],
+) -> None:
+    """Serve tasks from the main process until it stops or goes away."""

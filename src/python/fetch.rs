@@ -52,7 +52,16 @@ impl Fetcher {
         if let Some(batch) = self.gather(py, indices)? {
             return Ok(batch);
         }
-        self.batch_from_obj(py, PyList::new(py, indices)?.into_any())
+        if self.getitems.is_some() {
+            return self.batch_from_obj(py, PyList::new(py, indices)?.into_any());
+        }
+        // `[dataset[i] for i in indices]`, without building the index list.
+        let ds = self.dataset.bind(py);
+        let mut samples = Vec::with_capacity(indices.len());
+        for &i in indices {
+            samples.push(ds.get_item(i)?);
+        }
+        self.collate(py, PyList::new(py, samples)?.into_any())
     }
 
     /// An auto-collated batch for any index container (given to
