@@ -20,13 +20,13 @@ use super::sampler::{BatchSamplerIter, SamplerIter};
 use super::torch::torch;
 use crate::ring::{ArenaReader, Dir, Mailbox, RecordRef, Segment};
 use crate::scheduler::protocol::{FromWorker, TaskIndices, ToWorker, ON_SOCKET};
-use crate::scheduler::transport::{poll_fds, Conn, Exit, ReadState, Watched};
+use crate::scheduler::transport::{poll_fds, spin_wait, Conn, Exit, ReadState, Watched};
 use crate::scheduler::{Next, Scheduler};
 
 /// The longest the main process sleeps without checking for signals.
 const SIGNAL_SLICE: Duration = Duration::from_millis(50);
 /// How long the main process keeps checking the mailboxes before sleeping.
-const SPIN: Duration = Duration::from_micros(20);
+const SPIN: Duration = Duration::from_micros(100);
 /// Bytes per mailbox ring.
 const MAILBOX_BYTES: usize = 256 << 10;
 
@@ -376,11 +376,7 @@ impl MultiProcessIter {
             if self.pump(py, false)? > 0 || !self.early.is_empty() {
                 return Ok(());
             }
-            let spin = Instant::now();
-            while spin.elapsed() < SPIN && !self.any_result_waiting() {
-                std::thread::yield_now();
-            }
-            if self.any_result_waiting() {
+            if spin_wait(SPIN, || self.any_result_waiting()) {
                 continue;
             }
             let mut slice = SIGNAL_SLICE;

@@ -26,11 +26,11 @@ use super::ffi::adopt_fd;
 use super::torch::torch;
 use crate::ring::{ArenaWriter, Dir, Mailbox};
 use crate::scheduler::protocol::{FromWorker, TaskIndices, ToWorker, ON_SOCKET};
-use crate::scheduler::transport::{wait_fd, Conn, ReadState};
+use crate::scheduler::transport::{spin_wait, wait_fd, Conn, ReadState};
 
 /// How long an idle worker keeps checking its mailbox before it sleeps on
 /// its socket (a wake-up costs far more than this on a busy machine).
-const SPIN: Duration = Duration::from_micros(20);
+const SPIN: Duration = Duration::from_micros(100);
 
 fn io_err(e: std::io::Error) -> PyErr {
     PyRuntimeError::new_err(format!("ferroloader worker: {e}"))
@@ -185,11 +185,10 @@ impl Worker {
                     .map(Some)
                     .map_err(|e| PyRuntimeError::new_err(e.to_string()));
             }
-            let start = std::time::Instant::now();
-            while start.elapsed() < SPIN && !self.mailbox.has_message(Dir::Tasks) {
-                std::thread::yield_now();
-            }
-            if self.mailbox.has_message(Dir::Tasks) || !self.mailbox.prepare_sleep(Dir::Tasks) {
+            let mailbox = &self.mailbox;
+            if spin_wait(SPIN, || mailbox.has_message(Dir::Tasks))
+                || !self.mailbox.prepare_sleep(Dir::Tasks)
+            {
                 continue;
             }
             let conn = &mut self.conn;
