@@ -5,19 +5,17 @@ use pyo3::exceptions::PyUserWarning;
 use pyo3::prelude::*;
 
 use super::collate::Sink;
-use super::fetch::{next, Fetcher};
-use super::sampler::{BatchSamplerIter, SamplerIter};
+use super::fetch::Fetcher;
+use super::indices::{Indices, Item};
 
 /// Where the next batch's indices (or samples) come from.
 enum Source {
-    /// A native `BatchSampler`.
-    Batches(Py<BatchSamplerIter>),
-    /// A native sampler without batching (`batch_size=None`).
-    Indices(Py<SamplerIter>),
-    /// Any Python iterator of batches or indices.
-    Python(Py<PyAny>),
+    Indices(Indices),
     /// An `IterableDataset` replica's iterator.
-    Iterable { iter: Py<PyAny>, ended: bool },
+    Iterable {
+        iter: Py<PyAny>,
+        ended: bool,
+    },
 }
 
 #[pyclass(module = "ferroloader._core")]
@@ -59,12 +57,8 @@ impl SingleProcessIter {
                 iter: source.clone().unbind(),
                 ended: false,
             }
-        } else if let Ok(b) = source.cast::<BatchSamplerIter>() {
-            Source::Batches(b.clone().unbind())
-        } else if let Ok(s) = source.cast::<SamplerIter>() {
-            Source::Indices(s.clone().unbind())
         } else {
-            Source::Python(source.clone().unbind())
+            Source::Indices(Indices::of(source))
         };
         let fetcher = Fetcher::new(py, dataset, getitems, tensors, collate_fn, Sink::InProcess)?;
         Ok(SingleProcessIter {
@@ -119,49 +113,28 @@ impl SingleProcessIter {
 
 impl SingleProcessIter {
     fn next_data<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        if let Source::Iterable { iter, ended } = &mut self.source {
-            let batch = self.auto_collation.then_some(self.batch_size);
-            return self.fetcher.batch_from_iterator(
-                py,
-                iter.bind(py),
-                batch,
-                self.drop_last,
-                ended,
-            );
-        }
-        if !self.auto_collation {
-            let index = match &self.source {
-                Source::Indices(s) => match s.bind(py).borrow_mut().__next__()? {
-                    Some(i) => i.into_pyobject(py)?.into_any(),
-                    None => return Ok(None),
-                },
-                Source::Python(it) => match next(it.bind(py))? {
-                    Some(i) => i,
-                    None => return Ok(None),
-                },
-                _ => unreachable!("batched sources only with auto-collation"),
-            };
-            return self.fetcher.sample(py, index).map(Some);
-        }
-        match &self.source {
-            Source::Batches(b) => {
-                let mut b = b.bind(py).borrow_mut();
-                if let Some(indices) = b.next_native()? {
-                    return self.fetcher.batch_from_ints(py, indices).map(Some);
-                }
-                if b.is_native_batches() {
-                    return Ok(None);
-                }
-                match b.__next__(py)? {
-                    Some(list) => self.fetcher.batch_from_obj(py, list.into_any()).map(Some),
-                    None => Ok(None),
-                }
+        let indices = match &mut self.source {
+            Source::Iterable { iter, ended } => {
+                let batch = self.auto_collation.then_some(self.batch_size);
+                return self.fetcher.batch_from_iterator(
+                    py,
+                    iter.bind(py),
+                    batch,
+                    self.drop_last,
+                    ended,
+                );
             }
-            Source::Python(it) => match next(it.bind(py))? {
-                Some(indices) => self.fetcher.batch_from_obj(py, indices).map(Some),
-                None => Ok(None),
-            },
-            _ => unreachable!("sources handled above"),
-        }
+            Source::Indices(indices) => indices,
+        };
+        let Some(item) = indices.next(py)? else {
+            return Ok(None);
+        };
+        let data = match item {
+            Item::Batch(v) => self.fetcher.batch_from_ints(py, &v)?,
+            Item::Index(i) => self.fetcher.sample(py, i.into_pyobject(py)?.into_any())?,
+            Item::Object(obj) if self.auto_collation => self.fetcher.batch_from_obj(py, obj)?,
+            Item::Object(obj) => self.fetcher.sample(py, obj)?,
+        };
+        Ok(Some(data))
     }
 }

@@ -8,6 +8,7 @@ mod codec;
 mod collate;
 mod fetch;
 mod ffi;
+mod indices;
 mod loader;
 mod multiproc;
 mod sampler;

@@ -16,7 +16,7 @@ use rustix::event::{PollFd, PollFlags};
 
 use super::codec::decode_batch;
 use super::ffi::adopt_fd;
-use super::sampler::{BatchSamplerIter, SamplerIter};
+use super::indices::{Indices, Item};
 use super::torch::torch;
 use crate::ring::{ArenaReader, Dir, Mailbox, RecordRef, Segment};
 use crate::scheduler::protocol::{FromWorker, TaskIndices, ToWorker, ON_SOCKET};
@@ -47,9 +47,9 @@ struct WorkerLink {
 }
 
 enum Source {
-    Batches(Py<BatchSamplerIter>),
-    Indices(Py<SamplerIter>),
-    Python(Py<PyAny>),
+    Indices(Indices),
+    /// An `IterableDataset`: every task is "the next batch of this size"
+    /// (`None`: one sample) from the worker's own replica.
     Iterable(Option<u32>),
 }
 
@@ -77,14 +77,9 @@ fn io_err(e: std::io::Error) -> PyErr {
 }
 
 fn make_source(source: &Bound<'_, PyAny>, iterable: Option<Option<u32>>) -> Source {
-    if let Some(n) = iterable {
-        Source::Iterable(n)
-    } else if let Ok(b) = source.cast::<BatchSamplerIter>() {
-        Source::Batches(b.clone().unbind())
-    } else if let Ok(s) = source.cast::<SamplerIter>() {
-        Source::Indices(s.clone().unbind())
-    } else {
-        Source::Python(source.clone().unbind())
+    match iterable {
+        Some(n) => Source::Iterable(n),
+        None => Source::Indices(Indices::of(source)),
     }
 }
 
@@ -317,26 +312,11 @@ impl MultiProcessIter {
         }
         let indices = match &self.source {
             Source::Iterable(n) => TaskIndices::Iterable(*n),
-            Source::Batches(b) => {
-                let mut b = b.bind(py).borrow_mut();
-                if let Some(v) = b.next_native()? {
-                    TaskIndices::Ints(v.to_vec())
-                } else if b.is_native_batches() {
-                    return Ok(());
-                } else {
-                    match b.__next__(py)? {
-                        Some(list) => TaskIndices::Pickled(pickle(py, list.as_any())?),
-                        None => return Ok(()),
-                    }
-                }
-            }
-            Source::Indices(s) => match s.bind(py).borrow_mut().__next__()? {
-                Some(i) => TaskIndices::Int(i),
+            Source::Indices(indices) => match indices.next(py)? {
                 None => return Ok(()),
-            },
-            Source::Python(it) => match super::fetch::next(it.bind(py))? {
-                Some(obj) => TaskIndices::Pickled(pickle(py, &obj)?),
-                None => return Ok(()),
+                Some(Item::Batch(v)) => TaskIndices::Ints(v),
+                Some(Item::Index(i)) => TaskIndices::Int(i),
+                Some(Item::Object(obj)) => TaskIndices::Pickled(pickle(py, &obj)?),
             },
         };
         let Some(d) = self.sched.dispatch() else {
