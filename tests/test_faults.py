@@ -1,0 +1,469 @@
+"""Faults in multi-process loading: a clear error, never a hang, nothing left behind.
+
+Every test has a timeout (thread method: a wait that does not return to
+Python still ends the run instead of blocking it). Where torch defines the
+outcome (exception types and messages, the timeout text) the test runs torch
+too and compares; the rest are the properties issue 4 states (a dead worker
+reported within a second, workers gone when the main process or an iterator
+goes away, no zombie, no leaked fd, nothing in /dev/shm).
+"""
+
+from __future__ import annotations
+
+import _thread
+import gc
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import ferroloader
+import mp_helpers as mh
+import pytest
+import torch.utils.data as tud
+
+TORCH = tud
+FERRO = ferroloader
+LIBS = {"torch": TORCH, "ferroloader": FERRO}
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+ferro_only = pytest.mark.skipif(
+    mh.SELFCHECK, reason="a ferroloader guarantee torch does not give (self-check runs torch)"
+)
+
+
+def _timeout(seconds: int):
+    return pytest.mark.timeout(seconds, method="thread")
+
+
+# --------------------------------------------------------------------------- #
+# outcomes of an iteration that may raise
+# --------------------------------------------------------------------------- #
+
+
+def _forget_traceback(exc: BaseException) -> BaseException:
+    """Drop the traceback frames of `exc` (and its context chain): they hold the
+    iterator, whose workers must be shut down when the test lets go of it."""
+    seen = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    return exc
+
+
+def _error_of(fn, expected=Exception) -> BaseException:
+    """Call fn; return the exception it raised (without traceback frames)."""
+    try:
+        fn()
+    except expected as exc:
+        return _forget_traceback(exc)
+    raise AssertionError(f"{fn} did not raise")
+
+
+def _drain(it) -> list:
+    """Iterate to the end, recording ('batch', b) or ('error', exception)."""
+    out = []
+    while True:
+        try:
+            out.append(("batch", next(it)))
+        except StopIteration:
+            return out
+        except Exception as exc:
+            out.append(("error", _forget_traceback(exc)))
+            if len(out) > 100:
+                return out
+
+
+def _frames(msg: str, filename: str) -> list:
+    """The traceback lines that point into `filename`, each with its source line."""
+    lines = msg.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if line.strip().startswith("File ") and filename in line:
+            out.append(line.strip())
+            if i + 1 < len(lines):
+                out.append(lines[i + 1].strip())
+    return out
+
+
+def _assert_same_worker_error(e: BaseException, a: BaseException) -> None:
+    """Same type, same first line ('Caught X in DataLoader worker process N.'),
+    the user's frames of the original traceback, the same last line."""
+    assert type(a) is type(e), f"type {type(a).__name__} != torch's {type(e).__name__}: {a}"
+    em, am = str(e), str(a)
+    assert am.splitlines()[0] == em.splitlines()[0], (
+        f"first line {am.splitlines()[0]!r} != torch's {em.splitlines()[0]!r}"
+    )
+    assert "Original Traceback (most recent call last):" in am, am
+    assert am.rstrip().splitlines()[-1] == em.rstrip().splitlines()[-1], (
+        f"last line {am.rstrip().splitlines()[-1]!r} != torch's {em.rstrip().splitlines()[-1]!r}"
+    )
+    user_frames = _frames(em, "mp_helpers.py")
+    assert user_frames, f"test bug: torch's traceback has no user frame:\n{em}"
+    for line in user_frames:
+        assert line in am, f"worker traceback lacks {line!r}:\n{am}"
+
+
+# --------------------------------------------------------------------------- #
+# exceptions in user code
+# --------------------------------------------------------------------------- #
+
+
+@_timeout(60)
+@pytest.mark.parametrize("kind", ["value", "key", "runtime", "twoarg"])
+def test_worker_exception_reraised_as_torch(kind):
+    errors = {}
+    for name, lib in LIBS.items():
+        ds = mh.FailingDataset(10, fail_at=5, kind=kind)
+        loader = lib.DataLoader(ds, batch_size=2, num_workers=2)
+        errors[name] = _error_of(lambda loader=loader: list(loader))
+        # The loader still works: a new epoch (fresh workers) after the fault.
+        ds.fail_at = None
+        assert [b.tolist() for b in loader] == [[i, i + 1] for i in range(0, 10, 2)]
+    e, a = errors["torch"], errors["ferroloader"]
+    _assert_same_worker_error(e, a)
+    assert "in DataLoader worker process 0" in str(a)  # batch [4, 5] is worker 0's
+    if kind == "key":
+        # torch's KeyErrorMessage: str() is the message itself, not its repr
+        assert str(a).startswith("Caught KeyError"), repr(str(a))
+    if kind == "twoarg":
+        assert type(a) is RuntimeError
+
+
+@_timeout(60)
+def test_iteration_continues_after_worker_exception_as_torch():
+    """torch yields the remaining batches after re-raising a worker's error."""
+    outcomes = {}
+    for name, lib in LIBS.items():
+        ds = mh.FailingDataset(12, fail_at=3, kind="value")
+        outcomes[name] = _drain(iter(lib.DataLoader(ds, batch_size=2, num_workers=3)))
+    e, a = outcomes["torch"], outcomes["ferroloader"]
+    assert [k for k, _ in a] == [k for k, _ in e]
+    for (k, x), (_, y) in zip(e, a):
+        if k == "batch":
+            assert x.tolist() == y.tolist()
+        else:
+            _assert_same_worker_error(x, y)
+
+
+@_timeout(60)
+def test_iterable_dataset_exception_as_torch():
+    """An exception in a replica's __iter__: re-raised as torch, then the
+    other replicas go on (torch's order)."""
+    outcomes = {}
+    for name, lib in LIBS.items():
+        ds = mh.FailingIterable(5, fail_worker=1, fail_after=2, info_fn=lib.get_worker_info)
+        outcomes[name] = _drain(iter(lib.DataLoader(ds, batch_size=2, num_workers=2)))
+    e, a = outcomes["torch"], outcomes["ferroloader"]
+    assert "error" in [k for k, _ in e], "test bug: torch raised nothing"
+    assert [k for k, _ in a] == [k for k, _ in e]
+    for (k, x), (_, y) in zip(e, a):
+        if k == "batch":
+            assert x.tolist() == y.tolist()
+        else:
+            _assert_same_worker_error(x, y)
+
+
+@_timeout(60)
+def test_collate_fn_exception_as_torch():
+    outcomes = {}
+    for name, lib in LIBS.items():
+        loader = lib.DataLoader(
+            mh.MapDataset(9, "int"), batch_size=3, num_workers=2, collate_fn=mh.failing_collate
+        )
+        outcomes[name] = _drain(iter(loader))
+    e, a = outcomes["torch"], outcomes["ferroloader"]
+    assert [k for k, _ in a] == [k for k, _ in e]
+    for (k, x), (_, y) in zip(e, a):
+        if k == "batch":
+            assert x.tolist() == y.tolist()
+        else:
+            _assert_same_worker_error(x, y)
+
+
+@_timeout(60)
+def test_worker_init_fn_exception_as_torch():
+    errors = {}
+    for name, lib in LIBS.items():
+        loader = lib.DataLoader(
+            mh.MapDataset(8, "int"), batch_size=2, num_workers=2, worker_init_fn=mh.failing_init
+        )
+        errors[name] = _error_of(lambda loader=loader: list(loader))
+    _assert_same_worker_error(errors["torch"], errors["ferroloader"])
+    assert "in DataLoader worker process 1" in str(errors["ferroloader"])
+
+
+# --------------------------------------------------------------------------- #
+# a worker dies
+# --------------------------------------------------------------------------- #
+
+DEATHS = [
+    ("sigkill", r"Killed|SIGKILL|signal 9\b"),
+    ("exit3", r"exit(ed)?\b.*\b3\b"),
+    ("segv", r"Segmentation fault|SIGSEGV|signal 11\b"),
+]
+
+
+@ferro_only
+@_timeout(60)
+@pytest.mark.parametrize(("how", "pattern"), DEATHS, ids=[d[0] for d in DEATHS])
+def test_worker_death_raises_promptly(tmp_path, how, pattern):
+    stamp = str(tmp_path / "death")
+    ds = mh.DyingDataset(12, die_at=3, how=how, stamp=stamp)
+    loader = FERRO.DataLoader(ds, batch_size=1, num_workers=2)
+    before = mh.children_of(os.getpid())
+    got = []
+
+    def consume():
+        for b in loader:
+            got.append(int(b))
+
+    err = _error_of(consume, RuntimeError)
+    t_raised = time.time()
+    gc.collect()
+    pid, t_death = mh.read_stamp(stamp)
+    msg = str(err)
+    assert str(pid) in msg, f"message does not name the worker's pid {pid}: {msg!r}"
+    assert re.search(pattern, msg), f"message does not name the cause ({pattern}): {msg!r}"
+    delay = t_raised - t_death
+    assert delay < 2.0, f"the death was reported {delay:.2f} s after it happened"
+    assert got == list(range(len(got))) and len(got) <= 3, got
+    # The surviving worker is shut down and reaped; the dead one reaped too.
+    left = mh.children_of(os.getpid()) - before
+    assert mh.wait_until(lambda: not mh.alive(left), 3.0), f"left behind: {mh.alive(left)}"
+    # A new epoch works.
+    ds.die_at = None
+    assert [int(b) for b in loader] == list(range(12))
+
+
+@_timeout(60)
+def test_worker_death_while_main_waits_is_reported_not_hung(tmp_path):
+    """The main process is blocked waiting for the dead worker's batch
+    (the other worker is idle): a RuntimeError, not a hang."""
+    stamp = str(tmp_path / "death")
+    ds = mh.DyingDataset(4, die_at=0, how="sigkill", stamp=stamp)
+    loader = FERRO.DataLoader(ds, batch_size=1, num_workers=1)
+    t0 = time.monotonic()
+    err = _error_of(lambda: list(loader), RuntimeError)
+    assert time.monotonic() - t0 < 10
+    pid, _ = mh.read_stamp(stamp)
+    assert str(pid) in str(err)
+
+
+# --------------------------------------------------------------------------- #
+# the main process is SIGKILLed
+# --------------------------------------------------------------------------- #
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    sys.path.insert(0, sys.argv[1])
+    import mp_helpers as mh
+    if mh.SELFCHECK:
+        import torch.utils.data as lib
+    else:
+        import ferroloader as lib
+    if sys.argv[2] == "busy":
+        ds = mh.SlowDataset(1000, 30.0)  # workers sit in user code
+    else:
+        ds = mh.TensorDataset(1000, 4096)  # workers idle, prefetch done
+    loader = lib.DataLoader(ds, batch_size=4, num_workers=2)
+    it = iter(loader)
+    if sys.argv[2] == "idle":
+        held = [next(it) for _ in range(3)]
+    print("READY", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+@ferro_only
+@_timeout(60)
+@pytest.mark.parametrize("mode", ["idle", "busy"])
+def test_workers_exit_when_main_process_is_killed(tmp_path, mode):
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    shm_before = mh.shm_names()
+    tree: set = set()
+    child = subprocess.Popen(
+        [sys.executable, str(script), TESTS_DIR, mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = child.stdout.readline()
+        assert line.strip() == "READY", f"child failed: {line!r} {child.stderr.read()}"
+        assert mh.wait_until(lambda: len(mh.children_of(child.pid)) >= 2, 10.0)
+        time.sleep(0.5)  # busy: the workers are inside __getitem__ now
+        tree = mh.descendants_of(child.pid)
+        assert len(tree) >= 2, tree
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        t_kill = time.monotonic()
+        # Orphans are reparented to init (or a subreaper): a zombie is dead.
+        gone = mh.wait_until(lambda: not mh.alive(tree, zombie_is_dead=True), 2.0)
+        assert gone, (
+            f"workers still alive {time.monotonic() - t_kill:.1f} s after the main process "
+            f"was killed: {mh.alive(tree, zombie_is_dead=True)}"
+        )
+        leaked = mh.new_shm(shm_before, mh.shm_names(), tree | {child.pid})
+        assert not leaked, f"left in /dev/shm: {sorted(leaked)}"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        for p in mh.alive(tree | mh.descendants_of(child.pid), zombie_is_dead=True):
+            try:
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    if str(script).encode() in f.read():  # only what this test started
+                        os.kill(p, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                pass
+
+
+# --------------------------------------------------------------------------- #
+# an iterator dropped mid-epoch, KeyboardInterrupt, persistent workers dropped
+# --------------------------------------------------------------------------- #
+
+
+def _warm_up(lib) -> None:
+    """One full epoch first, so that lazily created process-wide resources
+    (e.g. multiprocessing's helper process) are not counted as leaks."""
+    assert len(list(lib.DataLoader(mh.MapDataset(4, "int"), batch_size=2, num_workers=2))) == 2
+
+
+def _assert_workers_gone(workers: set, fds_before: int, timeout: float) -> None:
+    ok = mh.wait_until(lambda: not mh.alive(workers), timeout)
+    assert ok, f"workers not reaped after {timeout} s (state Z = zombie): {mh.alive(workers)}"
+    ok = mh.wait_until(lambda: mh.fd_count() <= fds_before, 1.0)
+    assert ok, f"fds leaked: {mh.fd_count()} open, {fds_before} before"
+
+
+@_timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_dropped_iterator_shuts_workers_down(persistent):
+    _warm_up(FERRO)
+    gc.collect()
+    children_before = mh.children_of(os.getpid())
+    fds_before = mh.fd_count()
+    loader = FERRO.DataLoader(
+        mh.PidDataset(200), batch_size=2, num_workers=2, persistent_workers=persistent
+    )
+    it = iter(loader)
+    batches = [next(it) for _ in range(6)]
+    workers = mh.children_of(os.getpid()) - children_before
+    assert mh.pids_in(batches) <= workers and len(workers) >= 2, (workers, mh.pids_in(batches))
+    del batches, it
+    if persistent:
+        del loader  # persistent workers live as long as the loader
+    gc.collect()
+    _assert_workers_gone(workers, fds_before, 3.0)
+
+
+@_timeout(60)
+def test_exhausted_iterator_leaves_nothing_behind():
+    _warm_up(FERRO)
+    gc.collect()
+    children_before = mh.children_of(os.getpid())
+    fds_before = mh.fd_count()
+    seen = set()
+    for b in FERRO.DataLoader(mh.PidDataset(20), batch_size=2, num_workers=2):
+        seen |= mh.pids_in(b)
+        seen |= mh.children_of(os.getpid()) - children_before
+    del b  # a held batch may legitimately keep its memory (and fd) alive
+    gc.collect()
+    _assert_workers_gone(seen, fds_before, 3.0)
+
+
+@_timeout(60)
+@pytest.mark.parametrize(
+    "how",
+    [
+        "sigint",
+        # interrupt_main() sets Python's flag without a signal (no EINTR): the
+        # wait must look at pending signals by itself (torch notices only at
+        # its 5 s status check).
+        pytest.param("interrupt_main", marks=ferro_only),
+    ],
+)
+def test_keyboard_interrupt_while_waiting(how):
+    """A KeyboardInterrupt arrives while the main process is blocked in
+    next(it): it comes promptly (the wait is interruptible), and the workers
+    are shut down once the iterator is dropped."""
+    _warm_up(FERRO)
+    gc.collect()
+    children_before = mh.children_of(os.getpid())
+    fds_before = mh.fd_count()
+    it = iter(FERRO.DataLoader(mh.SlowDataset(8, 2.0), batch_size=1, num_workers=2))
+    workers = mh.children_of(os.getpid()) - children_before
+    fired = []
+
+    def fire():
+        fired.append(time.monotonic())
+        if how == "sigint":
+            os.kill(os.getpid(), signal.SIGINT)
+        else:
+            _thread.interrupt_main()
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(0.5, fire)
+    caught = None
+    try:
+        timer.start()
+        next(it)
+        time.sleep(10)  # a late interrupt lands here, never outside the test
+    except KeyboardInterrupt:
+        caught = time.monotonic()
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    assert fired, "the timer did not fire"
+    assert caught is not None, "no KeyboardInterrupt"
+    assert caught - fired[0] < 1.0, f"KeyboardInterrupt came {caught - fired[0]:.2f} s late"
+    del it
+    gc.collect()
+    _assert_workers_gone(workers, fds_before, 4.0)
+
+
+# --------------------------------------------------------------------------- #
+# timeout=
+# --------------------------------------------------------------------------- #
+
+
+@_timeout(60)
+@pytest.mark.parametrize("timeout", [1, 0.5])
+def test_timeout_raises_torch_error(timeout):
+    results = {}
+    for name, lib in LIBS.items():
+        loader = lib.DataLoader(
+            mh.SlowDataset(4, timeout + 1.0, slow_from=1),
+            batch_size=1,
+            num_workers=1,
+            timeout=timeout,
+        )
+        it = iter(loader)
+        assert int(next(it)) == 0
+        t0 = time.monotonic()
+        err = _error_of(lambda it=it: next(it), RuntimeError)
+        elapsed = time.monotonic() - t0
+        results[name] = (str(err), elapsed)
+        del it
+        gc.collect()
+    (e_msg, _), (a_msg, a_elapsed) = results["torch"], results["ferroloader"]
+    assert e_msg == f"DataLoader timed out after {timeout} seconds"
+    assert a_msg == e_msg
+    assert timeout * 0.9 <= a_elapsed < timeout + 1.0, f"timed out after {a_elapsed:.2f} s"
+
+
+@_timeout(60)
+def test_timeout_not_raised_when_batches_arrive_in_time():
+    for lib in (TORCH, FERRO):
+        loader = lib.DataLoader(mh.SlowDataset(6, 0.05), batch_size=1, num_workers=2, timeout=2)
+        assert [int(b) for b in loader] == list(range(6))
