@@ -266,6 +266,11 @@ struct Exported {
     owner: Box<dyn Send>,
 }
 
+/// The deleter of capsules made by [`export_capsule`].
+///
+/// # Safety
+/// `managed` is null or the first field of a leaked `Box<Exported>` that
+/// nothing else will free (the DLPack contract: called once, by the owner).
 unsafe extern "C" fn exported_deleter(managed: *mut DlManagedTensor) {
     if !managed.is_null() {
         // SAFETY: only capsules made by `export_capsule` use this deleter,
@@ -275,6 +280,10 @@ unsafe extern "C" fn exported_deleter(managed: *mut DlManagedTensor) {
     }
 }
 
+/// The destructor of the capsules made by [`export_capsule`].
+///
+/// # Safety
+/// Called by CPython only, with the GIL held and a capsule being destroyed.
 unsafe extern "C" fn capsule_destructor(capsule: *mut pyffi::PyObject) {
     // SAFETY: called by CPython with the capsule being destroyed (GIL held).
     // A consumer that took the tensor renamed it "used_dltensor", so only an
