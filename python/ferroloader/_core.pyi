@@ -116,6 +116,7 @@ def worker_loop(
     main_pid: int,
     shm_initial: int,
     shm_limit: int,
+    prefetch_factor: int,
     make_iter: Any,
     wrap_exception: Any,
     init_exception: Optional[bytes],

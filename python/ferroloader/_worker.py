@@ -48,6 +48,7 @@ def worker_entry(
     main_pid: int,
     shm_initial: int,
     shm_limit: int,
+    prefetch_factor: int,
     close_fds: list[int],
 ) -> None:
     dataset = dataset_holder.pop()
@@ -96,6 +97,7 @@ def worker_entry(
             main_pid=main_pid,
             shm_initial=shm_initial,
             shm_limit=shm_limit,
+            prefetch_factor=prefetch_factor,
             make_iter=lambda: iter(dataset),
             wrap_exception=wrap,
             init_exception=init_exception,

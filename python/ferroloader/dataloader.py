@@ -218,6 +218,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
                         os.getpid(),
                         min(_INITIAL_ARENA, per_worker),
                         per_worker,
+                        loader.prefetch_factor,
                         close_fds,
                     ),
                 )

@@ -152,7 +152,64 @@ fn limit_error(e: crate::ring::ArenaError) -> PyErr {
 /// release records (batches in flight, tensors being freed) before failing.
 const LIMIT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
-fn alloc_record(arena: &mut ArenaWriter, len: usize) -> PyResult<RecordRef> {
+/// Records at least this large count against [`RecordBudget`]; smaller ones
+/// cost too little memory to be worth any wait.
+const BUDGETED_RECORD: usize = 1 << 20;
+
+/// How long a worker over its record budget waits for the main process to
+/// release its oldest batch before concluding the training loop keeps
+/// batches, and growing instead.
+const BUDGET_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Keeps a worker's resident arena at what torch keeps in flight.
+///
+/// Without it a worker's arena settles at `prefetch_factor + 1` large
+/// records (its queued batches plus the one the training loop still holds)
+/// and, summed over workers, that is one batch more than torch's peak. A
+/// worker with `cap` large records live waits briefly for the loop to drop
+/// its oldest batch, which happens as soon as it takes the next one. If the
+/// loop keeps batches (`list(loader)`, gradient accumulation) the wait times
+/// out once and the worker never waits again: its arena has grown, and
+/// waiting would save no memory, only time.
+pub struct RecordBudget {
+    pub cap: usize,
+    holding: bool,
+}
+
+impl RecordBudget {
+    pub fn new(cap: usize) -> Self {
+        RecordBudget {
+            cap: cap.max(1),
+            holding: false,
+        }
+    }
+
+    fn wait_for_room(&mut self, arena: &mut ArenaWriter, len: usize) {
+        if len < BUDGETED_RECORD {
+            return;
+        }
+        if self.holding {
+            return;
+        }
+        arena.reclaim();
+        let deadline = std::time::Instant::now() + BUDGET_GRACE;
+        while arena.live_records() >= self.cap {
+            if std::time::Instant::now() >= deadline {
+                self.holding = true;
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            arena.reclaim();
+        }
+    }
+}
+
+fn alloc_record(
+    arena: &mut ArenaWriter,
+    budget: &mut RecordBudget,
+    len: usize,
+) -> PyResult<RecordRef> {
+    budget.wait_for_room(arena, len);
     let deadline = std::time::Instant::now() + LIMIT_GRACE;
     loop {
         match arena.alloc(len) {
@@ -172,6 +229,7 @@ pub fn encode_batch(
     py: Python<'_>,
     batch: &Bound<'_, PyAny>,
     arena: &mut ArenaWriter,
+    budget: &mut RecordBudget,
 ) -> PyResult<RecordRef> {
     let collector = Bound::new(
         py,
@@ -194,7 +252,7 @@ pub fn encode_batch(
             .map(|c| (to_leaf_dtype(c.dtype), c.kind, c.shape.clone()))
             .collect(),
     );
-    let record = alloc_record(arena, layout.total)?;
+    let record = py.detach(|| alloc_record(arena, budget, layout.total))?;
     let written = (|| -> PyResult<()> {
         let payload = arena.payload_mut(record);
         payload[..layout.header.len()].copy_from_slice(&layout.header);

@@ -19,7 +19,7 @@ use pyo3::types::PyBytes;
 use rustix::event::PollFlags;
 use rustix::process::{Pid, PidfdFlags, Signal};
 
-use super::codec::encode_batch;
+use super::codec::{encode_batch, RecordBudget};
 use super::collate::Sink;
 use super::fetch::Fetcher;
 use super::ffi::adopt_fd;
@@ -82,6 +82,7 @@ fn start_watchdog(main_pid: i32) {
 }
 
 struct Worker {
+    budget: RecordBudget,
     conn: Conn,
     mailbox: Mailbox,
     buf: Vec<u8>,
@@ -270,9 +271,10 @@ impl Worker {
         if let Some(payload) = self.init_exception.take() {
             return self.send(&FromWorker::Error { seq, payload });
         }
-        let outcome = self
-            .run(py, indices)
-            .and_then(|b| b.map(|b| encode_batch(py, &b, &mut self.arena)).transpose());
+        let outcome = self.run(py, indices).and_then(|b| {
+            b.map(|b| encode_batch(py, &b, &mut self.arena, &mut self.budget))
+                .transpose()
+        });
         match outcome {
             Ok(Some(record)) => self.send(&FromWorker::Batch {
                 seq,
@@ -303,7 +305,7 @@ impl Worker {
 
 /// Serves tasks until the main process says stop or goes away.
 #[pyfunction]
-#[pyo3(signature = (fd, *, dataset, iterable, auto_collation, drop_last, collate_fn, getitems, tensors, main_pid, shm_initial, shm_limit, make_iter, wrap_exception, init_exception))]
+#[pyo3(signature = (fd, *, dataset, iterable, auto_collation, drop_last, collate_fn, getitems, tensors, main_pid, shm_initial, shm_limit, prefetch_factor, make_iter, wrap_exception, init_exception))]
 #[allow(clippy::too_many_arguments)]
 pub fn worker_loop(
     py: Python<'_>,
@@ -318,6 +320,7 @@ pub fn worker_loop(
     main_pid: i32,
     shm_initial: usize,
     shm_limit: usize,
+    prefetch_factor: usize,
     make_iter: Py<PyAny>,
     wrap_exception: Py<PyAny>,
     init_exception: Option<Vec<u8>>,
@@ -343,6 +346,7 @@ pub fn worker_loop(
     let arena = ArenaWriter::new(shm_initial, shm_limit).map_err(io_err)?;
     let fetcher = Fetcher::new(py, dataset, getitems, tensors, collate_fn, Sink::Deferred)?;
     let mut w = Worker {
+        budget: RecordBudget::new(prefetch_factor),
         conn,
         mailbox,
         buf: Vec::new(),

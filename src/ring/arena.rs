@@ -516,6 +516,12 @@ impl ArenaWriter {
         self.live
     }
 
+    /// Records published and not yet reclaimed (as of the last `alloc` or
+    /// `reclaim`).
+    pub fn live_records(&self) -> usize {
+        self.segs.iter().map(|s| s.published).sum()
+    }
+
     /// Gives the pages of free space back to the kernel, keeping the lowest
     /// `keep_bytes` of the arena (in allocation order: segment 0 first)
     /// resident, so steady state stays fault-free. Use after a burst of held
