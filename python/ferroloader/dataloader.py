@@ -73,6 +73,9 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         if self.num_workers == 0:
             return _single_process_iter(self)
         self.check_worker_number_rationality()
+        if _is_datapipe(self.dataset):
+            # DataPipes (deprecated in torch) need torch's sharding and seeding.
+            return _tdl._MultiProcessingDataLoaderIter(self)
         return _MultiProcessIter.start(self)
 
 
