@@ -108,7 +108,14 @@ impl MultiProcessIter {
         for (fd, pid) in workers {
             let mut conn = Conn::new(adopt_fd(fd)?);
             conn.set_nonblocking(true).map_err(io_err)?;
-            let mailbox = Mailbox::create(MAILBOX_BYTES).map_err(io_err)?;
+            let mailbox = Mailbox::create(MAILBOX_BYTES).map_err(|e| {
+                PyRuntimeError::new_err(format!(
+                    "ferroloader: cannot create shared memory for worker {} ({e}); \
+                     multi-process loading needs Linux 3.17 or later (memfd_create); \
+                     use num_workers=0",
+                    links.len()
+                ))
+            })?;
             let mut body = Vec::new();
             ToWorker::Mailbox.encode(&mut body);
             conn.send_frame_blocking(&body, Some(mailbox.fd()))
