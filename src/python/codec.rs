@@ -177,9 +177,11 @@ pub struct RecordBudget {
 }
 
 impl RecordBudget {
-    pub fn new(cap: usize) -> Self {
+    /// `prefetch_factor` records, but never fewer than two: with one, a
+    /// worker could not write its next batch while the loop holds the last.
+    pub fn new(prefetch_factor: usize) -> Self {
         RecordBudget {
-            cap: cap.max(1),
+            cap: prefetch_factor.max(2),
             holding: false,
         }
     }
