@@ -359,6 +359,26 @@ fn checksum(values: &[i64]) -> i64 {
 
 // -------------------------------------------------------------------- tests
 
+/// The generator checks every sampler case ends with: the state torch left
+/// the sampler's generator in and, with an explicit generator, the global
+/// one untouched.
+fn check_generators(bad: &mut Mismatches, ctx: &dyn Fn() -> String, setup: &Setup, v: &Value) {
+    bad.check(
+        ctx,
+        "generator state after both epochs",
+        setup.digest(),
+        str_of(v, "state_sha256").to_owned(),
+    );
+    if setup.seed.is_some() {
+        bad.check(
+            ctx,
+            "default generator untouched",
+            setup.global_untouched(),
+            true,
+        );
+    }
+}
+
 #[test]
 fn sha256_known_answers() {
     assert_eq!(
@@ -553,20 +573,7 @@ fn random_sampler_matches_torch() {
             let got = pull(&mut it, take);
             bad.check(&ctx, &format!("epoch {epoch} indices"), got, want);
         }
-        bad.check(
-            &ctx,
-            "generator state after both epochs",
-            setup.digest(),
-            str_of(v, "state_sha256").to_owned(),
-        );
-        if setup.seed.is_some() {
-            bad.check(
-                &ctx,
-                "default generator untouched",
-                setup.global_untouched(),
-                true,
-            );
-        }
+        check_generators(&mut bad, &ctx, &setup, v);
     }
     bad.finish("RandomSampler", cases.len());
 }
@@ -591,20 +598,7 @@ fn subset_random_sampler_matches_torch() {
             let got = pull(&mut it, take);
             bad.check(&ctx, &format!("epoch {epoch} indices"), got, want);
         }
-        bad.check(
-            &ctx,
-            "generator state after both epochs",
-            setup.digest(),
-            str_of(v, "state_sha256").to_owned(),
-        );
-        if setup.seed.is_some() {
-            bad.check(
-                &ctx,
-                "default generator untouched",
-                setup.global_untouched(),
-                true,
-            );
-        }
+        check_generators(&mut bad, &ctx, &setup, v);
     }
     bad.finish("SubsetRandomSampler", cases.len());
 }
