@@ -467,3 +467,23 @@ def test_timeout_not_raised_when_batches_arrive_in_time():
     for lib in (TORCH, FERRO):
         loader = lib.DataLoader(mh.SlowDataset(6, 0.05), batch_size=1, num_workers=2, timeout=2)
         assert [int(b) for b in loader] == list(range(6))
+
+
+@ferro_only
+@_timeout(60)
+def test_iterator_in_a_reference_cycle_is_collected():
+    """A dataset that keeps its own loader iterator forms a cycle through the
+    engine's objects; the cycle collector must see it (``__traverse__``), so
+    the iterator is freed and its workers shut down."""
+    ds = mh.MapDataset(100)
+    it = iter(FERRO.DataLoader(ds, batch_size=4, num_workers=2))
+    next(it)
+    workers = mh.children_of(os.getpid())
+    assert len(workers) >= 2
+    ds.keep = it
+    del it, ds
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and workers & mh.children_of(os.getpid()):
+        time.sleep(0.05)
+    assert not workers & mh.children_of(os.getpid()), "workers of a collected iterator stayed"

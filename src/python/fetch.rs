@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyType};
+use pyo3::{PyTraverseError, PyVisit};
 
 use super::collate::{Collator, Pending, PendingLeaf, Sink};
 use super::ffi::{DlView, FreshTensor};
@@ -21,6 +22,17 @@ pub struct Fetcher {
 }
 
 impl Fetcher {
+    /// Reports the Python objects held, for the cycle collector.
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.dataset)?;
+        visit.call(&self.getitems)?;
+        visit.call(&self.collate_fn)?;
+        for t in self.tensors.iter().flatten() {
+            visit.call(t)?;
+        }
+        Ok(())
+    }
+
     pub fn new(
         py: Python<'_>,
         dataset: Py<PyAny>,

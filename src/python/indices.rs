@@ -3,6 +3,7 @@
 //! iterator (a user's sampler or batch sampler).
 
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 
 use super::fetch::next;
 use super::sampler::{BatchSamplerIter, SamplerIter};
@@ -24,6 +25,14 @@ pub enum Item<'py> {
 }
 
 impl Indices {
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            Indices::Batches(b) => visit.call(b),
+            Indices::Single(s) => visit.call(s),
+            Indices::Python(it) => visit.call(it),
+        }
+    }
+
     pub fn of(source: &Bound<'_, PyAny>) -> Self {
         if let Ok(b) = source.cast::<BatchSamplerIter>() {
             Indices::Batches(b.clone().unbind())

@@ -3,6 +3,7 @@
 
 use pyo3::exceptions::PyUserWarning;
 use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
 
 use super::collate::Sink;
 use super::fetch::Fetcher;
@@ -72,6 +73,19 @@ impl SingleProcessIter {
             len_called,
             num_yielded: 0,
         })
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match &self.source {
+            Source::Indices(i) => i.traverse(&visit)?,
+            Source::Iterable { iter, .. } => visit.call(iter)?,
+        }
+        self.fetcher.traverse(&visit)?;
+        if let Some((f, d)) = &self.pin {
+            visit.call(f)?;
+            visit.call(d)?;
+        }
+        visit.call(&self.index_sampler)
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {

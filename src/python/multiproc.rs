@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use pyo3::exceptions::{PyRuntimeError, PyUserWarning};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use pyo3::{PyTraverseError, PyVisit};
 use rustix::event::{PollFd, PollFlags};
 
 use super::codec::decode_batch;
@@ -189,6 +190,18 @@ impl MultiProcessIter {
             }
         }
         self._prime(py)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Source::Indices(i) = &self.source {
+            i.traverse(&visit)?;
+        }
+        if let Some((f, d)) = &self.pin {
+            visit.call(f)?;
+            visit.call(d)?;
+        }
+        visit.call(&self.index_sampler)?;
+        visit.call(&self.dataset)
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {

@@ -4,6 +4,7 @@
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use pyo3::{PyTraverseError, PyVisit};
 
 use super::ffi::FreshTensor;
 use super::torch::torch;
@@ -90,6 +91,46 @@ impl IndexSource for Weighted {
             })?;
         }
         Ok(self.drawn.next())
+    }
+}
+
+impl TorchGen {
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.generator)
+    }
+}
+
+impl Rng {
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            Rng::Shared(g) | Rng::Private(SeededOnFirstUse::Pending(g)) => g.traverse(visit),
+            Rng::Private(SeededOnFirstUse::Ready(_)) => Ok(()),
+        }
+    }
+}
+
+impl NativeSampler {
+    /// Reports the Python objects held, for the cycle collector.
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            NativeSampler::Deferred { sampler, resolve } => {
+                visit.call(sampler)?;
+                visit.call(resolve)
+            }
+            NativeSampler::Fallback(it) => visit.call(it),
+            NativeSampler::Random(r) => r.rng().traverse(visit),
+            NativeSampler::SubsetRandom(r) => r.rng().traverse(visit),
+            NativeSampler::Weighted(w) => {
+                if let Some((a, b, c, d)) = &w.args {
+                    visit.call(a)?;
+                    visit.call(b)?;
+                    visit.call(c)?;
+                    visit.call(d)?;
+                }
+                Ok(())
+            }
+            NativeSampler::Sequential(_) | NativeSampler::List(_) => Ok(()),
+        }
     }
 }
 
@@ -243,6 +284,10 @@ impl SamplerIter {
         })
     }
 
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.inner.traverse(&visit)
+    }
+
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
         slf
     }
@@ -298,6 +343,21 @@ impl BatchSamplerIter {
         }
     }
 
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match &self.inner {
+            Batches::Native(it, _) => it.source().traverse(visit),
+            Batches::Python(it, buf) => {
+                let src = it.source();
+                visit.call(&src.iterable)?;
+                visit.call(&src.iter)?;
+                for obj in buf {
+                    visit.call(obj)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     pub fn is_native_batches(&self) -> bool {
         matches!(self.inner, Batches::Native(..))
     }
@@ -328,6 +388,10 @@ impl BatchSamplerIter {
             ),
         };
         Ok(BatchSamplerIter { inner })
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        self.traverse(&visit)
     }
 
     /// True when batches come from a native sampler (plain int indices).

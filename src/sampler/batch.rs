@@ -21,6 +21,11 @@ impl<S: IndexSource> BatchIter<S> {
         }
     }
 
+    /// The index stream batches are drawn from.
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
     pub fn batch_size(&self) -> usize {
         self.batch_size
     }

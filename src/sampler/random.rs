@@ -44,6 +44,11 @@ impl<G: RngSource> RandomIter<G> {
         }
     }
 
+    /// The generator this sampler draws from.
+    pub fn rng(&self) -> &G {
+        &self.rng
+    }
+
     fn draw_segment(&mut self) -> Result<(), G::Error> {
         let last = self.next_segment + 1 == self.segments;
         self.next_segment += 1;

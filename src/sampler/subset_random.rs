@@ -20,6 +20,13 @@ impl<G: RngSource> SubsetRandomIter<G> {
     }
 }
 
+impl<G> SubsetRandomIter<G> {
+    /// The generator this sampler draws from.
+    pub fn rng(&self) -> &G {
+        &self.rng
+    }
+}
+
 impl<G: RngSource> IndexSource for SubsetRandomIter<G> {
     type Index = i64;
     type Error = G::Error;
