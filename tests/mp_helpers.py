@@ -736,3 +736,19 @@ def new_shm(before: set, after: set, our_pids: set) -> set:
             continue
         out.add(name)
     return out
+
+
+def collate_strided(batch: list) -> dict:
+    """Custom collate whose tensors are views: a transpose (non-contiguous)
+    and a slice with a storage offset, next to a contiguous one and an
+    array, so strides and offsets must come through as torch's pickling
+    keeps them."""
+    stacked = torch.stack([torch.as_tensor(b) for b in batch]).double()
+    return {
+        "t": stacked.transpose(0, 1),
+        "s": stacked[1:],
+        "c": stacked.contiguous(),
+        # A copy: torch moves `stacked`'s storage into shared memory when it
+        # pickles the views above, so a numpy view of it would dangle in torch.
+        "a": stacked.numpy().copy(),
+    }

@@ -690,3 +690,15 @@ def test_pin_memory_honours_custom_batch_pin_memory_method():
             assert b.data.is_pinned()
         out[name] = [b.data for b in batches]
     assert_same(out["torch"], out["ferroloader"])
+
+
+@pytest.mark.timeout(60)
+def test_custom_collate_views_keep_torch_strides():
+    """Tensors a custom collate_fn returns as views arrive with torch's
+    strides and storage offsets, not made contiguous."""
+    e, a = _both(lambda lib: mh.MapDataset(12, "tensor"), batch_size=4, num_workers=2,
+                 collate_fn=mh.collate_strided)
+    _compare(e, a, what="strided custom collate")
+    batch = a.epochs[0][0]
+    assert not batch["t"].is_contiguous()
+    assert batch["s"].storage_offset() == e.epochs[0][0]["s"].storage_offset()

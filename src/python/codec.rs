@@ -94,14 +94,19 @@ impl LeafCollector {
     }
 }
 
-/// A tensor made by user code: copied into the record if it is a plain CPU
-/// tensor that needs no autograd history (anything else pickles as torch does).
+/// A tensor made by user code: copied into the record if it is a plain,
+/// contiguous CPU tensor that is its whole storage and needs no autograd
+/// history. Anything else pickles as torch's own pickling does (keeping
+/// strides, storage offset and storage).
 fn tensor_leaf(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Option<Collected>> {
     let t = torch(py)?;
     if obj
         .getattr(pyo3::intern!(py, "requires_grad"))?
         .is_truthy()?
         || !obj.getattr(pyo3::intern!(py, "layout"))?.is(&t.strided)
+        || !obj
+            .call_method0(pyo3::intern!(py, "is_contiguous"))?
+            .is_truthy()?
         || obj.getattr(pyo3::intern!(py, "is_nested"))?.is_truthy()?
         || !obj
             .getattr(pyo3::intern!(py, "device"))?
@@ -113,6 +118,19 @@ fn tensor_leaf(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Option<Collec
     let Some(dtype) = t.dl_dtype(&obj.getattr(pyo3::intern!(py, "dtype"))?) else {
         return Ok(None);
     };
+    // Only a tensor that is its whole storage: torch's pickling keeps a
+    // view's storage offset and the storage around it.
+    let offset: usize = obj
+        .call_method0(pyo3::intern!(py, "storage_offset"))?
+        .extract()?;
+    let nbytes: usize = obj.getattr(pyo3::intern!(py, "nbytes"))?.extract()?;
+    let storage_bytes: usize = obj
+        .call_method0(pyo3::intern!(py, "untyped_storage"))?
+        .call_method0(pyo3::intern!(py, "nbytes"))?
+        .extract()?;
+    if offset != 0 || nbytes != storage_bytes {
+        return Ok(None);
+    }
     let shape: Vec<i64> = obj.getattr(pyo3::intern!(py, "shape"))?.extract()?;
     Ok(Some(Collected {
         dtype,
