@@ -10,7 +10,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyTuple};
 
-use super::ffi::{DlView, FreshTensor};
+use super::ffi::{DlView, FreshTensor, DL_CPU};
 use super::torch::{torch, Torch};
 use crate::collate::{stack_into, write_scalars};
 
@@ -158,33 +158,33 @@ impl<'py> Collator<'py> {
         elem: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let py = self.py;
-        let plain = elem
-            .getattr(pyo3::intern!(py, "layout"))?
-            .is(&self.t.strided)
-            && !elem.getattr(pyo3::intern!(py, "is_nested"))?.is_truthy()?;
-        if !plain {
-            return Ok(None);
-        }
         if self.sink == Sink::InProcess {
+            let plain = elem
+                .getattr(pyo3::intern!(py, "layout"))?
+                .is(&self.t.strided)
+                && !elem.getattr(pyo3::intern!(py, "is_nested"))?.is_truthy()?;
+            if !plain {
+                return Ok(None);
+            }
             return self.t.stack.bind(py).call1((batch, 0)).map(Some);
         }
         // Worker: torch allocates `out` with elem's dtype and shape and stacks
-        // into it; the engine does the same into the arena record.
-        if !elem
-            .getattr(pyo3::intern!(py, "device"))?
-            .getattr(pyo3::intern!(py, "type"))?
-            .eq("cpu")?
-        {
-            return Ok(None);
-        }
-        let Some(dtype) = self.t.dl_dtype(&elem.getattr(pyo3::intern!(py, "dtype"))?) else {
+        // into it; the engine does the same into the arena record. One DLPack
+        // export reads device, dtype and shape; it refuses nested, sparse and
+        // grad-tracking tensors, which go to torch's own function.
+        let Ok(capsule) = self.t.to_dlpack.bind(py).call1((elem,)) else {
             return Ok(None);
         };
-        let mut shape: Vec<i64> = vec![batch.len()? as i64];
-        shape.extend(
-            elem.getattr(pyo3::intern!(py, "shape"))?
-                .extract::<Vec<i64>>()?,
-        );
+        let Some(view) = DlView::open(capsule) else {
+            return Ok(None);
+        };
+        let dtype = view.dtype();
+        if view.device_type() != DL_CPU || self.t.dtype(py, dtype).is_none() {
+            return Ok(None);
+        }
+        let mut shape: Vec<i64> = Vec::with_capacity(view.shape().len() + 1);
+        shape.push(batch.len()? as i64);
+        shape.extend_from_slice(view.shape());
         let leaf = PendingLeaf {
             dtype,
             shape,
