@@ -23,23 +23,7 @@ use super::ffi::{export_capsule, DlDtype, DlView};
 use super::torch::torch;
 use crate::collate::{gather_rows, stack_into};
 use crate::ring::{ArenaReader, ArenaWriter, RecordHandle, RecordRef};
-use crate::scheduler::protocol::{layout_record, parse_record, LeafDtype, LeafKind};
-
-fn to_leaf_dtype(d: DlDtype) -> LeafDtype {
-    LeafDtype {
-        code: d.code,
-        bits: d.bits,
-        lanes: d.lanes,
-    }
-}
-
-fn to_dl_dtype(d: LeafDtype) -> DlDtype {
-    DlDtype {
-        code: d.code,
-        bits: d.bits,
-        lanes: d.lanes,
-    }
-}
+use crate::scheduler::protocol::{layout_record, parse_record, LeafKind};
 
 struct Collected {
     dtype: DlDtype,
@@ -269,7 +253,7 @@ pub fn encode_batch(
         pickle.len(),
         leaves
             .iter()
-            .map(|c| (to_leaf_dtype(c.dtype), c.kind, c.shape.clone()))
+            .map(|c| (c.dtype, c.kind, c.shape.clone()))
             .collect(),
     );
     let record = py.detach(|| alloc_record(arena, budget, layout.total))?;
@@ -696,7 +680,7 @@ fn make_leaf<'py>(
         .ok_or_else(|| PyRuntimeError::new_err("ferroloader: bad leaf id in a batch record"))?;
     let ptr = record.as_ptr().wrapping_add(leaf.offset as usize);
     let owner: Box<dyn Send> = Box::new(Arc::clone(record));
-    let capsule = export_capsule(py, ptr, &leaf.shape, to_dl_dtype(leaf.dtype), owner)?;
+    let capsule = export_capsule(py, ptr, &leaf.shape, leaf.dtype, owner)?;
     let t = torch(py)?;
     match leaf.kind {
         LeafKind::Tensor => t.from_dlpack.bind(py).call1((capsule,)),

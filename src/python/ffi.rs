@@ -16,21 +16,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi as pyffi;
 use pyo3::prelude::*;
 
-/// DLPack `DLDataType`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DlDtype {
-    pub code: u8,
-    pub bits: u8,
-    pub lanes: u16,
-}
-
-impl DlDtype {
-    /// Bytes per element (bool is stored as one byte).
-    pub fn itemsize(&self) -> usize {
-        (self.bits as usize * self.lanes as usize).div_ceil(8)
-    }
-}
+pub use crate::scheduler::protocol::DlDtype;
 
 #[repr(C)]
 struct DlDevice {

@@ -266,15 +266,17 @@ impl FromWorker {
     }
 }
 
-/// DLPack dtype of a leaf.
+/// A DLPack `DLDataType` (type code, bits, lanes): the dtype of a leaf in a
+/// record, and, laid out as C's struct, of every tensor crossing DLPack.
+#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LeafDtype {
+pub struct DlDtype {
     pub code: u8,
     pub bits: u8,
     pub lanes: u16,
 }
 
-impl LeafDtype {
+impl DlDtype {
     pub fn itemsize(&self) -> usize {
         (self.bits as usize * self.lanes as usize).div_ceil(8)
     }
@@ -290,7 +292,7 @@ pub enum LeafKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leaf {
     pub offset: u64,
-    pub dtype: LeafDtype,
+    pub dtype: DlDtype,
     pub kind: LeafKind,
     pub shape: Vec<i64>,
 }
@@ -322,7 +324,7 @@ pub struct RecordLayout {
 /// given dtype, kind and shape; fills in each leaf's offset.
 pub fn layout_record(
     pickle_len: usize,
-    leaves: Vec<(LeafDtype, LeafKind, Vec<i64>)>,
+    leaves: Vec<(DlDtype, LeafKind, Vec<i64>)>,
 ) -> RecordLayout {
     let header_len: usize = 24
         + leaves
@@ -389,7 +391,7 @@ pub fn parse_record(record: &[u8]) -> Result<ParsedRecord, DecodeError> {
     for _ in 0..n {
         let offset = r.u64()?;
         let nbytes = r.u64()? as usize;
-        let dtype = LeafDtype {
+        let dtype = DlDtype {
             code: r.u8()?,
             bits: r.u8()?,
             lanes: r.u16()?,
@@ -511,7 +513,7 @@ mod tests {
         #[test]
         fn records_round_trip(pickle_len in 0usize..300, shapes in proptest::collection::vec(proptest::collection::vec(0i64..6, 0..4), 0..6)) {
             let leaves: Vec<_> = shapes.into_iter().enumerate().map(|(i, s)| {
-                let dtype = LeafDtype { code: 2, bits: [8, 16, 32, 64][i % 4], lanes: 1 };
+                let dtype = DlDtype { code: 2, bits: [8, 16, 32, 64][i % 4], lanes: 1 };
                 (dtype, if i % 2 == 0 { LeafKind::Tensor } else { LeafKind::Ndarray }, s)
             }).collect();
             let lay = layout_record(pickle_len, leaves);
