@@ -104,16 +104,14 @@ impl SingleProcessIter {
             data = pin_fn.bind(py).call1((data, device))?;
         }
         self.num_yielded += 1;
-        if let (Source::Iterable { .. }, Some(reported)) = (&self.source, self.len_called) {
-            if self.num_yielded > reported {
-                let msg = format!(
-                    "Length of IterableDataset {} was reported to be {reported}(when accessing len(dataloader)), but {} samples have been fetched. ",
-                    self.fetcher.dataset.bind(py).str()?,
-                    self.num_yielded
-                );
-                let category = py.get_type::<PyUserWarning>();
-                PyErr::warn(py, &category, &std::ffi::CString::new(msg)?, 2)?;
-            }
+        if let Source::Iterable { .. } = &self.source {
+            warn_past_reported_len(
+                py,
+                self.fetcher.dataset.bind(py),
+                self.len_called,
+                self.num_yielded,
+                false,
+            )?;
         }
         Ok(Some(data))
     }
@@ -151,4 +149,27 @@ impl SingleProcessIter {
         };
         Ok(Some(data))
     }
+}
+
+/// torch's warning when an `IterableDataset` yields more batches than
+/// `len(dataloader)` reported (`_BaseDataLoaderIter.__next__`).
+pub fn warn_past_reported_len(
+    py: Python<'_>,
+    dataset: &Bound<'_, PyAny>,
+    reported: Option<usize>,
+    yielded: usize,
+    multiprocess: bool,
+) -> PyResult<()> {
+    let Some(reported) = reported.filter(|&r| yielded > r) else {
+        return Ok(());
+    };
+    let mut msg = format!(
+        "Length of IterableDataset {} was reported to be {reported}(when accessing len(dataloader)), but {yielded} samples have been fetched. ",
+        dataset.str()?
+    );
+    if multiprocess {
+        msg.push_str("For multiprocessing data-loading, this could be caused by not properly configuring the IterableDataset replica at each worker. Please see https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.");
+    }
+    let category = py.get_type::<PyUserWarning>();
+    PyErr::warn(py, &category, &std::ffi::CString::new(msg)?, 2)
 }

@@ -9,7 +9,7 @@
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use pyo3::exceptions::{PyRuntimeError, PyUserWarning};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use pyo3::{PyTraverseError, PyVisit};
@@ -18,6 +18,7 @@ use rustix::event::{PollFd, PollFlags};
 use super::codec::decode_batch;
 use super::ffi::adopt_fd;
 use super::indices::{Indices, Item};
+use super::loader::warn_past_reported_len;
 use super::torch::torch;
 use crate::ring::{ArenaReader, Dir, Mailbox, RecordRef, Segment};
 use crate::scheduler::protocol::{FromWorker, TaskIndices, ToWorker, ON_SOCKET};
@@ -352,19 +353,16 @@ impl MultiProcessIter {
     }
 
     fn warn_if_past_len(&self, py: Python<'_>) -> PyResult<()> {
-        let (true, Some(reported)) = (self.iterable, self.len_called) else {
-            return Ok(());
-        };
-        if self.num_yielded <= reported {
+        if !self.iterable {
             return Ok(());
         }
-        let msg = format!(
-            "Length of IterableDataset {} was reported to be {reported}(when accessing len(dataloader)), but {} samples have been fetched. For multiprocessing data-loading, this could be caused by not properly configuring the IterableDataset replica at each worker. Please see https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples.",
-            self.dataset.bind(py).str()?,
-            self.num_yielded
-        );
-        let category = py.get_type::<PyUserWarning>();
-        PyErr::warn(py, &category, &std::ffi::CString::new(msg)?, 2)
+        warn_past_reported_len(
+            py,
+            self.dataset.bind(py),
+            self.len_called,
+            self.num_yielded,
+            true,
+        )
     }
 
     /// Blocks until at least one result arrives (or a worker fails, or the
