@@ -4,6 +4,7 @@ Change ``from torch.utils.data import DataLoader`` to
 ``from ferroloader import DataLoader`` and get the same batches.
 """
 
+from ferroloader._core import __version__
 from ferroloader.collate import (
     collate,
     default_collate,
@@ -22,6 +23,16 @@ from ferroloader.dataset import (
     random_split,
 )
 from ferroloader.distributed import DistributedSampler
+from ferroloader.errors import (
+    ConfigError,
+    FerroloaderError,
+    InternalError,
+    ProtocolError,
+    SharedMemoryError,
+    SharedMemoryLimitError,
+    WorkerDiedError,
+    WorkerTimeoutError,
+)
 from ferroloader.sampler import (
     BatchSampler,
     RandomSampler,
@@ -36,18 +47,27 @@ __all__ = [
     "BatchSampler",
     "ChainDataset",
     "ConcatDataset",
+    "ConfigError",
     "DataLoader",
     "Dataset",
     "DistributedSampler",
+    "FerroloaderError",
+    "InternalError",
     "IterableDataset",
+    "ProtocolError",
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
+    "SharedMemoryError",
+    "SharedMemoryLimitError",
     "StackDataset",
     "Subset",
     "SubsetRandomSampler",
     "TensorDataset",
     "WeightedRandomSampler",
+    "WorkerDiedError",
+    "WorkerTimeoutError",
+    "__version__",
     "collate",
     "default_collate",
     "default_collate_fn_map",

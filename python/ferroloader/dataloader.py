@@ -20,6 +20,7 @@ from torch.utils.data import _utils
 
 from ferroloader import _core, _worker
 from ferroloader._fetch import fetch_plan
+from ferroloader.errors import ConfigError
 from ferroloader.sampler import native_batch_iter, native_iter
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -175,7 +176,7 @@ def shm_limit() -> int:
         try:
             return max(1, int(float(number) * _SIZE_SUFFIXES[unit]))
         except ValueError:
-            raise ValueError(
+            raise ConfigError(
                 f"FERROLOADER_SHM_LIMIT={os.environ['FERROLOADER_SHM_LIMIT']!r} is not a size "
                 "(e.g. 512M or 8G)"
             ) from None

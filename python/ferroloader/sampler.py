@@ -19,7 +19,6 @@ from ferroloader import _core
 
 Sampler = _ts.Sampler
 
-_U64 = 1 << 64
 
 
 def _cpu_generator(gen: Any) -> bool:
@@ -60,29 +59,6 @@ def _subset_random(s: Any) -> Optional[_core.SamplerIter]:
 
 def _weighted(s: Any) -> Optional[_core.SamplerIter]:
     return _core.SamplerIter.deferred(s, _resolve_weighted)
-
-
-def _distributed(s: Any) -> Optional[_core.SamplerIter]:
-    seed = s.seed + s.epoch
-    ints = (s.num_replicas, s.rank, s.num_samples, s.total_size)
-    if not all(type(v) is int and v >= 0 for v in ints) or s.num_replicas == 0:
-        return None
-    if type(seed) is not int or not -(1 << 63) <= seed < _U64:
-        return None
-    try:
-        return _core.SamplerIter.distributed(
-            len(s.dataset),
-            s.num_replicas,
-            s.rank,
-            bool(s.shuffle),
-            seed % _U64,
-            bool(s.drop_last),
-            s.num_samples,
-            s.total_size,
-        )
-    except AssertionError:
-        # An inconsistent sampler: let torch's own code raise its error.
-        return None
 
 
 def native_iter(sampler: Any) -> Optional[_core.SamplerIter]:
@@ -157,13 +133,13 @@ _NATIVE: dict[Any, Callable[[Any], Optional[_core.SamplerIter]]] = {
 }
 
 
-def _register_distributed() -> None:
-    import torch.utils.data.distributed as _td
-
-    from ferroloader.distributed import DistributedSampler
-
-    _NATIVE[_td.DistributedSampler.__iter__] = _distributed
-    _NATIVE[DistributedSampler.__iter__] = _distributed
+def register_native(
+    iter_fn: Any, build: Callable[[Any], Optional[_core.SamplerIter]]
+) -> None:
+    """Runs samplers whose ``__iter__`` is ``iter_fn`` with ``build`` (a Rust
+    iterator, or ``None`` to fall back to Python). Used by modules that add
+    samplers without this one importing them."""
+    _NATIVE[iter_fn] = build
 
 
 __all__ = [

@@ -1,11 +1,11 @@
 //! A collated batch in and out of an arena record.
 //!
-//! Worker: the batch's structure is encoded (natively for plain containers
-//! and scalars, by pickle for other objects) with every
-//! leaf the engine can place in shared memory (deferred native leaves,
-//! CPU tensors, numeric numpy arrays) taken out and numbered; the record is then
-//! laid out (`protocol::layout_record`), allocated once, and each leaf is
-//! written straight into it.
+//! Worker: the batch's structure is encoded as a tree (`crate::record::tree`:
+//! natively for plain containers and scalars, by pickle for other objects)
+//! with every leaf the engine can place in shared memory (deferred native
+//! leaves, CPU tensors, numeric numpy arrays) taken out and numbered; the
+//! record is then laid out (`RecordLayout`), allocated once from the
+//! worker's `Records`, and each leaf is written straight into it.
 //!
 //! Main: the structure is rebuilt, and leaf `i` becomes
 //! a tensor (or array) over the record's memory through DLPack; each
@@ -14,16 +14,20 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use super::collate::{Pending, PendingLeaf};
-use super::ffi::{export_capsule, DlDtype, DlView};
+use super::error::Class;
+use super::ffi::{record_leaf_capsule, with_tensor_over, DlView};
 use super::torch::torch;
 use crate::collate::{gather_rows, stack_into};
-use crate::ring::{ArenaReader, ArenaWriter, RecordHandle, RecordRef};
-use crate::scheduler::protocol::{layout_record, parse_record, LeafKind};
+use crate::record::tree::MAX_DEPTH;
+use crate::record::{
+    DecodeError, DlDtype, Leaf, LeafKind, ParsedRecord, RecordLayout, Token, TreeReader, TreeWriter,
+};
+use crate::ring::{RecordHandle, RecordRef};
+use crate::worker::Records;
 
 struct Collected {
     dtype: DlDtype,
@@ -144,96 +148,11 @@ fn array_leaf(obj: &Bound<'_, PyAny>) -> PyResult<Option<Collected>> {
     }))
 }
 
-fn limit_error(e: crate::ring::ArenaError) -> PyErr {
-    PyRuntimeError::new_err(format!(
-        "{e} (FERROLOADER_SHM_LIMIT is the loader's total, split evenly across its workers)"
-    ))
-}
-
-/// How long a worker at its memory limit waits for the main process to
-/// release records (batches in flight, tensors being freed) before failing.
-const LIMIT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Records at least this large count against [`RecordBudget`]; smaller ones
-/// cost too little memory to be worth any wait.
-const BUDGETED_RECORD: usize = 1 << 20;
-
-/// How long a worker over its record budget waits for the main process to
-/// release its oldest batch before concluding the training loop keeps
-/// batches, and growing instead.
-const BUDGET_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// Keeps a worker's resident arena at what torch keeps in flight.
-///
-/// Without it a worker's arena settles at `prefetch_factor + 1` large
-/// records (its queued batches plus the one the training loop still holds)
-/// and, summed over workers, that is one batch more than torch's peak. A
-/// worker with `cap` large records live waits briefly for the loop to drop
-/// its oldest batch, which happens as soon as it takes the next one. If the
-/// loop keeps batches (`list(loader)`, gradient accumulation) the wait times
-/// out once and the worker never waits again: its arena has grown, and
-/// waiting would save no memory, only time.
-pub struct RecordBudget {
-    pub cap: usize,
-    holding: bool,
-}
-
-impl RecordBudget {
-    /// `prefetch_factor` records, but never fewer than two: with one, a
-    /// worker could not write its next batch while the loop holds the last.
-    pub fn new(prefetch_factor: usize) -> Self {
-        RecordBudget {
-            cap: prefetch_factor.max(2),
-            holding: false,
-        }
-    }
-
-    fn wait_for_room(&mut self, arena: &mut ArenaWriter, len: usize) {
-        if len < BUDGETED_RECORD {
-            return;
-        }
-        if self.holding {
-            return;
-        }
-        arena.reclaim();
-        let deadline = std::time::Instant::now() + BUDGET_GRACE;
-        while arena.live_records() >= self.cap {
-            if std::time::Instant::now() >= deadline {
-                self.holding = true;
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_micros(200));
-            arena.reclaim();
-        }
-    }
-}
-
-fn alloc_record(
-    arena: &mut ArenaWriter,
-    budget: &mut RecordBudget,
-    len: usize,
-) -> PyResult<RecordRef> {
-    budget.wait_for_room(arena, len);
-    let deadline = std::time::Instant::now() + LIMIT_GRACE;
-    loop {
-        match arena.alloc(len) {
-            Ok(r) => return Ok(r),
-            Err(crate::ring::ArenaError::LimitExceeded { .. })
-                if std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(2));
-            }
-            Err(e) => return Err(limit_error(e)),
-        }
-    }
-}
-
-/// Encodes `batch` into a new record of `arena` and publishes it.
+/// Encodes `batch` into a new record of `records` and publishes it.
 pub fn encode_batch(
     py: Python<'_>,
     batch: &Bound<'_, PyAny>,
-    arena: &mut ArenaWriter,
-    budget: &mut RecordBudget,
+    records: &mut Records,
 ) -> PyResult<RecordRef> {
     let collector = Bound::new(
         py,
@@ -244,36 +163,33 @@ pub fn encode_batch(
     let mut enc = TreeEncoder {
         py,
         collector: &collector,
-        out: Vec::new(),
+        out: TreeWriter::new(),
     };
     enc.encode(batch, 0)?;
-    let pickle = enc.out;
+    let tree = enc.out.into_bytes();
     let leaves = collector.borrow().leaves.take();
-    let layout = layout_record(
-        pickle.len(),
+    let layout = RecordLayout::new(
+        tree.len(),
         leaves
             .iter()
             .map(|c| (c.dtype, c.kind, c.shape.clone()))
             .collect(),
     );
-    let record = py.detach(|| alloc_record(arena, budget, layout.total))?;
+    let record = py.detach(|| records.alloc(layout.total))?;
     let written = (|| -> PyResult<()> {
-        let payload = arena.payload_mut(record);
-        payload[..layout.header.len()].copy_from_slice(&layout.header);
-        payload[layout.pickle_offset..layout.pickle_offset + pickle.len()].copy_from_slice(&pickle);
+        layout.write_head(records.payload_mut(record), &tree);
         for (c, leaf) in leaves.iter().zip(&layout.leaves) {
-            let range = leaf.offset as usize..leaf.offset as usize + leaf.nbytes();
-            write_leaf(py, c, arena, record, range)?;
+            write_leaf(py, c, records, record, leaf.range())?;
         }
         Ok(())
     })();
     match written {
         Ok(()) => {
-            arena.publish(record);
+            records.publish(record);
             Ok(record)
         }
         Err(e) => {
-            arena.abandon(record);
+            records.abandon(record);
             Err(e)
         }
     }
@@ -282,51 +198,49 @@ pub fn encode_batch(
 fn write_leaf(
     py: Python<'_>,
     c: &Collected,
-    arena: &mut ArenaWriter,
+    records: &mut Records,
     record: RecordRef,
     range: std::ops::Range<usize>,
 ) -> PyResult<()> {
+    let dst = &mut records.payload_mut(record)[range];
     match &c.data {
         CollectedData::Pending(p) => match &p.get().data {
             Pending::Bytes(b) => {
-                arena.payload_mut(record)[range].copy_from_slice(b);
+                dst.copy_from_slice(b);
                 Ok(())
             }
-            Pending::Arrays(arrays) => {
-                write_arrays(py, arrays, &mut arena.payload_mut(record)[range])
-            }
+            Pending::Arrays(arrays) => write_arrays(py, arrays, dst),
             Pending::Rows { source, indices } => {
                 let t = torch(py)?;
                 let capsule = t.to_dlpack.bind(py).call1((source.bind(py),))?;
-                let view = DlView::open(capsule).ok_or_else(|| {
-                    PyRuntimeError::new_err("TensorDataset tensor is not exportable")
-                })?;
-                let src = view.contiguous_bytes().ok_or_else(|| {
-                    PyRuntimeError::new_err("TensorDataset tensor is not contiguous")
-                })?;
+                let view = DlView::open(capsule)
+                    .ok_or_else(|| Class::Internal.err("TensorDataset tensor is not exportable"))?;
+                let src = view
+                    .contiguous_bytes()
+                    .ok_or_else(|| Class::Internal.err("TensorDataset tensor is not contiguous"))?;
                 let rows = view.shape()[0] as usize;
                 let row_bytes = src.len().checked_div(rows).unwrap_or(0);
-                let dst = &mut arena.payload_mut(record)[range];
                 if !gather_rows(dst, src, rows, row_bytes, indices) {
-                    return Err(PyValueError::new_err("index out of range in TensorDataset"));
+                    // `Fetcher::gather` checked the indices against these rows.
+                    return Err(Class::Internal.err("TensorDataset changed size mid-batch"));
                 }
                 Ok(())
             }
-            Pending::Stack(batch) => {
-                let out = ring_view(py, c, arena, record, range)?;
-                let t = torch(py)?;
+            Pending::Stack(batch) => with_tensor_over(py, dst, &c.shape, c.dtype, |out| {
                 let kwargs = PyDict::new(py);
-                kwargs.set_item("out", &out)?;
-                t.stack.bind(py).call((batch.bind(py), 0), Some(&kwargs))?;
+                kwargs.set_item("out", out)?;
+                torch(py)?
+                    .stack
+                    .bind(py)
+                    .call((batch.bind(py), 0), Some(&kwargs))?;
                 Ok(())
-            }
+            }),
         },
-        CollectedData::Copy(src) => copy_tensor(py, c, src.bind(py), arena, record, range),
-        CollectedData::Array(a) => write_arrays(
-            py,
-            std::slice::from_ref(a),
-            &mut arena.payload_mut(record)[range],
-        ),
+        CollectedData::Copy(src) => with_tensor_over(py, dst, &c.shape, c.dtype, |out| {
+            out.call_method1(pyo3::intern!(py, "copy_"), (src.bind(py),))?;
+            Ok(())
+        }),
+        CollectedData::Array(a) => write_arrays(py, std::slice::from_ref(a), dst),
     }
 }
 
@@ -335,53 +249,25 @@ fn write_arrays(py: Python<'_>, arrays: &[Py<PyAny>], dst: &mut [u8]) -> PyResul
     for a in arrays {
         let capsule = a.bind(py).call_method0(pyo3::intern!(py, "__dlpack__"))?;
         views.push(
-            DlView::open(capsule)
-                .ok_or_else(|| PyRuntimeError::new_err("array is not exportable"))?,
+            DlView::open(capsule).ok_or_else(|| Class::Internal.err("array is not exportable"))?,
         );
     }
     let mut parts = Vec::with_capacity(views.len());
     for v in &views {
         parts.push(
             v.contiguous_bytes()
-                .ok_or_else(|| PyRuntimeError::new_err("array is not contiguous"))?,
+                .ok_or_else(|| Class::Internal.err("array is not contiguous"))?,
         );
     }
     stack_into(dst, &parts);
     Ok(())
 }
 
-fn copy_tensor(
-    py: Python<'_>,
-    c: &Collected,
-    src: &Bound<'_, PyAny>,
-    arena: &mut ArenaWriter,
-    record: RecordRef,
-    range: std::ops::Range<usize>,
-) -> PyResult<()> {
-    let out = ring_view(py, c, arena, record, range)?;
-    out.call_method1(pyo3::intern!(py, "copy_"), (src,))?;
-    Ok(())
-}
-
-/// A worker-side tensor over part of an unpublished record, for torch to
-/// write into; dropped before the record is published.
-fn ring_view<'py>(
-    py: Python<'py>,
-    c: &Collected,
-    arena: &mut ArenaWriter,
-    record: RecordRef,
-    range: std::ops::Range<usize>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let ptr = arena.payload_mut(record)[range].as_ptr();
-    let capsule = export_capsule(py, ptr, &c.shape, c.dtype, Box::new(()))?;
-    torch(py)?.from_dlpack.bind(py).call1((capsule,))
-}
-
 /// Rebuilds leaves over a record in the main process.
 #[pyclass(module = "ferroloader._core")]
 struct LeafLoader {
     record: Arc<RecordHandle>,
-    leaves: Vec<crate::scheduler::protocol::Leaf>,
+    leaves: Vec<Leaf>,
 }
 
 #[pymethods]
@@ -407,7 +293,7 @@ impl DlpackHolder {
     ) -> PyResult<Py<PyAny>> {
         self.capsule
             .take()
-            .ok_or_else(|| PyRuntimeError::new_err("DLPack capsule already consumed"))
+            .ok_or_else(|| Class::Internal.err("DLPack capsule already consumed"))
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
@@ -415,122 +301,72 @@ impl DlpackHolder {
     }
 }
 
-/// Loads the batch in `record`; its leaves share the record.
-pub fn decode_batch<'py>(
-    py: Python<'py>,
-    reader: &ArenaReader,
-    record: RecordRef,
-) -> PyResult<Bound<'py, PyAny>> {
-    let handle = reader.open(record).ok_or_else(|| {
-        PyRuntimeError::new_err("ferroloader: batch record outside the worker's arena")
-    })?;
-    let parsed =
-        parse_record(handle.bytes()).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+/// Loads the batch in an opened record; its leaves share the record.
+pub fn decode_batch<'py>(py: Python<'py>, handle: RecordHandle) -> PyResult<Bound<'py, PyAny>> {
+    let parsed = ParsedRecord::parse(handle.bytes()).map_err(crate::Error::from)?;
     let record = Arc::new(handle);
     let mut dec = TreeDecoder {
         py,
         record: &record,
-        pos: parsed.pickle.start,
-        end: parsed.pickle.end,
+        tree: TreeReader::new(&record.bytes()[parsed.tree.clone()]),
         leaves: &parsed.leaves,
         loader: None,
     };
     dec.decode(0)
 }
 
-/// Tags of the structure encoding (see [`TreeEncoder`]).
-mod tag {
-    pub const NONE: u8 = 0;
-    pub const TRUE: u8 = 1;
-    pub const FALSE: u8 = 2;
-    pub const INT: u8 = 3;
-    pub const FLOAT: u8 = 4;
-    pub const STR: u8 = 5;
-    pub const BYTES: u8 = 6;
-    pub const LIST: u8 = 7;
-    pub const TUPLE: u8 = 8;
-    pub const DICT: u8 = 9;
-    pub const LEAF: u8 = 10;
-    pub const PICKLED: u8 = 11;
-}
-
-/// Deeper structures are pickled whole (pickle copes with cycles).
-const MAX_DEPTH: usize = 64;
-
-/// The batch's structure in a compact form the main process rebuilds
-/// without pickle: exact `dict`, `list`, `tuple`, `str`, `bytes`, `int`,
-/// `float`, `bool`, `None` and leaves; any other object (namedtuples, user
-/// types) is pickled, its own tensors and arrays still taken out as leaves.
+/// Builds the tree of a batch: exact `dict`, `list`, `tuple`, `str`,
+/// `bytes`, `int`, `float`, `bool`, `None` natively, leaves by number, any
+/// other object (namedtuples, user types) pickled with its own tensors and
+/// arrays still taken out as leaves.
 struct TreeEncoder<'a, 'py> {
     py: Python<'py>,
     collector: &'a Bound<'py, LeafCollector>,
-    out: Vec<u8>,
+    out: TreeWriter,
 }
 
 impl<'py> TreeEncoder<'_, 'py> {
-    fn len(&mut self, n: usize) {
-        self.out.extend_from_slice(&(n as u32).to_le_bytes());
-    }
-
     fn encode(&mut self, obj: &Bound<'py, PyAny>, depth: usize) -> PyResult<()> {
         use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyString, PyTuple};
         if depth > MAX_DEPTH {
             return self.pickled(obj);
         }
         if obj.is_none() {
-            self.out.push(tag::NONE);
+            self.out.put(Token::None);
         } else if obj.is_exact_instance_of::<PyBool>() {
-            self.out.push(if obj.is_truthy()? {
-                tag::TRUE
-            } else {
-                tag::FALSE
-            });
+            self.out.put(Token::Bool(obj.is_truthy()?));
         } else if obj.is_exact_instance_of::<PyInt>() {
             match obj.extract::<i64>() {
-                Ok(v) => {
-                    self.out.push(tag::INT);
-                    self.out.extend_from_slice(&v.to_le_bytes());
-                }
+                Ok(v) => self.out.put(Token::Int(v)),
                 Err(_) => return self.pickled(obj),
             }
         } else if let Ok(f) = obj.cast_exact::<PyFloat>() {
-            self.out.push(tag::FLOAT);
-            self.out.extend_from_slice(&f.value().to_le_bytes());
+            self.out.put(Token::Float(f.value()));
         } else if let Ok(st) = obj.cast_exact::<PyString>() {
             match st.to_cow() {
-                Ok(text) => {
-                    self.out.push(tag::STR);
-                    self.len(text.len());
-                    self.out.extend_from_slice(text.as_bytes());
-                }
+                Ok(text) => self.out.put(Token::Str(&text)),
                 Err(_) => return self.pickled(obj),
             }
         } else if let Ok(b) = obj.cast_exact::<PyBytes>() {
-            self.out.push(tag::BYTES);
-            self.len(b.as_bytes().len());
-            self.out.extend_from_slice(b.as_bytes());
+            self.out.put(Token::Bytes(b.as_bytes()));
         } else if let Ok(l) = obj.cast_exact::<PyList>() {
-            self.out.push(tag::LIST);
-            self.len(l.len());
+            self.out.put(Token::List(l.len()));
             for item in l.iter() {
                 self.encode(&item, depth + 1)?;
             }
         } else if let Ok(t) = obj.cast_exact::<PyTuple>() {
-            self.out.push(tag::TUPLE);
-            self.len(t.len());
+            self.out.put(Token::Tuple(t.len()));
             for item in t.iter() {
                 self.encode(&item, depth + 1)?;
             }
         } else if let Ok(d) = obj.cast_exact::<PyDict>() {
-            self.out.push(tag::DICT);
-            self.len(d.len());
+            self.out.put(Token::Dict(d.len()));
             for (k, v) in d.iter() {
                 self.encode(&k, depth + 1)?;
                 self.encode(&v, depth + 1)?;
             }
         } else if let Some(id) = self.collector.borrow().__call__(self.py, obj)? {
-            self.out.push(tag::LEAF);
-            self.len(id);
+            self.out.put(Token::Leaf(id));
         } else {
             return self.pickled(obj);
         }
@@ -545,88 +381,50 @@ impl<'py> TreeEncoder<'_, 'py> {
         pickler.setattr(pyo3::intern!(py, "persistent_id"), self.collector)?;
         pickler.call_method1(pyo3::intern!(py, "dump"), (obj,))?;
         let data: Vec<u8> = buf.call_method0(pyo3::intern!(py, "getvalue"))?.extract()?;
-        self.out.push(tag::PICKLED);
-        self.len(data.len());
-        self.out.extend_from_slice(&data);
+        self.out.put(Token::Pickled(&data));
         Ok(())
     }
 }
 
+/// Rebuilds a batch from its tree, leaves as tensors over the record.
 struct TreeDecoder<'a, 'py> {
     py: Python<'py>,
     record: &'a Arc<RecordHandle>,
-    pos: usize,
-    end: usize,
-    leaves: &'a [crate::scheduler::protocol::Leaf],
+    tree: TreeReader<'a>,
+    leaves: &'a [Leaf],
     loader: Option<Bound<'py, LeafLoader>>,
 }
 
-fn corrupt() -> PyErr {
-    PyRuntimeError::new_err("ferroloader: malformed batch record")
-}
-
 impl<'py> TreeDecoder<'_, 'py> {
-    fn take(&mut self, n: usize) -> PyResult<&[u8]> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.end)
-            .ok_or_else(corrupt)?;
-        let bytes = &self.record.bytes()[self.pos..end];
-        self.pos = end;
-        Ok(bytes)
-    }
-
-    fn len(&mut self) -> PyResult<usize> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")) as usize)
-    }
-
     fn decode(&mut self, depth: usize) -> PyResult<Bound<'py, PyAny>> {
         use pyo3::types::{PyList, PyString, PyTuple};
         let py = self.py;
         if depth > MAX_DEPTH + 1 {
-            return Err(corrupt());
+            return Err(crate::Error::from(DecodeError("tree depth")).into());
         }
-        let tag = self.take(1)?[0];
-        Ok(match tag {
-            tag::NONE => py.None().into_bound(py),
-            tag::TRUE => pyo3::types::PyBool::new(py, true).to_owned().into_any(),
-            tag::FALSE => pyo3::types::PyBool::new(py, false).to_owned().into_any(),
-            tag::INT => {
-                let v = i64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes"));
-                v.into_pyobject(py)?.into_any()
-            }
-            tag::FLOAT => {
-                let v = f64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes"));
-                v.into_pyobject(py)?.into_any()
-            }
-            tag::STR => {
-                let n = self.len()?;
-                let text = std::str::from_utf8(self.take(n)?).map_err(|_| corrupt())?;
-                PyString::new(py, text).into_any()
-            }
-            tag::BYTES => {
-                let n = self.len()?;
-                PyBytes::new(py, self.take(n)?).into_any()
-            }
-            tag::LIST => {
-                let n = self.len()?;
+        let token = self.tree.next_token().map_err(crate::Error::from)?;
+        Ok(match token {
+            Token::None => py.None().into_bound(py),
+            Token::Bool(b) => pyo3::types::PyBool::new(py, b).to_owned().into_any(),
+            Token::Int(v) => v.into_pyobject(py)?.into_any(),
+            Token::Float(v) => v.into_pyobject(py)?.into_any(),
+            Token::Str(s) => PyString::new(py, s).into_any(),
+            Token::Bytes(b) => PyBytes::new(py, b).into_any(),
+            Token::List(n) => {
                 let list = PyList::empty(py);
                 for _ in 0..n {
                     list.append(self.decode(depth + 1)?)?;
                 }
                 list.into_any()
             }
-            tag::TUPLE => {
-                let n = self.len()?;
-                let mut items = Vec::with_capacity(n.min(1 << 16));
+            Token::Tuple(n) => {
+                let mut items = Vec::with_capacity(n);
                 for _ in 0..n {
                     items.push(self.decode(depth + 1)?);
                 }
                 PyTuple::new(py, items)?.into_any()
             }
-            tag::DICT => {
-                let n = self.len()?;
+            Token::Dict(n) => {
                 let dict = PyDict::new(py);
                 for _ in 0..n {
                     let k = self.decode(depth + 1)?;
@@ -635,13 +433,9 @@ impl<'py> TreeDecoder<'_, 'py> {
                 }
                 dict.into_any()
             }
-            tag::LEAF => {
-                let id = self.len()?;
-                make_leaf(py, self.record, self.leaves, id)?
-            }
-            tag::PICKLED => {
-                let n = self.len()?;
-                let data = PyBytes::new(py, self.take(n)?);
+            Token::Leaf(id) => make_leaf(py, self.record, self.leaves, id)?,
+            Token::Pickled(data) => {
+                let data = PyBytes::new(py, data);
                 let loader = match &self.loader {
                     Some(l) => l.clone(),
                     None => {
@@ -662,7 +456,6 @@ impl<'py> TreeDecoder<'_, 'py> {
                 unpickler.setattr(pyo3::intern!(py, "persistent_load"), loader)?;
                 unpickler.call_method0(pyo3::intern!(py, "load"))?
             }
-            _ => return Err(corrupt()),
         })
     }
 }
@@ -672,15 +465,13 @@ impl<'py> TreeDecoder<'_, 'py> {
 fn make_leaf<'py>(
     py: Python<'py>,
     record: &Arc<RecordHandle>,
-    leaves: &[crate::scheduler::protocol::Leaf],
+    leaves: &[Leaf],
     id: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
     let leaf = leaves
         .get(id)
-        .ok_or_else(|| PyRuntimeError::new_err("ferroloader: bad leaf id in a batch record"))?;
-    let ptr = record.as_ptr().wrapping_add(leaf.offset as usize);
-    let owner: Box<dyn Send> = Box::new(Arc::clone(record));
-    let capsule = export_capsule(py, ptr, &leaf.shape, leaf.dtype, owner)?;
+        .ok_or_else(|| crate::Error::from(DecodeError("leaf number")))?;
+    let capsule = record_leaf_capsule(py, record, leaf)?;
     let t = torch(py)?;
     match leaf.kind {
         LeafKind::Tensor => t.from_dlpack.bind(py).call1((capsule,)),

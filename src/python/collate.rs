@@ -328,7 +328,7 @@ impl<'py> Collator<'py> {
     ) -> PyResult<Bound<'py, PyAny>> {
         if self.sink == Sink::Deferred {
             let dl = self.t.dl_dtype(dtype).ok_or_else(|| {
-                pyo3::exceptions::PyRuntimeError::new_err("no DLPack dtype for a scalar batch")
+                super::error::Class::Internal.err("no DLPack dtype for a scalar batch")
             })?;
             let leaf = PendingLeaf {
                 dtype: dl,

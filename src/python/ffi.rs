@@ -1,6 +1,6 @@
 //! The FFI edge: raw memory that crosses between torch/numpy and Rust.
 //!
-//! Two things live here and nowhere else:
+//! What lives here and nowhere else:
 //! - [`DlView`]: a read-only view of a tensor or array exported through a
 //!   DLPack capsule (`torch._C._to_dlpack(t)`, `ndarray.__dlpack__()`); the
 //!   capsule is held for as long as the view, so the producer's memory stays
@@ -8,15 +8,23 @@
 //! - [`FreshTensor`]: the bytes of a tensor that this crate asked torch to
 //!   allocate a moment ago (`torch.empty`, `Generator.get_state()`), written
 //!   before any other code can see the tensor.
+//! - Tensors exported over memory this crate owns: [`record_leaf_capsule`]
+//!   (a batch leaf in the main process) and [`with_tensor_over`] (a scratch
+//!   tensor over a record being written in a worker).
+//! - [`adopt_fd`]: a descriptor number handed over from Python.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_void, CStr};
+use std::sync::Arc;
 
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi as pyffi;
 use pyo3::prelude::*;
 
-pub use crate::scheduler::protocol::DlDtype;
+use super::error::Class;
+use crate::record::{DecodeError, Leaf};
+use crate::ring::RecordHandle;
+
+pub use crate::record::DlDtype;
 
 #[repr(C)]
 struct DlDevice {
@@ -200,9 +208,7 @@ impl<'py> FreshTensor<'py> {
             .call_method0(pyo3::intern!(py, "element_size"))?
             .extract()?;
         if !contiguous || element_size != 1 {
-            return Err(PyRuntimeError::new_err(
-                "generator state is not a contiguous byte tensor",
-            ));
+            return Err(Class::Internal.err("generator state is not a contiguous byte tensor"));
         }
         Self::adopt(state, numel)
     }
@@ -213,9 +219,7 @@ impl<'py> FreshTensor<'py> {
             .call_method0(pyo3::intern!(py, "data_ptr"))?
             .extract()?;
         if ptr == 0 && len > 0 {
-            return Err(PyRuntimeError::new_err(
-                "torch returned a null data pointer",
-            ));
+            return Err(Class::Internal.err("torch returned a null data pointer"));
         }
         Ok(FreshTensor {
             tensor,
@@ -285,14 +289,17 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut pyffi::PyObject) {
     }
 }
 
-/// A `"dltensor"` capsule over `len` bytes at `data`, a contiguous array of
+/// A `"dltensor"` capsule over the bytes at `data`, a contiguous array of
 /// `shape` and `dtype` on the CPU. `owner` is dropped when the consumer
 /// (or, unconsumed, the capsule) is done with it.
 ///
-/// The caller must guarantee that `owner` keeps `data..data+len` valid and
-/// unaliased by writers for as long as it lives; every caller passes the
-/// arena record handle (or buffer) the pointer came from.
-pub fn export_capsule<'py>(
+/// # Safety
+/// `data` must point at `shape`'s elements of `dtype` (their product times
+/// the item size, in bytes), valid for reads and writes and written by no
+/// one else for as long as the tensor made from the capsule may be used:
+/// either `owner` keeps that memory alive and reserved, or the caller drops
+/// the tensor before the memory is reused.
+unsafe fn export_capsule<'py>(
     py: Python<'py>,
     data: *const u8,
     shape: &[i64],
@@ -340,19 +347,80 @@ pub fn export_capsule<'py>(
     Ok(unsafe { Bound::from_owned_ptr(py, capsule) })
 }
 
+/// A capsule over leaf `leaf` of an opened record, holding a share of the
+/// record: the record stays HELD (the worker does not reuse it) and its
+/// segment mapped until the last tensor over it is freed.
+pub fn record_leaf_capsule<'py>(
+    py: Python<'py>,
+    record: &Arc<RecordHandle>,
+    leaf: &Leaf,
+) -> PyResult<Bound<'py, PyAny>> {
+    let range = leaf.offset as usize..(leaf.offset as usize).saturating_add(leaf.nbytes());
+    if range.end > record.len() {
+        return Err(crate::Error::from(DecodeError("leaf bounds")).into());
+    }
+    let ptr = record.as_mut_ptr().wrapping_add(range.start);
+    let owner: Box<dyn Send> = Box::new(Arc::clone(record));
+    // SAFETY: `ptr..ptr+nbytes` lies inside the record (checked above) and
+    // holds the leaf's `shape` of `dtype` (`nbytes` is computed from them);
+    // `owner` keeps the record HELD, so the worker writes none of it, and
+    // its segment mapped, for as long as the tensor lives.
+    unsafe { export_capsule(py, ptr, &leaf.shape, leaf.dtype, owner) }
+}
+
+/// Runs `f` with a CPU tensor of `shape` and `dtype` over `dst` (part of a
+/// record being written), for torch to write into (`copy_`, `stack(out=)`).
+///
+/// The tensor must not outlive `f`: once `f` returns and the tensor is
+/// dropped, its storage must be gone. If torch kept it (nothing in this
+/// crate's callers does), the process aborts rather than leave a tensor
+/// over memory the arena will hand to the main process and reuse.
+pub fn with_tensor_over<'py, R>(
+    py: Python<'py>,
+    dst: &mut [u8],
+    shape: &[i64],
+    dtype: DlDtype,
+    f: impl FnOnce(&Bound<'py, PyAny>) -> PyResult<R>,
+) -> PyResult<R> {
+    let elems = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?));
+    if elems.and_then(|n| n.checked_mul(dtype.itemsize())) != Some(dst.len()) {
+        return Err(Class::Internal.err("tensor shape does not match its bytes"));
+    }
+    let alive = Arc::new(());
+    let owner: Box<dyn Send> = Box::new(Arc::clone(&alive));
+    let out = {
+        // SAFETY: `dst` holds exactly `shape` of `dtype` (checked above) and
+        // is exclusively borrowed for this call; the storage's life is
+        // checked through `alive` below before the borrow ends.
+        let capsule = unsafe { export_capsule(py, dst.as_mut_ptr(), shape, dtype, owner) }?;
+        let tensor = super::torch::torch(py)?
+            .from_dlpack
+            .bind(py)
+            .call1((&capsule,))?;
+        f(&tensor)
+    };
+    if Arc::strong_count(&alive) != 1 {
+        eprintln!("ferroloader: a tensor over a batch being written outlived its use");
+        std::process::abort();
+    }
+    out
+}
+
 /// Takes ownership of a file descriptor Python handed over with
 /// `socket.detach()` (so nothing in Python will close it again).
 pub fn adopt_fd(fd: i32) -> PyResult<std::os::fd::OwnedFd> {
     use std::os::fd::{FromRawFd, OwnedFd};
     if fd < 0 {
-        return Err(PyRuntimeError::new_err("invalid file descriptor"));
+        return Err(Class::Internal.err(format!("invalid file descriptor {fd}")));
     }
     // Refuse a number that is not an open descriptor before claiming it.
     // SAFETY: borrowing for the duration of one fcntl call; `fd` is only
     // inspected, not closed.
     let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
     rustix::io::fcntl_getfd(borrowed)
-        .map_err(|e| PyRuntimeError::new_err(format!("file descriptor {fd}: {e}")))?;
+        .map_err(|e| Class::Internal.err(format!("file descriptor {fd}: {e}")))?;
     // SAFETY: the descriptor is open (checked above) and the caller detached
     // it from its Python owner, so this OwnedFd is its only owner.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })

@@ -1,11 +1,13 @@
 //! PyO3 bindings: the `ferroloader._core` extension module. Thin adapters
-//! from Python objects to the engine; no loader logic lives here that the
-//! engine could own.
+//! from Python objects to the engine: calling the user's code, building
+//! tensors, converting errors; no loader logic lives here that the engine
+//! could own.
 
 use pyo3::prelude::*;
 
 mod codec;
 mod collate;
+mod error;
 mod fetch;
 mod ffi;
 mod indices;
@@ -17,6 +19,7 @@ mod worker;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(collate::collate, m)?)?;
     m.add_function(wrap_pyfunction!(sampler::randperm_list, m)?)?;
     m.add_function(wrap_pyfunction!(worker::worker_loop, m)?)?;

@@ -1,11 +1,11 @@
 //! Samplers exposed to Python: the engine's iterators driven with torch's
 //! generators.
 
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use pyo3::{PyTraverseError, PyVisit};
 
+use super::error::Class;
 use super::ffi::FreshTensor;
 use super::torch::torch;
 use crate::sampler::{
@@ -36,10 +36,10 @@ impl RngSource for TorchGen {
             let g = self.generator.bind(py);
             let mut state = FreshTensor::generator_state(g)?;
             let mut rng = Mt19937::from_state_bytes(state.bytes_mut())
-                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+                .map_err(|e| Class::Internal.err(e.to_string()))?;
             let out = f(&mut rng);
             rng.write_state_bytes(state.bytes_mut())
-                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+                .map_err(|e| Class::Internal.err(e.to_string()))?;
             g.call_method1(pyo3::intern!(py, "set_state"), (state.into_tensor(),))?;
             Ok(out)
         })
@@ -267,7 +267,9 @@ impl SamplerIter {
         drop_last: bool,
         num_samples: usize,
         total_size: usize,
-    ) -> PyResult<Self> {
+    ) -> Option<Self> {
+        // An inconsistent sampler (torch would fail an assertion): `None`,
+        // and the caller lets torch's own `__iter__` raise its error.
         let indices = distributed_indices(
             n,
             num_replicas,
@@ -278,8 +280,8 @@ impl SamplerIter {
             num_samples,
             total_size,
         )
-        .map_err(|e| pyo3::exceptions::PyAssertionError::new_err(e.0))?;
-        Ok(SamplerIter {
+        .ok()?;
+        Some(SamplerIter {
             inner: NativeSampler::List(indices.into_iter()),
         })
     }

@@ -25,7 +25,7 @@
 //! once and sealed against shrinking and growing, mapped `MAP_SHARED` by both
 //! processes (at different addresses; everything in shared memory is an
 //! offset). The writer creates them; their fds reach the reader through
-//! [`ArenaWriter::take_new_segments`] and the lead's unix socket, and the
+//! [`ArenaWriter::take_new_segments`] and the worker's Unix socket, and the
 //! reader maps them with [`Segment::from_fd`] and [`ArenaReader::add_segment`].
 //! A new segment id is sent before any record in it is published.
 //!
@@ -142,6 +142,7 @@
 #![allow(unsafe_code)]
 
 mod arena;
+mod budget;
 mod mailbox;
 mod segment;
 
@@ -149,6 +150,7 @@ pub use arena::{
     ArenaError, ArenaReader, ArenaWriter, RecordHandle, RecordRef, RECORD_ALIGN, RECORD_HEADER_LEN,
     SEGMENT_HEADER_LEN,
 };
+pub use budget::RecordBudget;
 pub use mailbox::{Dir, Mailbox};
 pub use segment::{page_size, Segment};
 

@@ -19,8 +19,13 @@
 //! With `in_order=False` a result that is not next in sequence is yielded
 //! as soon as it arrives.
 
+mod loader;
+pub mod pool;
 pub mod protocol;
 pub mod transport;
+
+pub use loader::{Loader, Payload};
+pub use pool::{Event, WorkerPool};
 
 use std::collections::HashMap;
 
@@ -51,7 +56,6 @@ pub struct Scheduler<T> {
     num_workers: usize,
     prefetch_factor: usize,
     in_order: bool,
-    persistent: bool,
     send_idx: u64,
     rcvd_idx: u64,
     task_info: HashMap<u64, TaskInfo<T>>,
@@ -62,18 +66,12 @@ pub struct Scheduler<T> {
 }
 
 impl<T> Scheduler<T> {
-    pub fn new(
-        num_workers: usize,
-        prefetch_factor: usize,
-        in_order: bool,
-        persistent: bool,
-    ) -> Self {
+    pub fn new(num_workers: usize, prefetch_factor: usize, in_order: bool) -> Self {
         assert!(num_workers > 0 && prefetch_factor > 0);
         Scheduler {
             num_workers,
             prefetch_factor,
             in_order,
-            persistent,
             send_idx: 0,
             rcvd_idx: 0,
             task_info: HashMap::new(),
@@ -86,12 +84,7 @@ impl<T> Scheduler<T> {
 
     /// `_reset`: a new epoch over the same workers.
     pub fn reset(&mut self) {
-        *self = Scheduler::new(
-            self.num_workers,
-            self.prefetch_factor,
-            self.in_order,
-            self.persistent,
-        );
+        *self = Scheduler::new(self.num_workers, self.prefetch_factor, self.in_order);
     }
 
     pub fn max_tasks(&self) -> usize {
@@ -222,7 +215,7 @@ mod tests {
         mut pick: impl FnMut(&[usize]) -> usize,
     ) -> Vec<(usize, usize)> {
         let n = lens.len();
-        let mut s: Scheduler<(usize, usize)> = Scheduler::new(n, prefetch, true, false);
+        let mut s: Scheduler<(usize, usize)> = Scheduler::new(n, prefetch, true);
         let mut queues: Vec<VecDeque<u64>> = vec![VecDeque::new(); n];
         let mut produced = vec![0usize; n];
         let mut done = vec![false; n];
@@ -278,7 +271,7 @@ mod tests {
         // Map-style: every task answered; arrival order must not matter.
         for prefetch in 1..4 {
             for seed in 0..20usize {
-                let mut s: Scheduler<u64> = Scheduler::new(3, prefetch, true, false);
+                let mut s: Scheduler<u64> = Scheduler::new(3, prefetch, true);
                 let mut pending: Vec<u64> = Vec::new();
                 let total = 25u64;
                 let mut drawn = 0u64;
@@ -313,7 +306,7 @@ mod tests {
 
     #[test]
     fn out_of_order_mode_yields_on_arrival() {
-        let mut s: Scheduler<u64> = Scheduler::new(2, 1, false, false);
+        let mut s: Scheduler<u64> = Scheduler::new(2, 1, false);
         let a = s.dispatch().unwrap();
         let b = s.dispatch().unwrap();
         assert_eq!((a.worker, b.worker), (0, 1));
@@ -332,7 +325,7 @@ mod tests {
 
     #[test]
     fn prefetch_bounds_outstanding_tasks() {
-        let mut s: Scheduler<()> = Scheduler::new(2, 3, true, false);
+        let mut s: Scheduler<()> = Scheduler::new(2, 3, true);
         let mut n = 0;
         while s.can_dispatch() {
             s.dispatch().unwrap();

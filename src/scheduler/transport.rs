@@ -231,6 +231,19 @@ impl AsFd for Conn {
     }
 }
 
+/// How the host lets others run while the engine blocks on another process
+/// (the Python bindings release the GIL). The default runs `f` as it is.
+pub trait Blocking {
+    fn blocking<R: Send>(&mut self, f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
+}
+
+/// A host with nothing to let run (tests, pure-Rust callers).
+pub struct NoHost;
+
+impl Blocking for NoHost {}
+
 /// Waits up to `budget` for `ready()`, yielding the CPU between checks:
 /// on a machine with more busy processes than cores the peer we wait for
 /// may need this very core (a busy spin measured ~5x slower there), and a

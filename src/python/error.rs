@@ -1,0 +1,91 @@
+//! Engine errors to Python exceptions, variant by variant, onto the classes
+//! of `ferroloader.errors` (each a subclass of what torch raises there).
+//! Errors from the user's code are `PyErr`s already and pass untouched.
+
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::PyType;
+
+use crate::scheduler::transport::Exit;
+use crate::Error;
+
+/// ferroloader's exception classes (`python/ferroloader/errors.py`).
+#[derive(Clone, Copy, Debug)]
+pub enum Class {
+    SharedMemory,
+    SharedMemoryLimit,
+    WorkerDied,
+    WorkerTimeout,
+    Protocol,
+    Internal,
+}
+
+impl Class {
+    fn name(self) -> &'static str {
+        match self {
+            Class::SharedMemory => "SharedMemoryError",
+            Class::SharedMemoryLimit => "SharedMemoryLimitError",
+            Class::WorkerDied => "WorkerDiedError",
+            Class::WorkerTimeout => "WorkerTimeoutError",
+            Class::Protocol => "ProtocolError",
+            Class::Internal => "InternalError",
+        }
+    }
+
+    /// An exception of this class with `msg`.
+    pub fn err(self, msg: impl Into<String>) -> PyErr {
+        let msg = msg.into();
+        Python::attach(|py| match self.class(py) {
+            Ok(cls) => PyErr::from_type(cls, msg),
+            Err(e) => e,
+        })
+    }
+
+    fn class<'py>(self, py: Python<'py>) -> PyResult<Bound<'py, PyType>> {
+        static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+        let module =
+            MODULE.get_or_try_init(py, || py.import("ferroloader.errors").map(Bound::unbind))?;
+        Ok(module.bind(py).getattr(self.name())?.cast_into()?)
+    }
+}
+
+impl From<Error> for PyErr {
+    fn from(e: Error) -> PyErr {
+        let class = match &e {
+            Error::SharedMemory { .. } => Class::SharedMemory,
+            Error::ShmLimit(_) => Class::SharedMemoryLimit,
+            Error::WorkerDied { exit, pid, .. } => {
+                return Class::WorkerDied.err(died_message(*pid, *exit));
+            }
+            Error::Timeout { .. } => Class::WorkerTimeout,
+            Error::Protocol(_) | Error::Disconnected(_) => Class::Protocol,
+        };
+        class.err(e.to_string())
+    }
+}
+
+/// torch's message for a dead worker, the signal named as Python names it.
+fn died_message(pid: i32, exit: Exit) -> String {
+    let Exit::Signal(sig) = exit else {
+        return Error::WorkerDied {
+            worker: 0,
+            pid,
+            exit,
+        }
+        .to_string();
+    };
+    let name = Python::attach(|py| -> PyResult<String> {
+        py.import("signal")?
+            .call_method1("strsignal", (sig,))?
+            .extract()
+    })
+    .unwrap_or_else(|_| format!("signal {sig}"));
+    let mut m = format!("DataLoader worker (pid {pid}) is killed by signal: {name}. ");
+    if sig == rustix::process::Signal::BUS.as_raw() {
+        m.push_str(
+            "It is possible that dataloader's workers are out of shared memory. \
+             Please try to raise your shared memory limit.",
+        );
+    }
+    m
+}

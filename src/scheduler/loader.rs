@@ -1,0 +1,213 @@
+//! One multi-process iterator's engine: the [`Scheduler`]'s bookkeeping
+//! driven by the [`WorkerPool`]'s events. What it cannot do itself is the
+//! host's: drawing indices (a sampler may be Python), releasing the
+//! interpreter while it sleeps, and turning a record into a batch.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::pool::{Event, WorkerPool};
+use super::protocol::{TaskIndices, ToWorker};
+use super::transport::Blocking;
+use super::{Next, Scheduler};
+use crate::error::{Error, Result};
+use crate::ring::{RecordHandle, RecordRef};
+
+/// What a worker answered for a task.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Payload {
+    /// A batch record in the worker's arena.
+    Batch(RecordRef),
+    /// The user's exception, serialised by the worker.
+    Error(Vec<u8>),
+}
+
+pub struct Loader {
+    pool: WorkerPool,
+    sched: Scheduler<Payload>,
+    /// Results that arrived out of order and are handed over as they came
+    /// (`in_order=False`).
+    early: VecDeque<(usize, Payload)>,
+    persistent: bool,
+    /// Workers that have not yet acknowledged `Resume` (a new epoch).
+    awaiting_resume: usize,
+    closed: bool,
+}
+
+impl Loader {
+    pub fn new(pool: WorkerPool, prefetch_factor: usize, in_order: bool, persistent: bool) -> Self {
+        let sched = Scheduler::new(pool.len(), prefetch_factor, in_order);
+        Loader {
+            pool,
+            sched,
+            early: VecDeque::new(),
+            persistent,
+            awaiting_resume: 0,
+            closed: false,
+        }
+    }
+
+    pub fn pool(&self) -> &WorkerPool {
+        &self.pool
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Stops every worker; the iterator yields nothing more.
+    pub fn close(&mut self) {
+        self.closed = true;
+        self.pool.close();
+    }
+
+    /// `_try_put_index`: if the prefetch window has room, draw the next
+    /// indices and send them to the next worker in the cycle.
+    pub fn put_task<E: From<Error>>(
+        &mut self,
+        draw: &mut impl FnMut() -> Result<Option<TaskIndices>, E>,
+    ) -> Result<(), E> {
+        if !self.sched.can_dispatch() {
+            return Ok(());
+        }
+        let Some(indices) = draw()? else {
+            return Ok(());
+        };
+        let Some(d) = self.sched.dispatch() else {
+            return Ok(());
+        };
+        let task = ToWorker::Task {
+            seq: d.seq,
+            indices,
+        };
+        Ok(self.pool.send(d.worker, &task)?)
+    }
+
+    /// Fills the prefetch window (`_reset`'s loop).
+    pub fn prime<E: From<Error>>(
+        &mut self,
+        draw: &mut impl FnMut() -> Result<Option<TaskIndices>, E>,
+    ) -> Result<(), E> {
+        for _ in 0..self.sched.max_tasks() {
+            self.put_task(draw)?;
+        }
+        Ok(())
+    }
+
+    /// The next answer to hand over, `Wait`, or `Stop` at the epoch's end
+    /// (closing the workers unless they persist).
+    pub fn step(&mut self) -> Next<Payload> {
+        if let Some((worker, data)) = self.early.pop_front() {
+            return Next::Yield { worker, data };
+        }
+        let next = self.sched.next_step();
+        if next == Next::Stop && !self.persistent {
+            self.close();
+        }
+        next
+    }
+
+    /// Whether an out-of-order result is ready for [`Loader::step`].
+    pub fn has_early(&self) -> bool {
+        !self.early.is_empty()
+    }
+
+    /// Reads what the workers sent and updates the scheduler. Returns how
+    /// many task answers (or, during [`Loader::begin_epoch`], acks) came in.
+    /// A dead worker closes the loader and is the error.
+    pub fn pump<E: From<Error>>(
+        &mut self,
+        host: &mut impl Blocking,
+        draw: &mut impl FnMut() -> Result<Option<TaskIndices>, E>,
+    ) -> Result<usize, E> {
+        self.pool.poll(host)?;
+        let mut got = 0;
+        while let Some(event) = self.pool.next_event() {
+            got += self.handle(event, draw)?;
+        }
+        Ok(got)
+    }
+
+    fn handle<E: From<Error>>(
+        &mut self,
+        event: Event,
+        draw: &mut impl FnMut() -> Result<Option<TaskIndices>, E>,
+    ) -> Result<usize, E> {
+        let (seq, worker, payload) = match event {
+            Event::Died { worker, pid, exit } => {
+                self.sched.mark_unavailable(worker);
+                self.close();
+                return Err(Error::WorkerDied { worker, pid, exit }.into());
+            }
+            Event::Resumed { .. } if self.awaiting_resume > 0 => {
+                self.awaiting_resume -= 1;
+                return Ok(1);
+            }
+            Event::Resumed { .. } => return Ok(0),
+            _ if self.awaiting_resume > 0 => {
+                // An answer from the epoch being abandoned: release its record.
+                if let Event::Batch { worker, record, .. } = event {
+                    self.pool.discard(worker, record);
+                }
+                return Ok(0);
+            }
+            Event::Exhausted { worker, .. } => {
+                self.sched.on_exhausted(worker);
+                if !self.persistent {
+                    // `_mark_worker_as_unavailable`: this replica is done.
+                    self.pool.stop(worker)?;
+                }
+                self.put_task(draw)?;
+                return Ok(1);
+            }
+            Event::Batch {
+                worker,
+                seq,
+                record,
+            } => (seq, worker, Payload::Batch(record)),
+            Event::Failed {
+                worker,
+                seq,
+                payload,
+            } => (seq, worker, Payload::Error(payload)),
+        };
+        debug_assert!(worker < self.pool.len());
+        if let Some(early) = self.sched.on_result(seq, payload) {
+            self.early.push_back(early);
+        }
+        Ok(1)
+    }
+
+    /// Checks the mailboxes for up to `budget` without sleeping.
+    pub fn spin(&self, budget: Duration) -> bool {
+        self.pool.spin(budget)
+    }
+
+    /// Sleeps on the workers for up to `slice` (see [`WorkerPool::sleep`]);
+    /// call inside `Blocking::blocking`.
+    pub fn sleep(&mut self, slice: Duration) -> Result<()> {
+        self.pool.sleep(slice)
+    }
+
+    /// Persistent workers: a new epoch over the same workers. Sends
+    /// `Resume`; results of the old epoch still in flight are released
+    /// until every worker has acknowledged ([`Loader::resuming`]).
+    pub fn begin_epoch(&mut self) -> Result<()> {
+        self.early.clear();
+        self.sched.reset();
+        for w in 0..self.pool.len() {
+            self.pool.send(w, &ToWorker::Resume)?;
+        }
+        self.awaiting_resume = self.pool.len();
+        Ok(())
+    }
+
+    pub fn resuming(&self) -> bool {
+        self.awaiting_resume > 0
+    }
+
+    /// Opens the record of a batch being handed over.
+    pub fn open(&self, worker: usize, record: RecordRef) -> Result<RecordHandle> {
+        self.pool.open(worker, record)
+    }
+}

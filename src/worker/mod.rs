@@ -1,0 +1,184 @@
+//! The worker process side of multi-process loading: the receive loop, its
+//! channel to the main process, and the watchdog. What a worker computes
+//! (calling the dataset, collating, encoding a record) is its [`Host`]'s:
+//! the Python bindings in the extension, a plain Rust host in the tests.
+//!
+//! # Worker lifecycle and message protocol
+//!
+//! One worker process per `worker_id`, one Unix socket pair and one mailbox
+//! (two shared-memory rings) per worker, one arena the worker writes batches
+//! into. Messages are in `crate::scheduler::protocol`; the main side is
+//! `crate::scheduler::pool`.
+//!
+//! ```text
+//!   main process                                   worker
+//!   ------------                                   ------
+//!   spawn (multiprocessing: fork/spawn/forkserver)
+//!                                                  Python entry: seeds, worker info,
+//!                                                  worker_init_fn, then serve():
+//!                                                  watchdog on the main pid
+//!   Mailbox (+ memfd) ───────────────────────────▶ Opening ──▶ Idle
+//!                                                  (host.start_epoch: iter(dataset))
+//!   Task{seq, indices} ──────────────────────────▶ Idle ──▶ Working ──▶ Idle
+//!                           ◀──── Segment{id} (+ memfd), when the arena grew
+//!                           ◀──── Batch{seq, record} | Error{seq, wrapper}
+//!                                 | Exhausted{seq} (then Drained: later tasks ignored)
+//!   Resume (persistent workers, next epoch) ─────▶ Idle | Drained ──▶ Idle
+//!                           ◀──── Resumed           (host.start_epoch again)
+//!   Shutdown, or socket closed ──────────────────▶ any ──▶ Exited (returns Ok)
+//!   main process dies ───── watchdog ────────────▶ any ──▶ SIGKILL
+//! ```
+//!
+//! States of the worker (`serve`):
+//! - **Opening**: waits for the `Mailbox` frame; a closed socket here is a
+//!   quiet exit (the loader was dropped before the worker started).
+//! - **Idle**: spins on the tasks ring for `SPIN`, then announces that it
+//!   sleeps and sleeps on the socket; the main process sends an empty frame
+//!   to wake it when it finds the flag set.
+//! - **Working**: the host runs the task: `Batch` (a published record),
+//!   `Error` (the user's exception, wrapped), or `Exhausted` (an iterable
+//!   replica ended; the worker is **Drained** until the next `Resume`).
+//! - **Exited**: `Shutdown`, EOF, or the main process closing its end while
+//!   the worker writes (a clean stop, not an error).
+//!
+//! The main process's view of each worker (`pool::Link`): **Running** while
+//! it is expected to answer; **Stopped** once told `Shutdown` (or its
+//! replica is exhausted and workers are not persistent); **Dead** when its
+//! pidfd fires while Running (reported once as `Event::Died`). A result is
+//! never lost to a close: on EOF the main process drains the mailbox before
+//! it drops the link.
+//!
+//! Back-pressure: a full results ring makes the worker wait (checking the
+//! socket for EOF every millisecond); the main process never blocks on a
+//! write (its frames are queued), so neither side can deadlock the other.
+//! Memory: records come from [`Records`], whose budget keeps at most
+//! `prefetch_factor` large records live while the loop drops its batches.
+
+mod channel;
+mod watchdog;
+
+use std::os::fd::OwnedFd;
+
+pub use channel::Channel;
+pub use watchdog::start as start_watchdog;
+
+use crate::error::{Error, Result};
+use crate::record::DecodeError;
+use crate::ring::{ArenaWriter, RecordBudget, RecordRef};
+use crate::scheduler::protocol::{FromWorker, TaskIndices, ToWorker};
+pub use crate::scheduler::transport::Blocking;
+
+/// What a task produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// A published record in the worker's arena.
+    Batch(RecordRef),
+    /// An iterable replica ran out.
+    Exhausted,
+    /// The user's code raised: the serialised exception, for the main
+    /// process to re-raise.
+    Failed(Vec<u8>),
+}
+
+/// The worker's computation: everything that is not protocol.
+pub trait Host: Blocking {
+    /// Errors that stop the worker (its own, not the user's: those are
+    /// [`Reply::Failed`]).
+    type Error: From<Error>;
+    /// A new epoch begins (at start and after each `Resume`).
+    fn start_epoch(&mut self);
+    /// Runs one task, writing a batch into `records`.
+    fn run(&mut self, indices: TaskIndices, records: &mut Records) -> Result<Reply, Self::Error>;
+}
+
+/// A worker's arena with its allocation budget.
+pub struct Records {
+    arena: ArenaWriter,
+    budget: RecordBudget,
+}
+
+impl Records {
+    pub fn new(initial: usize, limit: usize, prefetch_factor: usize) -> Result<Records> {
+        let arena = ArenaWriter::new(initial, limit).map_err(|source| Error::SharedMemory {
+            what: "the worker's arena".into(),
+            source,
+        })?;
+        Ok(Records {
+            arena,
+            budget: RecordBudget::new(prefetch_factor),
+        })
+    }
+
+    /// A record of `len` payload bytes in state WRITING (may wait for the
+    /// main process to release records; see [`RecordBudget::alloc`]).
+    pub fn alloc(&mut self, len: usize) -> Result<RecordRef> {
+        Ok(self.budget.alloc(&mut self.arena, len)?)
+    }
+
+    pub fn payload_mut(&mut self, r: RecordRef) -> &mut [u8] {
+        self.arena.payload_mut(r)
+    }
+
+    pub fn publish(&mut self, r: RecordRef) {
+        self.arena.publish(r)
+    }
+
+    pub fn abandon(&mut self, r: RecordRef) {
+        self.arena.abandon(r)
+    }
+}
+
+/// Arena and budget settings handed to the worker by the main process.
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    pub main_pid: i32,
+    pub shm_initial: usize,
+    pub shm_limit: usize,
+    pub prefetch_factor: usize,
+}
+
+/// Serves tasks until the main process says stop or goes away (the state
+/// machine above). `Ok` on every clean stop.
+pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H::Error> {
+    start_watchdog(config.main_pid);
+    let Some(mut chan) = Channel::open(fd, host)? else {
+        return Ok(());
+    };
+    let mut records = Records::new(config.shm_initial, config.shm_limit, config.prefetch_factor)?;
+    host.start_epoch();
+    let mut drained = false;
+    loop {
+        let Some(msg) = chan.recv(host)? else {
+            return Ok(());
+        };
+        let sent = match msg {
+            ToWorker::Task { seq, indices } => {
+                if drained {
+                    continue;
+                }
+                let msg = match host.run(indices, &mut records)? {
+                    Reply::Batch(record) => FromWorker::Batch { seq, record },
+                    Reply::Failed(payload) => FromWorker::Error { seq, payload },
+                    Reply::Exhausted => {
+                        drained = true;
+                        FromWorker::Exhausted { seq }
+                    }
+                };
+                chan.send(&mut records.arena, &msg)
+            }
+            ToWorker::Resume => chan
+                .send(&mut records.arena, &FromWorker::Resumed)
+                .map(|()| {
+                    drained = false;
+                    host.start_epoch();
+                }),
+            ToWorker::Shutdown => return Ok(()),
+            ToWorker::Mailbox => Err(DecodeError("a second mailbox").into()),
+        };
+        match sent {
+            Ok(()) => {}
+            Err(e) if e.is_peer_gone() => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
