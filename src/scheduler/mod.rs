@@ -24,6 +24,9 @@ pub mod pool;
 pub mod protocol;
 pub mod transport;
 
+#[cfg(test)]
+mod pool_tests;
+
 pub use loader::{Loader, Payload};
 pub use pool::{Event, WorkerPool};
 

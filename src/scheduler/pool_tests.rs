@@ -1,0 +1,360 @@
+//! A real multi-process pool without Python: the worker is this test binary
+//! run again (`child_worker_entry`) with its socket as stdin, serving tasks
+//! through `crate::worker::serve` with a plain Rust host.
+//!
+//! A task's indices are the batch; negative indices are commands to the
+//! test worker: -1 exit with code 3, -2 SIGKILL itself, -3 sleep 150 ms
+//! first, -4 raise (answer `Failed`), -5 sleep 1 s first. A batch record holds the non-negative
+//! indices as little-endian `i64`s.
+
+use std::os::fd::AsFd;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+
+use super::protocol::TaskIndices;
+use super::transport::{Exit, NoHost};
+use super::{Loader, Next, Payload, WorkerPool};
+use crate::error::Error;
+use crate::worker::{serve, Blocking, Config, Host, Records, Reply};
+
+const CHILD_ENV: &str = "FERROLOADER_POOL_TEST_CHILD";
+/// How many batches an iterable replica of worker `w` yields: `w + 1`.
+const ITERABLE_BASE: usize = 1;
+
+struct TestHost {
+    worker: usize,
+    produced: usize,
+}
+
+impl Blocking for TestHost {}
+
+impl Host for TestHost {
+    type Error = Error;
+
+    fn start_epoch(&mut self) {
+        self.produced = 0;
+    }
+
+    fn run(&mut self, indices: TaskIndices, records: &mut Records) -> Result<Reply, Error> {
+        let v = match indices {
+            TaskIndices::Ints(v) => v,
+            TaskIndices::Iterable(_) => {
+                if self.produced == self.worker + ITERABLE_BASE {
+                    return Ok(Reply::Exhausted);
+                }
+                self.produced += 1;
+                vec![(self.worker * 100 + self.produced) as i64]
+            }
+            other => panic!("unexpected task {other:?}"),
+        };
+        if v.contains(&-1) {
+            std::process::exit(3);
+        }
+        if v.contains(&-2) {
+            let _ = rustix::process::kill_process(
+                rustix::process::getpid(),
+                rustix::process::Signal::KILL,
+            );
+        }
+        if v.contains(&-3) {
+            std::thread::sleep(Duration::from_millis(150));
+        }
+        if v.contains(&-5) {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        if v.contains(&-4) {
+            return Ok(Reply::Failed(b"raised".to_vec()));
+        }
+        let data: Vec<u8> = v
+            .iter()
+            .filter(|&&i| i >= 0)
+            .flat_map(|i| i.to_le_bytes())
+            .collect();
+        let r = records.alloc(data.len().max(1))?;
+        records.payload_mut(r)[..data.len()].copy_from_slice(&data);
+        records.publish(r);
+        Ok(Reply::Batch(r))
+    }
+}
+
+/// Not a test of its own: the worker process's entry when run as a child.
+#[test]
+fn child_worker_entry() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let (worker, main_pid) = spec.split_once(',').expect("worker,pid");
+    let fd = std::io::stdin().as_fd().try_clone_to_owned().unwrap();
+    let mut host = TestHost {
+        worker: worker.parse().unwrap(),
+        produced: 0,
+    };
+    let config = Config {
+        main_pid: main_pid.parse().unwrap(),
+        shm_initial: 1 << 20,
+        shm_limit: 64 << 20,
+        prefetch_factor: 2,
+    };
+    serve(&mut host, fd, config).unwrap();
+}
+
+struct Pool {
+    loader: Loader,
+    children: Vec<Child>,
+}
+
+fn start(n: usize, prefetch: usize, in_order: bool, persistent: bool) -> Pool {
+    let exe = std::env::current_exe().unwrap();
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    let mut links = Vec::new();
+    let mut children = Vec::new();
+    for w in 0..n {
+        let (main_end, child_end) = socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let child = Command::new(&exe)
+            .args([
+                "--exact",
+                "scheduler::pool_tests::child_worker_entry",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(CHILD_ENV, format!("{w},{me}"))
+            .stdin(Stdio::from(child_end))
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        links.push((main_end, child.id() as i32));
+        children.push(child);
+    }
+    let pool = WorkerPool::new(links).unwrap();
+    Pool {
+        loader: Loader::new(pool, prefetch, in_order, persistent),
+        children,
+    }
+}
+
+impl Pool {
+    /// The next answer, waiting as the bindings do (without a GIL).
+    fn next(
+        &mut self,
+        draw: &mut impl FnMut() -> Result<Option<TaskIndices>, Error>,
+    ) -> Result<Option<(usize, Payload)>, Error> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.loader.step() {
+                Next::Yield { worker, data } => {
+                    self.loader.put_task(draw)?;
+                    return Ok(Some((worker, data)));
+                }
+                Next::Stop => return Ok(None),
+                Next::Wait => loop {
+                    assert!(Instant::now() < deadline, "no answer within 30 s");
+                    if self.loader.pump(&mut NoHost, draw)? > 0 || self.loader.has_early() {
+                        break;
+                    }
+                    if !self.loader.spin(Duration::from_micros(100)) {
+                        self.loader.sleep(Duration::from_millis(50))?;
+                    }
+                },
+            }
+        }
+    }
+
+    fn indices(&self, worker: usize, payload: Payload) -> Vec<i64> {
+        let Payload::Batch(record) = payload else {
+            panic!("expected a batch, got {payload:?}");
+        };
+        let handle = self.loader.open(worker, record).unwrap();
+        handle
+            .bytes()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Every child has exited, and how.
+    fn reap(mut self) -> Vec<Option<i32>> {
+        self.loader.close();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        self.children
+            .iter_mut()
+            .map(|c| loop {
+                if let Some(status) = c.try_wait().unwrap() {
+                    break status.code();
+                }
+                assert!(Instant::now() < deadline, "worker did not exit");
+                std::thread::sleep(Duration::from_millis(10));
+            })
+            .collect()
+    }
+}
+
+/// Batches of 4 indices from `tasks`; a batch also carries `extra(i)`.
+fn batches(
+    tasks: usize,
+    extra: impl Fn(usize) -> Vec<i64>,
+) -> impl FnMut() -> Result<Option<TaskIndices>, Error> {
+    let mut i = 0;
+    move || {
+        if i == tasks {
+            return Ok(None);
+        }
+        let mut v: Vec<i64> = (4 * i as i64..4 * i as i64 + 4).collect();
+        v.extend(extra(i));
+        i += 1;
+        Ok(Some(TaskIndices::Ints(v)))
+    }
+}
+
+#[test]
+fn batches_come_back_in_sequence_order_whatever_the_finish_order() {
+    let mut pool = start(2, 2, true, false);
+    // Every third batch is slow, so later batches finish first.
+    let mut draw = batches(12, |i| if i % 3 == 0 { vec![-3] } else { vec![] });
+    pool.loader.prime(&mut draw).unwrap();
+    let mut got = Vec::new();
+    while let Some((w, payload)) = pool.next(&mut draw).unwrap() {
+        got.extend(pool.indices(w, payload));
+    }
+    assert_eq!(got, (0..48).collect::<Vec<i64>>());
+    assert_eq!(pool.reap(), vec![Some(0), Some(0)]);
+}
+
+#[test]
+fn out_of_order_mode_hands_over_every_batch_once() {
+    let mut pool = start(2, 2, false, false);
+    // A second is far longer than the other nine batches take, even on a
+    // loaded machine.
+    let mut draw = batches(10, |i| if i == 0 { vec![-5] } else { vec![] });
+    pool.loader.prime(&mut draw).unwrap();
+    let mut got = Vec::new();
+    while let Some((w, payload)) = pool.next(&mut draw).unwrap() {
+        got.push(pool.indices(w, payload)[0]);
+    }
+    assert_ne!(
+        got[0], 0,
+        "the slow first batch must not hold the others back"
+    );
+    got.sort_unstable();
+    assert_eq!(got, (0..10).map(|i| 4 * i).collect::<Vec<i64>>());
+    pool.reap();
+}
+
+#[test]
+fn a_killed_worker_is_reported_with_its_signal() {
+    let mut pool = start(2, 1, true, false);
+    let mut draw = batches(6, |i| if i == 3 { vec![-2] } else { vec![] });
+    pool.loader.prime(&mut draw).unwrap();
+    let err = loop {
+        match pool.next(&mut draw) {
+            Ok(Some((w, p))) => drop(pool.indices(w, p)),
+            Ok(None) => panic!("the epoch ended without the death"),
+            Err(e) => break e,
+        }
+    };
+    let killed = pool.loader.pool().pid(1);
+    match err {
+        Error::WorkerDied { worker, pid, exit } => {
+            assert_eq!((worker, pid), (1, killed));
+            assert_eq!(exit, Exit::Signal(rustix::process::Signal::KILL.as_raw()));
+        }
+        other => panic!("expected WorkerDied, got {other:?}"),
+    }
+    assert!(pool.loader.is_closed());
+    assert_eq!(
+        pool.reap()[0],
+        Some(0),
+        "the other worker shuts down cleanly"
+    );
+}
+
+#[test]
+fn a_worker_that_exits_is_reported_with_its_code() {
+    let mut pool = start(1, 2, true, false);
+    let mut draw = batches(3, |i| if i == 1 { vec![-1] } else { vec![] });
+    pool.loader.prime(&mut draw).unwrap();
+    let (w, p) = pool.next(&mut draw).unwrap().unwrap();
+    assert_eq!(pool.indices(w, p), vec![0, 1, 2, 3]);
+    match pool.next(&mut draw) {
+        Err(Error::WorkerDied { exit, .. }) => assert_eq!(exit, Exit::Code(3)),
+        other => panic!("expected WorkerDied, got {other:?}"),
+    }
+    pool.reap();
+}
+
+#[test]
+fn a_failed_task_keeps_its_place_and_the_epoch_goes_on() {
+    let mut pool = start(2, 2, true, false);
+    let mut draw = batches(5, |i| if i == 2 { vec![-4] } else { vec![] });
+    pool.loader.prime(&mut draw).unwrap();
+    let mut got = Vec::new();
+    while let Some((w, payload)) = pool.next(&mut draw).unwrap() {
+        match payload {
+            Payload::Error(b) => got.push(Err(b)),
+            p => got.push(Ok(pool.indices(w, p)[0])),
+        }
+    }
+    assert_eq!(
+        got,
+        vec![Ok(0), Ok(4), Err(b"raised".to_vec()), Ok(12), Ok(16)]
+    );
+    pool.reap();
+}
+
+#[test]
+fn iterable_replicas_round_robin_until_each_is_exhausted() {
+    let mut pool = start(3, 2, true, false);
+    let mut draw = || Ok(Some(TaskIndices::Iterable(Some(1))));
+    pool.loader.prime(&mut draw).unwrap();
+    let mut got = Vec::new();
+    while let Some((w, payload)) = pool.next(&mut draw).unwrap() {
+        got.push(pool.indices(w, payload)[0]);
+    }
+    // Worker w yields w + 1 batches (100 w + k), torch's order over the
+    // replicas still alive.
+    assert_eq!(got, vec![1, 101, 201, 102, 202, 203]);
+    assert_eq!(pool.reap(), vec![Some(0); 3]);
+}
+
+#[test]
+fn persistent_workers_serve_a_second_epoch_after_resume() {
+    let mut pool = start(2, 2, true, true);
+    for epoch in 0..2 {
+        let mut draw = batches(4, |_| vec![]);
+        if epoch > 0 {
+            pool.loader.begin_epoch().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while pool.loader.resuming() {
+                assert!(Instant::now() < deadline);
+                if pool.loader.pump(&mut NoHost, &mut draw).unwrap() == 0 {
+                    pool.loader.sleep(Duration::from_millis(50)).unwrap();
+                }
+            }
+        }
+        pool.loader.prime(&mut draw).unwrap();
+        let mut got = Vec::new();
+        while let Some((w, payload)) = pool.next(&mut draw).unwrap() {
+            got.extend(pool.indices(w, payload));
+        }
+        assert_eq!(got, (0..16).collect::<Vec<i64>>(), "epoch {epoch}");
+        assert!(!pool.loader.is_closed(), "persistent workers stay up");
+    }
+    assert_eq!(pool.reap(), vec![Some(0), Some(0)]);
+}
+
+#[test]
+fn workers_leave_quietly_when_the_main_side_closes_mid_epoch() {
+    let mut pool = start(2, 2, true, false);
+    let mut draw = batches(100, |_| vec![]);
+    pool.loader.prime(&mut draw).unwrap();
+    let (w, p) = pool.next(&mut draw).unwrap().unwrap();
+    assert_eq!(pool.indices(w, p), vec![0, 1, 2, 3]);
+    assert_eq!(pool.reap(), vec![Some(0), Some(0)]);
+}
