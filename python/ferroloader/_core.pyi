@@ -1,8 +1,25 @@
-"""Typed stub for the compiled engine ``ferroloader._core``."""
+"""Typed stub for the compiled engine ``ferroloader._core``.
 
-from typing import Any, Iterator, Optional
+Checked against the built module by ``mypy.stubtest`` in ``scripts/test``.
+"""
+
+from typing import Any, Iterator, Optional, final
 
 import torch
+from typing_extensions import Self, disjoint_base
+
+__version__: str
+
+__all__ = [
+    "BatchSamplerIter",
+    "MultiProcessIter",
+    "SamplerIter",
+    "SingleProcessIter",
+    "__version__",
+    "collate",
+    "randperm",
+    "worker_loop",
+]
 
 def collate(batch: Any, collate_fn_map: Optional[dict[Any, Any]] = None) -> Any:
     """torch's ``collate`` with native paths for its default functions."""
@@ -10,7 +27,10 @@ def collate(batch: Any, collate_fn_map: Optional[dict[Any, Any]] = None) -> Any:
 def randperm(n: int, generator: Optional[torch.Generator] = None) -> list[int]:
     """``torch.randperm(n, generator=generator).tolist()``, drawn natively."""
 
+@final
 class SamplerIter(Iterator[int]):
+    """A sampler's epoch of indices, drawn in Rust."""
+
     @staticmethod
     def deferred(sampler: Any, resolve: Any) -> SamplerIter: ...
     @staticmethod
@@ -40,20 +60,27 @@ class SamplerIter(Iterator[int]):
         drop_last: bool,
         num_samples: int,
         total_size: int,
-    ) -> SamplerIter: ...
+    ) -> Optional[SamplerIter]:
+        """``None`` when the sampler's sizes are inconsistent (torch raises)."""
     def __iter__(self) -> SamplerIter: ...
     def __next__(self) -> int: ...
 
+@final
 class BatchSamplerIter(Iterator[list[Any]]):
-    def __init__(self, source: Any, batch_size: int, drop_last: bool) -> None: ...
+    """Index lists of ``batch_size`` from a sampler, batched in Rust."""
+
+    def __new__(cls, source: Any, batch_size: int, drop_last: bool) -> Self: ...
     @property
     def is_native(self) -> bool: ...
     def __iter__(self) -> BatchSamplerIter: ...
     def __next__(self) -> list[Any]: ...
 
+@final
 class SingleProcessIter(Iterator[Any]):
-    def __init__(
-        self,
+    """``num_workers=0``: indices, fetch and collate in one native ``__next__``."""
+
+    def __new__(
+        cls,
         source: Any,
         dataset: Any,
         *,
@@ -67,16 +94,17 @@ class SingleProcessIter(Iterator[Any]):
         pin: Optional[tuple[Any, Any]],
         index_sampler: Any,
         len_called: Optional[int],
-    ) -> None: ...
+    ) -> Self: ...
     def __iter__(self) -> SingleProcessIter: ...
     def __next__(self) -> Any: ...
     def __len__(self) -> int: ...
 
+@disjoint_base
 class MultiProcessIter(Iterator[Any]):
     """The main-process side of multi-process loading (subclassed in Python)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         workers: list[tuple[int, int]],
         source: Any,
         dataset: Any,
@@ -92,16 +120,13 @@ class MultiProcessIter(Iterator[Any]):
         pin: Optional[tuple[Any, Any]],
         index_sampler: Any,
         len_called: Optional[int],
-    ) -> None: ...
+    ) -> Self: ...
     def _prime(self) -> None: ...
     def _reset_epoch(self, source: Any, len_called: Optional[int]) -> None: ...
     def _close(self) -> None: ...
     def __iter__(self) -> MultiProcessIter: ...
     def __next__(self) -> Any: ...
     def __len__(self) -> int: ...
-
-class PendingLeaf:
-    """A collated leaf a worker writes into shared memory once laid out."""
 
 def worker_loop(
     fd: int,

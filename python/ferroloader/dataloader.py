@@ -241,6 +241,8 @@ class _MultiProcessIter(_core.MultiProcessIter):
                 s.close()
             raise
         workers = [(s.detach(), w.pid) for s, w in zip(socks, procs)]
+        # torch sets prefetch_factor to 2 when num_workers > 0 and none was given.
+        assert loader.prefetch_factor is not None
         timeout = float(loader.timeout)
         it = cls(
             workers,

@@ -36,7 +36,7 @@ class TensorDataset(_td.TensorDataset, Dataset[tuple[torch.Tensor, ...]]):
     whole batch from each tensor in one pass."""
 
 
-class StackDataset(_td.StackDataset, Dataset[Any]):  # type: ignore[misc]
+class StackDataset(_td.StackDataset, Dataset[Any]):
     __doc__ = _td.StackDataset.__doc__
 
 

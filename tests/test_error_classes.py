@@ -1,0 +1,131 @@
+"""ferroloader's own exception classes: each has a torch-compatible base, so
+``except`` clauses written for ``torch.utils.data`` keep working, and each
+engine failure raises its class."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+
+import pytest
+import torch
+
+import ferroloader
+from ferroloader import errors
+
+# Every class ferroloader raises itself, with the exception torch raises in
+# the same place (the class must also subclass it).
+TORCH_BASE: dict[type[BaseException], type[BaseException]] = {
+    errors.SharedMemoryError: RuntimeError,
+    errors.SharedMemoryLimitError: RuntimeError,
+    errors.WorkerDiedError: RuntimeError,
+    errors.WorkerTimeoutError: RuntimeError,
+    errors.ProtocolError: RuntimeError,
+    errors.InternalError: RuntimeError,
+    errors.ConfigError: ValueError,
+}
+
+
+def test_every_error_class_is_listed_with_its_torch_base():
+    """The table above names every class in ``ferroloader.errors``; each is a
+    FerroloaderError and a subclass of the exception torch raises there."""
+    exported = {getattr(errors, name) for name in errors.__all__} - {errors.FerroloaderError}
+    assert exported == set(TORCH_BASE)
+    for cls, base in TORCH_BASE.items():
+        assert issubclass(cls, errors.FerroloaderError), cls
+        assert issubclass(cls, base), (cls, base)
+        assert getattr(ferroloader, cls.__name__) is cls
+
+
+@pytest.mark.parametrize("cls", sorted(TORCH_BASE, key=lambda c: c.__name__))
+def test_error_classes_survive_pickling(cls):
+    """A worker's exception crosses processes pickled (torch's
+    ExceptionWrapper keeps the class), so each class round-trips."""
+    e = cls("message")
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is cls and str(back) == "message"
+
+
+class _Big(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.zeros(4 << 20, dtype=torch.uint8)
+
+
+@pytest.mark.timeout(60)
+def test_shared_memory_limit_is_its_own_runtime_error(monkeypatch):
+    """A batch larger than the arena's limit raises SharedMemoryLimitError,
+    which ``except RuntimeError`` also catches, naming the variable."""
+    monkeypatch.setenv("FERROLOADER_SHM_LIMIT", "2M")
+    loader = ferroloader.DataLoader(_Big(), batch_size=2, num_workers=1)
+    with pytest.raises(errors.SharedMemoryLimitError, match="FERROLOADER_SHM_LIMIT"):
+        next(iter(loader))
+
+
+def test_a_bad_limit_setting_is_a_config_error(monkeypatch):
+    """An unreadable FERROLOADER_SHM_LIMIT is a ConfigError (a ValueError)."""
+    monkeypatch.setenv("FERROLOADER_SHM_LIMIT", "lots")
+    loader = ferroloader.DataLoader(list(range(4)), num_workers=1)
+    with pytest.raises(ValueError, match="FERROLOADER_SHM_LIMIT") as ei:
+        iter(loader)
+    assert isinstance(ei.value, errors.ConfigError)
+
+
+class _Exits(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        if i == 3:
+            os._exit(7)
+        return i
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_worker_is_a_worker_died_error_with_torch_message():
+    """A worker that exits mid-epoch raises WorkerDiedError (a RuntimeError)
+    with torch's message naming its pid and exit code."""
+    loader = ferroloader.DataLoader(_Exits(), batch_size=1, num_workers=1)
+    with pytest.raises(errors.WorkerDiedError, match=r"exited unexpectedly with exit code 7"):
+        list(loader)
+
+
+class _Slow(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(3)
+        return i
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_is_a_worker_timeout_error_with_torch_message():
+    """``timeout=`` that passes raises WorkerTimeoutError (a RuntimeError)
+    with torch's exact message."""
+    loader = ferroloader.DataLoader(_Slow(), num_workers=1, timeout=0.5)
+    with pytest.raises(errors.WorkerTimeoutError) as ei:
+        next(iter(loader))
+    assert str(ei.value) == "DataLoader timed out after 0.5 seconds"
+
+
+class _Raises(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:
+        raise KeyError("user's own")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_user_exceptions_keep_their_type(num_workers):
+    """An exception from the user's dataset is re-raised with its own type,
+    never wrapped in a ferroloader class."""
+    loader = ferroloader.DataLoader(_Raises(), num_workers=num_workers)
+    with pytest.raises(KeyError) as ei:
+        next(iter(loader))
+    assert not isinstance(ei.value, errors.FerroloaderError)
