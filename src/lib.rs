@@ -12,14 +12,16 @@
 //! | collate layouts (stack, gather) | [`collate`] |
 //! | shared-memory arena and mailboxes, the record budget | [`ring`] |
 //! | record format: layout, dtypes, the tree | [`record`] |
+//! | DLPack C ABI: tensors out of and into records | [`dlpack`] |
 //! | errors | [`error`] |
 //!
 //! `unsafe` is denied crate-wide (see `[lints.rust]` in Cargo.toml) and
-//! opened in two places only: [`ring`] (shared memory) and the bindings'
-//! FFI edge (`python::ffi`, DLPack and file descriptors). Every block there
+//! opened only in [`ring`] (shared memory) and the FFI edges: [`dlpack`]
+//! (the C ABI) and the bindings' `python::ffi` (capsules, file descriptors). Every block there
 //! carries a `// SAFETY:` comment (clippy's `undocumented_unsafe_blocks`).
 
 pub mod collate;
+pub mod dlpack;
 pub mod error;
 pub mod record;
 pub mod ring;

@@ -15,6 +15,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{c_void, CStr};
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use pyo3::ffi as pyffi;
@@ -24,44 +25,16 @@ use super::error::Class;
 use crate::record::{DecodeError, Leaf};
 use crate::ring::RecordHandle;
 
-pub use crate::record::DlDtype;
+use crate::dlpack::{self, DlManagedTensor, TensorView};
+pub use crate::dlpack::{DlDtype, DL_CPU};
 
-#[repr(C)]
-struct DlDevice {
-    device_type: i32,
-    device_id: i32,
-}
-
-#[repr(C)]
-struct DlTensor {
-    data: *mut c_void,
-    device: DlDevice,
-    ndim: i32,
-    dtype: DlDtype,
-    shape: *mut i64,
-    strides: *mut i64,
-    byte_offset: u64,
-}
-
-#[repr(C)]
-struct DlManagedTensor {
-    dl_tensor: DlTensor,
-    manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
-}
-
-/// `kDLCPU`.
-pub const DL_CPU: i32 = 1;
 const DLTENSOR: &CStr = c"dltensor";
 
-/// A DLPack tensor held open for reading.
-///
-/// Invariant: `t` points at the `DLTensor` inside the unconsumed
-/// `DLManagedTensor` owned by `_capsule`; the producer frees it only from the
-/// capsule's destructor, which cannot run while `_capsule` is alive.
+/// A DLPack tensor held open for reading: a capsule and a view of the
+/// tensor it holds, which lives as long as the capsule is unconsumed.
 pub struct DlView<'py> {
     _capsule: Bound<'py, PyAny>,
-    t: *const DlTensor,
+    view: TensorView<'py>,
 }
 
 impl<'py> DlView<'py> {
@@ -75,94 +48,37 @@ impl<'py> DlView<'py> {
             return None;
         }
         // SAFETY: validated above as a capsule named "dltensor", so the
-        // pointer is non-null and, by the DLPack protocol, a DLManagedTensor.
-        let managed = unsafe {
-            pyffi::PyCapsule_GetPointer(capsule.as_ptr(), DLTENSOR.as_ptr())
-                as *const DlManagedTensor
-        };
-        if managed.is_null() {
-            return None;
-        }
-        // SAFETY: `managed` is a valid DLManagedTensor (see above); taking the
-        // address of its first field reads nothing.
-        let t = unsafe { std::ptr::addr_of!((*managed).dl_tensor) };
+        // pointer is, by the DLPack protocol, a DLManagedTensor.
+        let managed = unsafe { pyffi::PyCapsule_GetPointer(capsule.as_ptr(), DLTENSOR.as_ptr()) };
+        let managed = NonNull::new(managed.cast::<DlManagedTensor>())?;
+        // SAFETY: the producer frees the tensor only from the capsule's
+        // destructor (or a consumer's, after renaming it), which cannot run
+        // while we hold `_capsule`, for as long as this view ('py) lives.
+        let view = unsafe { TensorView::new(managed) };
         Some(DlView {
             _capsule: capsule,
-            t,
+            view,
         })
     }
+}
 
-    fn raw(&self) -> &DlTensor {
-        // SAFETY: struct invariant: `t` is valid while `_capsule` lives, and
-        // the returned borrow cannot outlive `self`.
-        unsafe { &*self.t }
-    }
-
+/// Borrows end with the view: the capsule keeps the memory alive, not 'py.
+impl DlView<'_> {
     pub fn dtype(&self) -> DlDtype {
-        self.raw().dtype
+        self.view.dtype()
     }
 
     pub fn device_type(&self) -> i32 {
-        self.raw().device.device_type
+        self.view.device_type()
     }
 
     pub fn shape(&self) -> &[i64] {
-        let t = self.raw();
-        if t.ndim <= 0 || t.shape.is_null() {
-            return &[];
-        }
-        // SAFETY: DLPack guarantees `shape` holds `ndim` int64s that live as
-        // long as the managed tensor (struct invariant).
-        unsafe { std::slice::from_raw_parts(t.shape, t.ndim as usize) }
-    }
-
-    fn strides(&self) -> Option<&[i64]> {
-        let t = self.raw();
-        if t.ndim <= 0 || t.strides.is_null() {
-            return None;
-        }
-        // SAFETY: as for `shape`; a null pointer (compact layout) is handled above.
-        Some(unsafe { std::slice::from_raw_parts(t.strides, t.ndim as usize) })
-    }
-
-    pub fn numel(&self) -> usize {
-        self.shape().iter().map(|&d| d.max(0) as usize).product()
-    }
-
-    /// Row-major with no gaps (size-1 dimensions may have any stride).
-    pub fn is_contiguous(&self) -> bool {
-        let Some(strides) = self.strides() else {
-            return true;
-        };
-        let mut expected = 1i64;
-        for (&d, &s) in self.shape().iter().zip(strides).rev() {
-            if d != 1 && s != expected {
-                return false;
-            }
-            expected *= d;
-        }
-        true
+        self.view.shape()
     }
 
     /// The element bytes, if the tensor is contiguous CPU memory.
     pub fn contiguous_bytes(&self) -> Option<&[u8]> {
-        if self.device_type() != DL_CPU || !self.is_contiguous() {
-            return None;
-        }
-        let len = self.numel() * self.dtype().itemsize();
-        if len == 0 {
-            return Some(&[]);
-        }
-        let t = self.raw();
-        if t.data.is_null() {
-            return None;
-        }
-        // SAFETY: a contiguous CPU tensor of `numel` elements of `itemsize`
-        // bytes starts at data + byte_offset (DLPack); the memory is kept
-        // alive by the capsule (struct invariant) and only read here.
-        Some(unsafe {
-            std::slice::from_raw_parts((t.data as *const u8).add(t.byte_offset as usize), len)
-        })
+        self.view.contiguous_bytes()
     }
 }
 
@@ -243,33 +159,6 @@ impl<'py> FreshTensor<'py> {
     }
 }
 
-/// What a DLPack capsule we export owns: the tensor header (shape) and
-/// whatever keeps the memory alive (`owner`), dropped by the deleter.
-///
-/// Invariant: `managed` is the first field, so a `*mut DlManagedTensor`
-/// handed to a consumer is also a `*mut Exported`; `managed.dl_tensor.shape`
-/// points into `shape`, whose heap buffer never moves.
-#[repr(C)]
-struct Exported {
-    managed: DlManagedTensor,
-    shape: Vec<i64>,
-    owner: Box<dyn Send>,
-}
-
-/// The deleter of capsules made by [`export_capsule`].
-///
-/// # Safety
-/// `managed` is null or the first field of a leaked `Box<Exported>` that
-/// nothing else will free (the DLPack contract: called once, by the owner).
-unsafe extern "C" fn exported_deleter(managed: *mut DlManagedTensor) {
-    if !managed.is_null() {
-        // SAFETY: only capsules made by `export_capsule` use this deleter,
-        // and their DLManagedTensor is the first field of a leaked
-        // Box<Exported> (struct invariant); the consumer calls it once.
-        drop(unsafe { Box::from_raw(managed as *mut Exported) });
-    }
-}
-
 /// The destructor of the capsules made by [`export_capsule`].
 ///
 /// # Safety
@@ -280,10 +169,9 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut pyffi::PyObject) {
     // unconsumed capsule still named "dltensor" owns its tensor here.
     unsafe {
         if pyffi::PyCapsule_IsValid(capsule, DLTENSOR.as_ptr()) == 1 {
-            let managed =
-                pyffi::PyCapsule_GetPointer(capsule, DLTENSOR.as_ptr()) as *mut DlManagedTensor;
-            if let Some(deleter) = (*managed).deleter {
-                deleter(managed);
+            let managed = pyffi::PyCapsule_GetPointer(capsule, DLTENSOR.as_ptr());
+            if let Some(managed) = NonNull::new(managed.cast::<DlManagedTensor>()) {
+                dlpack::release(managed);
             }
         }
     }
@@ -301,46 +189,25 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut pyffi::PyObject) {
 /// the tensor before the memory is reused.
 unsafe fn export_capsule<'py>(
     py: Python<'py>,
-    data: *const u8,
+    data: *mut u8,
     shape: &[i64],
     dtype: DlDtype,
     owner: Box<dyn Send>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let mut exported = Box::new(Exported {
-        managed: DlManagedTensor {
-            dl_tensor: DlTensor {
-                data: data as *mut c_void,
-                device: DlDevice {
-                    device_type: DL_CPU,
-                    device_id: 0,
-                },
-                ndim: shape.len() as i32,
-                dtype,
-                shape: std::ptr::null_mut(),
-                strides: std::ptr::null_mut(),
-                byte_offset: 0,
-            },
-            manager_ctx: std::ptr::null_mut(),
-            deleter: Some(exported_deleter),
-        },
-        shape: shape.to_vec(),
-        owner,
-    });
-    exported.managed.dl_tensor.shape = exported.shape.as_mut_ptr();
-    let raw = Box::into_raw(exported);
-    // SAFETY: `raw` is a valid leaked Box<Exported> whose first field is the
-    // DLManagedTensor (repr(C)); the capsule destructor or the consumer
-    // frees it exactly once through `exported_deleter`.
+    let managed = dlpack::export(data, shape, dtype, owner);
+    // SAFETY: `managed` is a fresh DLManagedTensor; from here the capsule's
+    // destructor or the consumer releases it exactly once.
     let capsule = unsafe {
         pyffi::PyCapsule_New(
-            raw as *mut c_void,
+            managed.as_ptr().cast::<c_void>(),
             DLTENSOR.as_ptr(),
             Some(capsule_destructor),
         )
     };
     if capsule.is_null() {
-        // SAFETY: the capsule was not created, so we still own `raw`.
-        drop(unsafe { Box::from_raw(raw) });
+        // SAFETY: the capsule was not created, so `managed` is still ours
+        // and released only here.
+        unsafe { dlpack::release(managed) };
         return Err(PyErr::fetch(py));
     }
     // SAFETY: PyCapsule_New returned a new, owned reference.
