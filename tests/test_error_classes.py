@@ -8,10 +8,9 @@ import os
 import pickle
 import time
 
+import ferroloader
 import pytest
 import torch
-
-import ferroloader
 from ferroloader import errors
 
 # Every class ferroloader raises itself, with the exception torch raises in
