@@ -4,6 +4,10 @@ Self-check of the suite itself: with ``FERROLOADER_TESTS_SELFCHECK=1`` the
 name ``ferroloader`` is bound to a stand-in that re-exports
 ``torch.utils.data``, so every comparison test must pass; a failure there is a
 bug in a test, not in ferroloader.
+
+Hypothesis profiles: ``FERROLOADER_HYPOTHESIS_PROFILE`` picks one; ``ci``
+(the default) keeps the suite within CI's time, ``thorough`` runs 25 times
+as many examples per property for a run on request.
 """
 
 from __future__ import annotations
@@ -13,6 +17,15 @@ import sys
 import types
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# examples are whole loader runs, slow next to hypothesis' expectations
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=_SLOW_OK)
+settings.register_profile(
+    "thorough", max_examples=1500, deadline=None, suppress_health_check=_SLOW_OK
+)
+settings.load_profile(os.environ.get("FERROLOADER_HYPOTHESIS_PROFILE", "ci"))
 
 if os.environ.get("FERROLOADER_TESTS_SELFCHECK") == "1":  # pragma: no cover
     import torch.utils.data as _tud

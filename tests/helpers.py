@@ -19,19 +19,27 @@ from typing import Any, Callable
 
 import ferroloader
 import numpy as np
+import pytest
 import torch
 import torch.utils.data as tud
-from hypothesis import HealthCheck, settings
+from mp_helpers import SELFCHECK, seed_all
 
 TORCH = tud
 FERRO = ferroloader
+LIBS = {"torch": TORCH, "ferroloader": FERRO}
 
-# settings for every hypothesis test of the conformance suite
-HYPOTHESIS = settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+# a guarantee ferroloader gives and torch does not: skipped when the suite
+# checks itself against torch (FERROLOADER_TESTS_SELFCHECK=1, see conftest.py)
+ferro_only = pytest.mark.skipif(
+    SELFCHECK, reason="a ferroloader guarantee torch does not give (self-check runs torch)"
 )
+
+
+def time_limit(seconds: int) -> pytest.MarkDecorator:
+    """Fail the test after `seconds` (thread method: it also ends a wait that
+    never returns to Python, where the signal method could not)."""
+    return pytest.mark.timeout(seconds, method="thread")
+
 
 _ADDR = re.compile(r"0x[0-9a-fA-F]+")
 
@@ -234,10 +242,6 @@ def clone_generator(g: torch.Generator) -> torch.Generator:
     return c
 
 
-def seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
 
 
 @dataclass

@@ -527,8 +527,9 @@ class Run:
 
 
 def seed_all(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global generators alike."""
     random.seed(seed)
-    np.random.seed(seed)
+    np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
 
 

@@ -25,7 +25,6 @@ import torch
 import torch.utils.data as tud
 from helpers import (
     FERRO,
-    HYPOTHESIS,
     TORCH,
     PerRun,
     Raised,
@@ -969,7 +968,6 @@ def _drop_first(value):
     return value
 
 
-@HYPOTHESIS
 @given(
     schema=schemas(),
     batch_size=st.integers(1, 4),
@@ -989,7 +987,6 @@ def test_hypothesis_default_collate(schema, batch_size, seed, how, victim):
     same_on(batch, TORCH.default_collate, FERRO.default_collate)
 
 
-@HYPOTHESIS
 @given(schema=schemas(), seed=st.integers(0, 2**32 - 1))
 def test_hypothesis_default_convert(schema, seed):
     def sample():
@@ -998,7 +995,6 @@ def test_hypothesis_default_convert(schema, seed):
     same_on(sample, TORCH.default_convert, FERRO.default_convert)
 
 
-@HYPOTHESIS
 @given(schema=schemas(), batch_size=st.integers(1, 3), seed=st.integers(0, 2**32 - 1))
 def test_hypothesis_loader_collates_like_torch(schema, batch_size, seed):
     """The same random samples through both DataLoaders (the Rust collate in the loop)."""

@@ -10,7 +10,6 @@ import torch
 import torch.utils.data as tud
 from helpers import (
     FERRO,
-    HYPOTHESIS,
     TORCH,
     Raised,
     assert_same,
@@ -286,7 +285,6 @@ def test_iterable_plus_returns_chain():
     assert list(c) == [0, 1, 0, 1, 2]
 
 
-@HYPOTHESIS
 @given(
     sizes=st.lists(st.integers(0, 6), min_size=1, max_size=5),
     idx=st.integers(-40, 40),

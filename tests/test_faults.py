@@ -21,23 +21,14 @@ import textwrap
 import threading
 import time
 
-import ferroloader
 import mp_helpers as mh
 import pytest
-import torch.utils.data as tud
+from helpers import FERRO, LIBS, TORCH, ferro_only, time_limit
 
-TORCH = tud
-FERRO = ferroloader
-LIBS = {"torch": TORCH, "ferroloader": FERRO}
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
-ferro_only = pytest.mark.skipif(
-    mh.SELFCHECK, reason="a ferroloader guarantee torch does not give (self-check runs torch)"
-)
 
 
-def _timeout(seconds: int):
-    return pytest.mark.timeout(seconds, method="thread")
 
 
 # --------------------------------------------------------------------------- #
@@ -115,7 +106,7 @@ def _assert_same_worker_error(e: BaseException, a: BaseException) -> None:
 # --------------------------------------------------------------------------- #
 
 
-@_timeout(60)
+@time_limit(60)
 @pytest.mark.parametrize("kind", ["value", "key", "runtime", "twoarg"])
 def test_worker_exception_reraised_as_torch(kind):
     errors = {}
@@ -136,7 +127,7 @@ def test_worker_exception_reraised_as_torch(kind):
         assert type(a) is RuntimeError
 
 
-@_timeout(60)
+@time_limit(60)
 def test_iteration_continues_after_worker_exception_as_torch():
     """torch yields the remaining batches after re-raising a worker's error."""
     outcomes = {}
@@ -152,7 +143,7 @@ def test_iteration_continues_after_worker_exception_as_torch():
             _assert_same_worker_error(x, y)
 
 
-@_timeout(60)
+@time_limit(60)
 def test_iterable_dataset_exception_as_torch():
     """An exception in a replica's __iter__: re-raised as torch, then the
     other replicas go on (torch's order)."""
@@ -170,7 +161,7 @@ def test_iterable_dataset_exception_as_torch():
             _assert_same_worker_error(x, y)
 
 
-@_timeout(60)
+@time_limit(60)
 def test_collate_fn_exception_as_torch():
     outcomes = {}
     for name, lib in LIBS.items():
@@ -187,7 +178,7 @@ def test_collate_fn_exception_as_torch():
             _assert_same_worker_error(x, y)
 
 
-@_timeout(60)
+@time_limit(60)
 def test_worker_init_fn_exception_as_torch():
     errors = {}
     for name, lib in LIBS.items():
@@ -211,7 +202,7 @@ DEATHS = [
 
 
 @ferro_only
-@_timeout(60)
+@time_limit(60)
 @pytest.mark.parametrize(("how", "pattern"), DEATHS, ids=[d[0] for d in DEATHS])
 def test_worker_death_raises_promptly(tmp_path, how, pattern):
     stamp = str(tmp_path / "death")
@@ -242,7 +233,7 @@ def test_worker_death_raises_promptly(tmp_path, how, pattern):
     assert [int(b) for b in loader] == list(range(12))
 
 
-@_timeout(60)
+@time_limit(60)
 def test_worker_death_while_main_waits_is_reported_not_hung(tmp_path):
     """The main process is blocked waiting for the dead worker's batch
     (the other worker is idle): a RuntimeError, not a hang."""
@@ -284,7 +275,7 @@ _CHILD = textwrap.dedent(
 
 
 @ferro_only
-@_timeout(60)
+@time_limit(60)
 @pytest.mark.parametrize("mode", ["idle", "busy"])
 def test_workers_exit_when_main_process_is_killed(tmp_path, mode):
     script = tmp_path / "child.py"
@@ -346,7 +337,7 @@ def _assert_workers_gone(workers: set, fds_before: int, timeout: float) -> None:
     assert ok, f"fds leaked: {mh.fd_count()} open, {fds_before} before"
 
 
-@_timeout(60)
+@time_limit(60)
 @pytest.mark.parametrize("persistent", [False, True])
 def test_dropped_iterator_shuts_workers_down(persistent):
     _warm_up(FERRO)
@@ -367,7 +358,7 @@ def test_dropped_iterator_shuts_workers_down(persistent):
     _assert_workers_gone(workers, fds_before, 3.0)
 
 
-@_timeout(60)
+@time_limit(60)
 def test_exhausted_iterator_leaves_nothing_behind():
     _warm_up(FERRO)
     gc.collect()
@@ -382,7 +373,7 @@ def test_exhausted_iterator_leaves_nothing_behind():
     _assert_workers_gone(seen, fds_before, 3.0)
 
 
-@_timeout(60)
+@time_limit(60)
 @pytest.mark.parametrize(
     "how",
     [
@@ -437,7 +428,7 @@ def test_keyboard_interrupt_while_waiting(how):
 # --------------------------------------------------------------------------- #
 
 
-@_timeout(60)
+@time_limit(60)
 @pytest.mark.parametrize("timeout", [1, 0.5])
 def test_timeout_raises_torch_error(timeout):
     results = {}
@@ -462,7 +453,7 @@ def test_timeout_raises_torch_error(timeout):
     assert timeout * 0.9 <= a_elapsed < timeout + 1.0, f"timed out after {a_elapsed:.2f} s"
 
 
-@_timeout(60)
+@time_limit(60)
 def test_timeout_not_raised_when_batches_arrive_in_time():
     for lib in (TORCH, FERRO):
         loader = lib.DataLoader(mh.SlowDataset(6, 0.05), batch_size=1, num_workers=2, timeout=2)
@@ -470,7 +461,7 @@ def test_timeout_not_raised_when_batches_arrive_in_time():
 
 
 @ferro_only
-@_timeout(60)
+@time_limit(60)
 def test_iterator_in_a_reference_cycle_is_collected():
     """A dataset that keeps its own loader iterator forms a cycle through the
     engine's objects; the cycle collector must see it (``__traverse__``), so

@@ -17,17 +17,11 @@ import threading
 import time
 import warnings
 
-import ferroloader
 import mp_helpers as mh
 import pytest
 import torch
 import torch.utils.data as tud
-from helpers import assert_same
-
-TORCH = tud
-FERRO = ferroloader
-
-LIBS = {"torch": TORCH, "ferroloader": FERRO}
+from helpers import FERRO, LIBS, TORCH, assert_same
 
 
 def _compare(

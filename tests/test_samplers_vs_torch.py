@@ -17,7 +17,6 @@ import torch
 import torch.utils.data as tud
 from helpers import (
     FERRO,
-    HYPOTHESIS,
     TORCH,
     Raised,
     assert_same,
@@ -568,7 +567,6 @@ def test_random_split_zero_length_warning_pytest_warns():
 # --------------------------------------------------------------------------- #
 
 
-@HYPOTHESIS
 @given(
     n=st.integers(1, 60),
     replacement=st.booleans(),
@@ -588,7 +586,6 @@ def test_hypothesis_random_sampler(n, replacement, num_samples, seed, gen_seed, 
     compare_samplers(build, seed=seed, takes=tuple(takes))
 
 
-@HYPOTHESIS
 @given(
     weights=st.lists(
         st.one_of(st.floats(0, 100, allow_nan=False), st.just(0.0), st.integers(0, 5)),
@@ -612,7 +609,6 @@ def test_hypothesis_weighted_sampler(weights, num_samples, replacement, seed, us
     compare_samplers(build, seed=seed, takes=(take, None))
 
 
-@HYPOTHESIS
 @given(
     n=st.integers(0, 60),
     replicas=st.integers(1, 9),
@@ -635,7 +631,6 @@ def test_hypothesis_distributed_sampler(n, replicas, rank_frac, shuffle, seed, d
     compare_samplers(build, takes=(None, 2))
 
 
-@HYPOTHESIS
 @given(
     indices=st.lists(st.integers(0, 1000), max_size=50),
     seed=st.integers(0, 2**32),
@@ -649,7 +644,6 @@ def test_hypothesis_subset_random_sampler(indices, seed, use_gen, take):
     compare_samplers(build, seed=seed, takes=(take, None))
 
 
-@HYPOTHESIS
 @given(
     n=st.integers(0, 40),
     batch_size=st.integers(1, 12),
@@ -669,7 +663,6 @@ def test_hypothesis_batch_sampler(n, batch_size, drop_last, shuffle, seed, take)
     compare_samplers(build, seed=seed, takes=(take, None))
 
 
-@HYPOTHESIS
 @given(
     n=st.integers(0, 40),
     parts=st.lists(st.integers(0, 10), min_size=1, max_size=5),

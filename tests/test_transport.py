@@ -18,26 +18,15 @@ import sys
 import threading
 import time
 
-import ferroloader
 import mp_helpers as mh
 import numpy as np
 import pytest
 import torch
-import torch.utils.data as tud
-from helpers import assert_same
-
-TORCH = tud
-FERRO = ferroloader
-
-ferro_only = pytest.mark.skipif(
-    mh.SELFCHECK, reason="a ferroloader guarantee torch does not give (self-check runs torch)"
-)
+from helpers import FERRO, TORCH, assert_same, ferro_only, time_limit
 
 MiB = 1 << 20
 
 
-def _timeout(seconds: int):
-    return pytest.mark.timeout(seconds, method="thread")
 
 
 def _leaves(batch):
@@ -91,7 +80,7 @@ ZERO_COPY_CASES = {
 
 
 @ferro_only
-@_timeout(60)
+@time_limit(60)
 @pytest.mark.parametrize("case", list(ZERO_COPY_CASES))
 def test_batch_tensors_point_into_a_worker_arena(case):
     make, bs = ZERO_COPY_CASES[case]
@@ -108,7 +97,7 @@ def test_batch_tensors_point_into_a_worker_arena(case):
 
 
 @ferro_only
-@_timeout(60)
+@time_limit(60)
 def test_each_worker_has_its_own_arena():
     batches = list(FERRO.DataLoader(mh.PidDataset(24), batch_size=2, num_workers=2))
     ranges: dict = {}
@@ -122,7 +111,7 @@ def test_each_worker_has_its_own_arena():
 
 
 @ferro_only
-@_timeout(60)
+@time_limit(60)
 def test_custom_collate_tensors_and_arrays_travel_zero_copy():
     batches = list(
         FERRO.DataLoader(
@@ -145,7 +134,7 @@ def test_custom_collate_tensors_and_arrays_travel_zero_copy():
         _assert_in_arena(b["a"], f"batch {j} ndarray")
 
 
-@_timeout(60)
+@time_limit(60)
 def test_zero_copy_batches_stay_valid_after_the_iterator_is_gone():
     """A batch's memory is released only when its last tensor goes, not when
     the iterator or the workers go."""
@@ -172,7 +161,7 @@ def _lines_in_maps() -> int:
     return len(mh.read_maps())
 
 
-@_timeout(60)
+@time_limit(60)
 def test_fds_and_mappings_stay_flat_over_1000_batches():
     loader = FERRO.DataLoader(mh.MapDataset(4000, "dict"), batch_size=4, num_workers=2)
     marks = {}
@@ -191,7 +180,7 @@ def test_fds_and_mappings_stay_flat_over_1000_batches():
 
 
 @ferro_only
-@_timeout(60)
+@time_limit(60)
 def test_released_records_are_reused():
     """500 batches of 256 KiB (125 MiB in all), none held: the arenas do not
     grow with the number of batches, nor does the resident memory."""
@@ -264,7 +253,7 @@ print("PIDS", " ".join(map(str, sorted(pids | {{os.getpid()}}))))
 
 
 @ferro_only
-@_timeout(90)
+@time_limit(90)
 @pytest.mark.parametrize("persistent", [False, True])
 def test_no_file_appears_in_dev_shm(persistent):
     """The epochs run in a fresh interpreter, so torch objects left by earlier
@@ -296,7 +285,7 @@ def _check_big_batches(batches: list, n: int, bs: int, numel: int) -> None:
         )
 
 
-@_timeout(120)
+@time_limit(120)
 def test_list_of_256_mib_of_batches():
     n, bs, numel = 256, 8, 256 * 1024  # 1 MiB samples, 8 MiB batches
     batches = list(FERRO.DataLoader(mh.TensorDataset(n, numel), batch_size=bs, num_workers=2))
@@ -312,14 +301,14 @@ def test_list_of_256_mib_of_batches():
 @pytest.mark.skipif(
     os.environ.get("FERROLOADER_SLOW_TESTS") != "1", reason="set FERROLOADER_SLOW_TESTS=1"
 )
-@_timeout(600)
+@time_limit(600)
 def test_list_of_2_gib_of_batches():
     n, bs, numel = 2048, 16, 256 * 1024  # 2 GiB in all
     batches = list(FERRO.DataLoader(mh.TensorDataset(n, numel), batch_size=bs, num_workers=2))
     _check_big_batches(batches, n, bs, numel)
 
 
-@_timeout(60)
+@time_limit(60)
 def test_buffer_of_1000_batches_held_then_released_in_random_order():
     loader = FERRO.DataLoader(mh.MapDataset(4000, "tensor"), batch_size=4, num_workers=2)
     held = list(loader)
@@ -358,7 +347,7 @@ def _limited_loader():
 
 
 @ferro_only
-@_timeout(60)
+@time_limit(60)
 @pytest.mark.parametrize("limit", ["8M", "8192K", "8388608"])
 def test_shm_limit_exceeded_by_held_batches_raises(monkeypatch, limit):
     monkeypatch.setenv("FERROLOADER_SHM_LIMIT", limit)
@@ -379,7 +368,7 @@ def test_shm_limit_exceeded_by_held_batches_raises(monkeypatch, limit):
 
 
 @ferro_only
-@_timeout(60)
+@time_limit(60)
 def test_shm_limit_does_not_limit_released_batches(monkeypatch):
     """The limit bounds memory held at once, not the epoch's total."""
     monkeypatch.setenv("FERROLOADER_SHM_LIMIT", "8M")
