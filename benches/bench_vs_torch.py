@@ -24,6 +24,8 @@ image_w2       samples 3x224x224 f32, batch 32, nw=2, MB/s                 >= 1.
 image_w2_rss   peak PSS/RSS of the process tree for the image_w2 job       <= 1x
 cpu_w2         pure-Python CPU-bound __getitem__ (~0.5 ms), nw=2           >= 0.9x
 ttfb_w2        time to first batch, nw=2, with fork and with spawn         <= 1x
+state_w2       state_dict() mid-epoch, nw=2, against a 1 ms budget;        <= 1x
+               load_state_dict() + first batch against a fresh epoch's     <= 1x
 =============  ==========================================================  =========
 
 The ``*_w2`` scenarios are skipped with a note while ferroloader raises
@@ -567,6 +569,49 @@ def sc_ttfb_w2(st: Settings, fl: Any) -> List[Check]:
     return checks
 
 
+def sc_state_w2(st: Settings, fl: Any) -> List[Check]:
+    """Snapshot cost (no torch counterpart: measured against a budget and
+    against ferroloader's own fresh epoch)."""
+    probe_workers(fl)
+    n = 4096 if st.quick else 65536
+    snap = Check("state_dict() mid-epoch", "us", "1 ms budget", target=1.0)
+    snap.higher_is_better = False
+    resume = Check("ms to first batch after load_state_dict", "ms", "fresh epoch", target=1.0)
+    resume.higher_is_better = False
+
+    def make() -> Any:
+        return fl.DataLoader(IntDataset(n), batch_size=64, shuffle=True, num_workers=2)
+
+    for _ in range(st.repeats):
+        loader = make()
+        it = iter(loader)
+        for _ in range(n // 64 // 2):
+            next(it)
+        calls = 200
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            sd = loader.state_dict()
+        snap.add(1000.0, (time.perf_counter() - t0) / calls * 1e6)
+        del it, loader
+        gc.collect()
+
+        t0 = time.perf_counter()
+        fresh = iter(make())
+        next(fresh)
+        fresh_ms = (time.perf_counter() - t0) * 1e3
+        del fresh
+        gc.collect()
+        t0 = time.perf_counter()
+        resumed = make()
+        resumed.load_state_dict(sd)
+        it = iter(resumed)
+        next(it)
+        resume.add(fresh_ms, (time.perf_counter() - t0) * 1e3)
+        del it, resumed
+        gc.collect()
+    return [snap, resume]
+
+
 # --- peak memory of the process tree, measured in fresh child processes -----
 
 RSS_MARK = "@@RSS@@"
@@ -723,6 +768,7 @@ SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
     "image_w2_rss": ("peak memory of the process tree, image_w2 job", sc_image_w2_rss),
     "cpu_w2": ("pure-Python ~0.5 ms __getitem__, batch 32, num_workers=2", sc_cpu_w2),
     "ttfb_w2": ("time to first batch, num_workers=2, fork and spawn", sc_ttfb_w2),
+    "state_w2": ("snapshot and resume, num_workers=2", sc_state_w2),
 }
 
 

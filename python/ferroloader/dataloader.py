@@ -18,7 +18,7 @@ import torch
 import torch.utils.data.dataloader as _tdl
 from torch.utils.data import _utils
 
-from ferroloader import _core, _worker
+from ferroloader import _core, _worker, state
 from ferroloader._fetch import fetch_plan
 from ferroloader.errors import ConfigError
 from ferroloader.sampler import native_batch_iter, native_iter
@@ -69,6 +69,22 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
+        self._epochs_started = 0
+        self._epoch: Optional[state.Epoch] = None
+        self._resume: Optional[dict[str, Any]] = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position as plain, picklable data: taken between
+        batches (mid-epoch too, with workers running, without pausing them).
+        A loader built the same way continues from it after
+        ``load_state_dict``; see ``ferroloader.state``."""
+        return state.snapshot(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``'s result: the next ``iter()``
+        continues the saved epoch with the batches that would have come
+        next. Raises ``ValueError`` naming what does not match."""
+        state.load(self, state_dict)
 
     def _get_iterator(self) -> Any:
         if self.num_workers == 0:
@@ -138,14 +154,18 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
         return _tdl._SingleProcessDataLoaderIter(loader)
     pin = _pin_settings(loader)
     iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
+    rec, resume, now = state.open_epoch(loader)
     source = _index_source(loader)
     _draw_base_seed(loader)
     if loader.timeout != 0:
         raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
     if iterable:
-        source = iter(dataset)
+        per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
+        source = state.resume_iterable(rec, iter(dataset), resume, now, per_batch)
+    else:
+        source = state.resume_source(rec, source, resume, now, window=1)
     getitems, tensors = fetch_plan(dataset, iterable)
-    return _core.SingleProcessIter(
+    it = _SingleProcessIter(
         source,
         dataset,
         iterable=iterable,
@@ -159,6 +179,20 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
         index_sampler=loader._index_sampler,
         len_called=loader._IterableDataset_len_called,
     )
+    rec.attach(it, multiprocess=False)
+    return it
+
+
+class _SingleProcessIter(_core.SingleProcessIter):
+    """``_SingleProcessDataLoaderIter``; tells its epoch record its last
+    position when it goes away (for ``state_dict()``)."""
+
+    _epoch_record: state.Epoch
+
+    def __del__(self) -> None:
+        rec = getattr(self, "_epoch_record", None)
+        if rec is not None:
+            rec.detach(self)
 
 
 _SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -194,8 +228,11 @@ class _MultiProcessIter(_core.MultiProcessIter):
         dataset = loader.dataset
         pin = _pin_settings(loader)
         iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
+        rec, resume, now = state.open_epoch(loader)
         source = _index_source(loader)
         base_seed = _draw_base_seed(loader)
+        window = (loader.prefetch_factor or 2) * loader.num_workers
+        source = state.resume_source(rec, source, resume, now, window)
         ctx = loader.multiprocessing_context or torch.multiprocessing
         fork = ctx.get_start_method() == "fork"
         n = loader.num_workers
@@ -261,14 +298,22 @@ class _MultiProcessIter(_core.MultiProcessIter):
             len_called=loader._IterableDataset_len_called,
         )
         it._procs = procs
+        rec.attach(it, multiprocess=True)
         it._prime()
         return it
 
     def _reset(self, loader: DataLoader[Any], first_iter: bool = False) -> None:
         """A new epoch on persistent workers (``DataLoader.__iter__``)."""
-        self._reset_epoch(_index_source(loader), loader._IterableDataset_len_called)
+        rec, resume, now = state.open_epoch(loader)
+        window = (loader.prefetch_factor or 2) * loader.num_workers
+        source = state.resume_source(rec, _index_source(loader), resume, now, window)
+        rec.attach(self, multiprocess=True)
+        self._reset_epoch(source, loader._IterableDataset_len_called)
 
     def _shutdown_workers(self) -> None:
+        rec = getattr(self, "_epoch_record", None)
+        if rec is not None:
+            rec.detach(self)
         self._close()
         for w in getattr(self, "_procs", ()):
             w.join(timeout=5.0)

@@ -19,7 +19,7 @@ enum Source {
     },
 }
 
-#[pyclass(module = "ferroloader._core")]
+#[pyclass(subclass, module = "ferroloader._core")]
 pub struct SingleProcessIter {
     source: Source,
     fetcher: Fetcher,
@@ -31,6 +31,11 @@ pub struct SingleProcessIter {
     index_sampler: Py<PyAny>,
     len_called: Option<usize>,
     num_yielded: usize,
+    /// Batches (or samples) drawn from the index stream this epoch, failed
+    /// ones included: where a snapshot resumes.
+    num_drawn: usize,
+    /// The epoch ran to its end.
+    ended: bool,
 }
 
 #[pymethods]
@@ -72,6 +77,8 @@ impl SingleProcessIter {
             index_sampler,
             len_called,
             num_yielded: 0,
+            num_drawn: 0,
+            ended: false,
         })
     }
 
@@ -98,6 +105,7 @@ impl SingleProcessIter {
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some(mut data) = self.next_data(py)? else {
+            self.ended = true;
             return Ok(None);
         };
         if let Some((pin_fn, device)) = &self.pin {
@@ -121,6 +129,16 @@ impl SingleProcessIter {
             "SingleProcessIter cannot be pickled",
         ))
     }
+
+    /// `(drawn, yielded, ended, exhausted)`: index-stream draws (failed
+    /// batches included), batches handed over, whether the epoch is over,
+    /// and whether an iterable's iterator has run out (its last batch may
+    /// still have been handed over).
+    #[getter]
+    fn _position(&self) -> (usize, usize, bool, bool) {
+        let exhausted = matches!(self.source, Source::Iterable { ended: true, .. });
+        (self.num_drawn, self.num_yielded, self.ended, exhausted)
+    }
 }
 
 impl SingleProcessIter {
@@ -141,6 +159,7 @@ impl SingleProcessIter {
         let Some(item) = indices.next(py)? else {
             return Ok(None);
         };
+        self.num_drawn += 1;
         let data = match item {
             Item::Batch(v) => self.fetcher.batch_from_ints(py, &v)?,
             Item::Index(i) => self.fetcher.sample(py, i.into_pyobject(py)?.into_any())?,

@@ -78,6 +78,8 @@ pub struct MultiProcessIter {
     dataset: Py<PyAny>,
     len_called: Option<usize>,
     num_yielded: usize,
+    /// The epoch ran to its end.
+    ended: bool,
 }
 
 #[pymethods]
@@ -117,6 +119,7 @@ impl MultiProcessIter {
             dataset,
             len_called,
             num_yielded: 0,
+            ended: false,
         })
     }
 
@@ -140,6 +143,7 @@ impl MultiProcessIter {
         self.source = Source::new(source, iterable_batch);
         self.len_called = len_called;
         self.num_yielded = 0;
+        self.ended = false;
         self.core.begin_epoch()?;
         while self.core.resuming() {
             if self.pump(py)? == 0 && self.core.resuming() {
@@ -178,7 +182,10 @@ impl MultiProcessIter {
         let (worker, payload) = loop {
             match self.core.step() {
                 Next::Yield { worker, data } => break (worker, data),
-                Next::Stop => return Ok(None),
+                Next::Stop => {
+                    self.ended = true;
+                    return Ok(None);
+                }
                 Next::Wait => self.wait(py)?,
             }
         };
@@ -211,6 +218,16 @@ impl MultiProcessIter {
             )?;
         }
         Ok(Some(data))
+    }
+
+    /// `(drawn, pending, ended)`: tasks drawn from the index stream this
+    /// epoch, the sequence numbers among them not yet handed over, and
+    /// whether the epoch is over. Read between batches without pausing the
+    /// workers.
+    #[getter]
+    fn _position(&self) -> (u64, Vec<u64>, bool) {
+        let (drawn, pending) = self.core.position();
+        (drawn, pending, self.ended)
     }
 
     /// Stops every worker: a Shutdown frame, then the socket is closed so a

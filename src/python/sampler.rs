@@ -1,6 +1,8 @@
 //! Samplers exposed to Python: the engine's iterators driven with torch's
 //! generators.
 
+use std::collections::VecDeque;
+
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use pyo3::{PyTraverseError, PyVisit};
@@ -161,10 +163,7 @@ impl IndexSource for NativeSampler {
             *self = Python::attach(|py| -> PyResult<NativeSampler> {
                 let it = resolve.bind(py).call1((sampler.bind(py),))?;
                 Ok(match it.cast::<SamplerIter>() {
-                    Ok(native) => std::mem::replace(
-                        &mut native.borrow_mut().inner,
-                        NativeSampler::List(Vec::new().into_iter()),
-                    ),
+                    Ok(native) => native.borrow_mut().take().0,
                     Err(_) => NativeSampler::Fallback(it.unbind()),
                 })
             })?;
@@ -190,6 +189,25 @@ impl IndexSource for NativeSampler {
 #[pyclass(module = "ferroloader._core")]
 pub struct SamplerIter {
     pub inner: NativeSampler,
+    /// Indices handed out before `inner`'s (a resumed epoch's batches that
+    /// were in flight when the snapshot was taken).
+    prefix: VecDeque<i64>,
+}
+
+impl SamplerIter {
+    fn of(inner: NativeSampler) -> Self {
+        SamplerIter {
+            inner,
+            prefix: VecDeque::new(),
+        }
+    }
+
+    /// Takes the sampler out, leaving an empty one (a `BatchSampler` now
+    /// drives it).
+    fn take(&mut self) -> (NativeSampler, VecDeque<i64>) {
+        let inner = std::mem::replace(&mut self.inner, NativeSampler::List(Vec::new().into_iter()));
+        (inner, std::mem::take(&mut self.prefix))
+    }
 }
 
 #[pymethods]
@@ -197,16 +215,12 @@ impl SamplerIter {
     /// A sampler resolved on the first `next()` by `resolve(sampler)`.
     #[staticmethod]
     fn deferred(sampler: Py<PyAny>, resolve: Py<PyAny>) -> Self {
-        SamplerIter {
-            inner: NativeSampler::Deferred { sampler, resolve },
-        }
+        SamplerIter::of(NativeSampler::Deferred { sampler, resolve })
     }
 
     #[staticmethod]
     fn sequential(n: usize) -> Self {
-        SamplerIter {
-            inner: NativeSampler::Sequential(SequentialIter::new(n)),
-        }
+        SamplerIter::of(NativeSampler::Sequential(SequentialIter::new(n)))
     }
 
     #[staticmethod]
@@ -222,9 +236,12 @@ impl SamplerIter {
             Some(g) => Rng::Shared(TorchGen::new(py, Some(g))?),
             None => Rng::Private(SeededOnFirstUse::Pending(TorchGen::new(py, None)?)),
         };
-        Ok(SamplerIter {
-            inner: NativeSampler::Random(RandomIter::new(n, num_samples, replacement, rng)),
-        })
+        Ok(SamplerIter::of(NativeSampler::Random(RandomIter::new(
+            n,
+            num_samples,
+            replacement,
+            rng,
+        ))))
     }
 
     #[staticmethod]
@@ -235,9 +252,9 @@ impl SamplerIter {
         generator: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let rng = Rng::Shared(TorchGen::new(py, generator)?);
-        Ok(SamplerIter {
-            inner: NativeSampler::SubsetRandom(SubsetRandomIter::new(indices, rng)),
-        })
+        Ok(SamplerIter::of(NativeSampler::SubsetRandom(
+            SubsetRandomIter::new(indices, rng),
+        )))
     }
 
     #[staticmethod]
@@ -248,12 +265,10 @@ impl SamplerIter {
         replacement: Py<PyAny>,
         generator: Option<Py<PyAny>>,
     ) -> Self {
-        SamplerIter {
-            inner: NativeSampler::Weighted(Weighted {
-                args: Some((weights, num_samples, replacement, generator)),
-                drawn: Vec::new().into_iter(),
-            }),
-        }
+        SamplerIter::of(NativeSampler::Weighted(Weighted {
+            args: Some((weights, num_samples, replacement, generator)),
+            drawn: Vec::new().into_iter(),
+        }))
     }
 
     #[staticmethod]
@@ -281,9 +296,7 @@ impl SamplerIter {
             total_size,
         )
         .ok()?;
-        Some(SamplerIter {
-            inner: NativeSampler::List(indices.into_iter()),
-        })
+        Some(SamplerIter::of(NativeSampler::List(indices.into_iter())))
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -295,7 +308,28 @@ impl SamplerIter {
     }
 
     pub fn __next__(&mut self) -> PyResult<Option<i64>> {
-        self.inner.next_index()
+        match self.prefix.pop_front() {
+            Some(i) => Ok(Some(i)),
+            None => self.inner.next_index(),
+        }
+    }
+
+    /// Draws and drops `n` indices (a resumed epoch's part already seen);
+    /// how many there were.
+    fn _skip(&mut self, n: usize) -> PyResult<usize> {
+        for done in 0..n {
+            if self.__next__()?.is_none() {
+                return Ok(done);
+            }
+        }
+        Ok(n)
+    }
+
+    /// Hands out `indices` before anything else.
+    fn _prepend(&mut self, indices: Vec<i64>) {
+        for i in indices.into_iter().rev() {
+            self.prefix.push_front(i);
+        }
     }
 }
 
@@ -334,13 +368,22 @@ pub enum Batches {
 #[pyclass(module = "ferroloader._core")]
 pub struct BatchSamplerIter {
     pub inner: Batches,
+    /// Batches handed out before `inner`'s (native batches only; see
+    /// `SamplerIter::prefix`).
+    prefix: VecDeque<Vec<i64>>,
 }
 
 impl BatchSamplerIter {
     /// The next batch: native indices, or Python objects as a list.
     pub fn next_native(&mut self) -> PyResult<Option<&[i64]>> {
         match &mut self.inner {
-            Batches::Native(it, buf) => Ok(if it.next_batch(buf)? { Some(buf) } else { None }),
+            Batches::Native(it, buf) => {
+                if let Some(batch) = self.prefix.pop_front() {
+                    *buf = batch;
+                    return Ok(Some(buf));
+                }
+                Ok(if it.next_batch(buf)? { Some(buf) } else { None })
+            }
             Batches::Python(..) => Ok(None),
         }
     }
@@ -371,10 +414,10 @@ impl BatchSamplerIter {
     fn new(source: &Bound<'_, PyAny>, batch_size: usize, drop_last: bool) -> PyResult<Self> {
         let inner = match source.cast::<SamplerIter>() {
             Ok(native) => {
-                let sampler = std::mem::replace(
-                    &mut native.borrow_mut().inner,
-                    NativeSampler::List(Vec::new().into_iter()),
-                );
+                let (sampler, prefix) = native.borrow_mut().take();
+                if !prefix.is_empty() {
+                    return Err(Class::Internal.err("a resumed sampler cannot be batched"));
+                }
                 Batches::Native(BatchIter::new(sampler, batch_size, drop_last), Vec::new())
             }
             Err(_) => Batches::Python(
@@ -389,7 +432,10 @@ impl BatchSamplerIter {
                 Vec::new(),
             ),
         };
-        Ok(BatchSamplerIter { inner })
+        Ok(BatchSamplerIter {
+            inner,
+            prefix: VecDeque::new(),
+        })
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -406,15 +452,38 @@ impl BatchSamplerIter {
         slf
     }
 
+    /// Draws and drops `n` batches without building them in Python (a
+    /// resumed epoch's part already seen); how many there were.
+    fn _skip(&mut self, py: Python<'_>, n: usize) -> PyResult<usize> {
+        for done in 0..n {
+            let more = match self.inner {
+                Batches::Native(..) => self.next_native()?.is_some(),
+                Batches::Python(..) => self.__next__(py)?.is_some(),
+            };
+            if !more {
+                return Ok(done);
+            }
+        }
+        Ok(n)
+    }
+
+    /// Hands out `batches` before anything else (native batches only).
+    fn _prepend(&mut self, batches: Vec<Vec<i64>>) -> PyResult<()> {
+        if !self.is_native_batches() {
+            return Err(Class::Internal.err("_prepend needs native batches"));
+        }
+        for b in batches.into_iter().rev() {
+            self.prefix.push_front(b);
+        }
+        Ok(())
+    }
+
     pub fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
         match &mut self.inner {
-            Batches::Native(it, buf) => {
-                if it.next_batch(buf)? {
-                    Ok(Some(PyList::new(py, buf.iter())?))
-                } else {
-                    Ok(None)
-                }
-            }
+            Batches::Native(..) => match self.next_native()? {
+                Some(batch) => Ok(Some(PyList::new(py, batch.iter())?)),
+                None => Ok(None),
+            },
             Batches::Python(it, buf) => {
                 if it.next_batch(buf)? {
                     Ok(Some(PyList::new(py, buf.drain(..))?))

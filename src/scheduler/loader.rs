@@ -26,8 +26,8 @@ pub struct Loader {
     pool: WorkerPool,
     sched: Scheduler<Payload>,
     /// Results that arrived out of order and are handed over as they came
-    /// (`in_order=False`).
-    early: VecDeque<(usize, Payload)>,
+    /// (`in_order=False`), with their sequence numbers.
+    early: VecDeque<(u64, usize, Payload)>,
     persistent: bool,
     /// Workers that have not yet acknowledged `Resume` (a new epoch).
     awaiting_resume: usize,
@@ -97,7 +97,7 @@ impl Loader {
     /// The next answer to hand over, `Wait`, or `Stop` at the epoch's end
     /// (closing the workers unless they persist).
     pub fn step(&mut self) -> Next<Payload> {
-        if let Some((worker, data)) = self.early.pop_front() {
+        if let Some((_, worker, data)) = self.early.pop_front() {
             return Next::Yield { worker, data };
         }
         let next = self.sched.next_step();
@@ -172,8 +172,8 @@ impl Loader {
             } => (seq, worker, Payload::Error(payload)),
         };
         debug_assert!(worker < self.pool.len());
-        if let Some(early) = self.sched.on_result(seq, payload) {
-            self.early.push_back(early);
+        if let Some((worker, data)) = self.sched.on_result(seq, payload) {
+            self.early.push_back((seq, worker, data));
         }
         Ok(1)
     }
@@ -204,6 +204,16 @@ impl Loader {
 
     pub fn resuming(&self) -> bool {
         self.awaiting_resume > 0
+    }
+
+    /// The epoch's position for a snapshot: tasks drawn so far, and the
+    /// sequence numbers not yet handed over (out-of-order arrivals waiting
+    /// in `early` included). Read between batches; workers keep running.
+    pub fn position(&self) -> (u64, Vec<u64>) {
+        let (drawn, mut pending) = self.sched.position();
+        pending.extend(self.early.iter().map(|(seq, ..)| *seq));
+        pending.sort_unstable();
+        (drawn, pending)
     }
 
     /// Opens the record of a batch being handed over.

@@ -202,6 +202,15 @@ impl<T> Scheduler<T> {
     pub fn tasks_outstanding(&self) -> usize {
         self.tasks_outstanding
     }
+
+    /// How far the epoch has come, for a snapshot: the number of tasks
+    /// drawn from the sampler, and the sequence numbers among them not yet
+    /// handed to the caller (in flight, or arrived and waiting their turn).
+    pub fn position(&self) -> (u64, Vec<u64>) {
+        let mut pending: Vec<u64> = self.task_info.keys().copied().collect();
+        pending.sort_unstable();
+        (self.send_idx, pending)
+    }
 }
 
 #[cfg(test)]
@@ -324,6 +333,21 @@ mod tests {
             }
         );
         assert_eq!(s.next_step(), Next::Stop);
+    }
+
+    #[test]
+    fn position_counts_what_is_drawn_and_not_yet_handed_over() {
+        let mut s: Scheduler<u32> = Scheduler::new(2, 2, false);
+        for _ in 0..4 {
+            s.dispatch().expect("room");
+        }
+        assert_eq!(s.position(), (4, vec![0, 1, 2, 3]));
+        // seq 2 arrives early (out of order): handed over, no longer pending
+        assert_eq!(s.on_result(2, 7), Some((0, 7)));
+        assert_eq!(s.position(), (4, vec![0, 1, 3]));
+        s.on_result(0, 5);
+        assert_eq!(s.next_step(), Next::Yield { worker: 0, data: 5 });
+        assert_eq!(s.position(), (4, vec![1, 3]));
     }
 
     #[test]

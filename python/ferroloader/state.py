@@ -1,0 +1,380 @@
+"""Snapshot and resume: ``DataLoader.state_dict()`` / ``load_state_dict()``.
+
+How a snapshot works. When an epoch starts, the loader records the state of
+every ``torch.Generator`` the epoch may draw from (the global one, the
+loader's ``generator=``, a sampler's ``generator``); about 5 KB each, read
+once per epoch. ``state_dict()`` then only reads counters the engine keeps
+anyway: how many batches were drawn from the index stream, and which of
+them (by sequence number) have not been handed over yet, being in flight in
+a worker or waiting their turn. It neither pauses nor asks the workers.
+
+How a resume works. ``load_state_dict()`` validates the state and puts the
+generators back where they were when it was taken. The next ``iter()``
+rebuilds the interrupted epoch: the generators are set to their
+epoch-start states, the epoch is opened exactly as before (same
+permutation, same base seed), the index stream is advanced past the batches
+already handed over (in Rust, without building them, for the built-in
+samplers), the batches that were in flight are queued first, and the
+generators are put back. So no batch is lost or repeated, and the order
+does not depend on ``num_workers``.
+
+Samplers, batch samplers and datasets with ``state_dict()`` /
+``load_state_dict()`` (the ``torchdata`` ``Stateful`` protocol) are saved
+and restored through those methods; any other Python sampler is
+fast-forwarded by drawing and dropping the indices already used.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections import deque
+from typing import Any, Optional
+
+import torch
+import torch.utils.data.dataloader as _tdl
+import torch.utils.data.sampler as _ts
+
+from ferroloader import _core
+from ferroloader.errors import ConfigError
+
+FORMAT = 1
+"""Version of the state's layout; a state of another version is refused."""
+
+_KEY = "ferroloader_state"
+
+
+def _stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+def _generators(loader: Any) -> list[tuple[list[str], torch.Generator]]:
+    """The CPU generators an epoch may draw from, each once, with the roles
+    it plays (``global``, ``loader``, ``sampler``, ``batch_sampler.sampler``)."""
+    found: list[tuple[str, Any]] = [("global", torch.default_generator)]
+    if loader.generator is not None:
+        found.append(("loader", loader.generator))
+    found.append(("sampler", getattr(loader.sampler, "generator", None)))
+    inner = getattr(loader.batch_sampler, "sampler", None)
+    found.append(("batch_sampler.sampler", getattr(inner, "generator", None)))
+    groups: list[tuple[list[str], torch.Generator]] = []
+    for role, g in found:
+        if not isinstance(g, torch.Generator) or g.device.type != "cpu":
+            continue
+        for roles, known in groups:
+            if known is g:
+                roles.append(role)
+                break
+        else:
+            groups.append(([role], g))
+    return groups
+
+
+def _stateful_sampler(loader: Any) -> Optional[Any]:
+    """The sampler whose own state methods save the epoch's position: the
+    index sampler, or the sampler inside a ``BatchSampler``."""
+    index_sampler = loader._index_sampler
+    if _stateful(index_sampler):
+        return index_sampler
+    if isinstance(index_sampler, _ts.BatchSampler) and _stateful(index_sampler.sampler):
+        return index_sampler.sampler
+    return None
+
+
+def _fingerprint(loader: Any) -> dict[str, Any]:
+    """What a state must agree on with the loader it is loaded into."""
+    iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
+    try:
+        length: Optional[int] = len(loader.dataset)
+    except TypeError:
+        length = None
+    sampler = None if iterable else type(loader._index_sampler)
+    inner = getattr(loader._index_sampler, "sampler", None) if sampler else None
+    return {
+        "dataset kind": "iterable" if iterable else "map",
+        "dataset length": length,
+        "batch size": loader.batch_size,
+        "drop_last": bool(loader.drop_last),
+        "sampler": None if sampler is None else f"{sampler.__module__}.{sampler.__qualname__}",
+        "inner sampler": None if inner is None else type(inner).__qualname__,
+    }
+
+
+class Recorder:
+    """Wraps a Python index stream whose sampler saves its own state: keeps
+    the recent batches, so those in flight at a snapshot can be re-sent."""
+
+    def __init__(self, source: Any, keep: int) -> None:
+        self.source = source
+        self.recent: deque[tuple[int, Any]] = deque(maxlen=keep)
+        self.count = 0
+
+    def __iter__(self) -> Recorder:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self.source)
+        self.recent.append((self.count, item))
+        self.count += 1
+        return item
+
+    def batches(self, seqs: list[int]) -> list[Any]:
+        have = dict(self.recent)
+        missing = [s for s in seqs if s not in have]
+        if missing:
+            raise ConfigError(
+                f"state_dict(): batches {missing} are in flight but no longer recorded"
+            )
+        return [have[s] for s in seqs]
+
+
+class Epoch:
+    """One epoch's record: the generators' states when it began, and a
+    weak link to the iterator that reports its position."""
+
+    def __init__(self, loader: Any, number: int) -> None:
+        self.number = number
+        self.groups = _generators(loader)
+        self.start = [g.get_state() for _, g in self.groups]
+        self.sampler = _stateful_sampler(loader)
+        self.iterator: Optional[weakref.ref[Any]] = None
+        self.recorder: Optional[Recorder] = None
+        # the position when the iterator went away (read from it until then)
+        self.last: Optional[tuple[int, list[int], bool]] = None
+        self.dataset_iter: Optional[Any] = None
+        self.multiprocess = False
+        self.iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
+        # an iterable's iterator ran out (read with the position)
+        self.exhausted = False
+
+    def attach(self, iterator: Any, multiprocess: bool) -> None:
+        self.iterator = weakref.ref(iterator)
+        self.multiprocess = multiprocess
+        iterator._epoch_record = self
+
+    def position(self) -> tuple[int, list[int], bool]:
+        """``(drawn, pending sequence numbers, ended)``."""
+        it = self.iterator() if self.iterator is not None else None
+        if it is None:
+            return self.last if self.last is not None else (0, [], False)
+        return self.read(it)
+
+    def detach(self, iterator: Any) -> None:
+        """The iterator is going away: keep its last position."""
+        self.last = self.read(iterator)
+
+    def read(self, it: Any) -> tuple[int, list[int], bool]:
+        if self.multiprocess:
+            drawn, pending, ended = it._position
+            return int(drawn), list(pending), bool(ended)
+        drawn, yielded, ended, exhausted = it._position
+        self.exhausted = bool(exhausted)
+        # an iterable's position is counted in batches handed over
+        return int(yielded if self.iterable else drawn), [], bool(ended)
+
+
+def _states(groups: list[tuple[list[str], torch.Generator]]) -> list[Any]:
+    return [g.get_state() for _, g in groups]
+
+
+def _set(groups: list[tuple[list[str], torch.Generator]], states: list[Any]) -> None:
+    for (_, g), s in zip(groups, states):
+        g.set_state(s)
+
+
+def snapshot(loader: Any) -> dict[str, Any]:
+    """``DataLoader.state_dict()``."""
+    rec: Optional[Epoch] = loader._epoch
+    groups = _generators(loader)
+    state: dict[str, Any] = {
+        _KEY: FORMAT,
+        "fingerprint": _fingerprint(loader),
+        "epochs_started": loader._epochs_started,
+        "num_workers": loader.num_workers,
+        "generators": [
+            {"roles": list(roles), "state": bytes(g.get_state().numpy())} for roles, g in groups
+        ],
+        "epoch": None,
+    }
+    if rec is None:
+        return state
+    drawn, pending, ended = rec.position()
+    if ended:
+        return state
+    if rec.multiprocess and loader._dataset_kind == _tdl._DatasetKind.Iterable:
+        raise ConfigError(
+            "state_dict() of an IterableDataset with num_workers > 0 is not supported: each "
+            "worker iterates its own replica; use num_workers=0, or a map-style dataset"
+        )
+    epoch: dict[str, Any] = {
+        "drawn": drawn,
+        "pending": pending,
+        "generators_at_start": [bytes(s.numpy()) for s in rec.start],
+        "exhausted": rec.exhausted,
+    }
+    if rec.sampler is not None:
+        epoch["sampler_state"] = rec.sampler.state_dict()
+        if rec.recorder is not None and pending:
+            epoch["pending_batches"] = rec.recorder.batches(pending)
+    dataset = loader.dataset
+    if loader._dataset_kind == _tdl._DatasetKind.Iterable:
+        if _stateful(dataset):
+            epoch["dataset_state"] = dataset.state_dict()
+        if rec.dataset_iter is not None and _stateful(rec.dataset_iter):
+            epoch["iterator_state"] = rec.dataset_iter.state_dict()
+    elif _stateful(dataset):
+        epoch["dataset_state"] = dataset.state_dict()
+    state["epoch"] = epoch
+    return state
+
+
+def _tensor(raw: Any) -> torch.Tensor:
+    if isinstance(raw, torch.Tensor):
+        return raw
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+def validate(loader: Any, state: Any) -> dict[str, Any]:
+    """Checks a state against the loader; a ``ValueError`` names the first
+    mismatch."""
+    if not isinstance(state, dict) or _KEY not in state:
+        raise ConfigError("load_state_dict(): not a ferroloader DataLoader state")
+    if state[_KEY] != FORMAT:
+        raise ConfigError(
+            f"load_state_dict(): the state has format version {state[_KEY]!r}; this ferroloader "
+            f"reads version {FORMAT}"
+        )
+    mine = _fingerprint(loader)
+    for key, value in state["fingerprint"].items():
+        if mine.get(key) != value:
+            raise ConfigError(
+                f"load_state_dict(): the state was saved with {key} {value!r}, "
+                f"this loader has {mine.get(key)!r}"
+            )
+    roles = [g["roles"] for g in state["generators"]]
+    here = [r for r, _ in _generators(loader)]
+    if roles != here:
+        raise ConfigError(
+            f"load_state_dict(): the state's generators are {roles}, this loader's are {here} "
+            "(was generator= passed to one loader and not the other?)"
+        )
+    return state
+
+
+def load(loader: Any, state: dict[str, Any]) -> None:
+    """``DataLoader.load_state_dict()``: validate, restore the generators,
+    and leave the epoch to resume for the next ``iter()``."""
+    validate(loader, state)
+    if (
+        state["epoch"] is not None
+        and loader._dataset_kind == _tdl._DatasetKind.Iterable
+        and loader.num_workers > 0
+    ):
+        raise ConfigError(
+            "load_state_dict(): resuming an IterableDataset mid-epoch with num_workers > 0 is "
+            "not supported (each worker iterates its own replica); resume with num_workers=0"
+        )
+    groups = _generators(loader)
+    _set(groups, [_tensor(g["state"]) for g in state["generators"]])
+    loader._epochs_started = int(state["epochs_started"])
+    loader._resume = state["epoch"]
+    loader._epoch = None
+
+
+def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
+    """Starts an epoch's record. When a loaded state resumes this epoch,
+    returns it and the generators' current states, after setting the
+    generators to their states at the epoch's start."""
+    resume = loader._resume
+    loader._resume = None
+    if resume is None:
+        loader._epochs_started += 1
+        rec = Epoch(loader, loader._epochs_started - 1)
+        loader._epoch = rec
+        return rec, None, None
+    rec = Epoch(loader, loader._epochs_started - 1)
+    now = _states(rec.groups)
+    rec.start = [_tensor(s) for s in resume["generators_at_start"]]
+    _set(rec.groups, rec.start)
+    if rec.sampler is not None and "sampler_state" in resume:
+        rec.sampler.load_state_dict(resume["sampler_state"])
+    if "dataset_state" in resume:
+        loader.dataset.load_state_dict(resume["dataset_state"])
+    loader._epoch = rec
+    return rec, resume, now
+
+
+def _is_native(source: Any) -> bool:
+    if isinstance(source, _core.BatchSamplerIter):
+        return source.is_native
+    return isinstance(source, _core.SamplerIter)
+
+
+def resume_source(
+    rec: Epoch, source: Any, resume: Optional[dict[str, Any]], now: Any, window: int
+) -> Any:
+    """The epoch's index stream, advanced to the snapshot when resuming;
+    puts the generators back to ``now`` afterwards."""
+    if resume is None:
+        if rec.sampler is not None:
+            rec.recorder = Recorder(source, keep=8 * window + 64)
+            return rec.recorder
+        return source
+    try:
+        pending: list[int] = list(resume["pending"])
+        drawn = int(resume["drawn"])
+        if rec.sampler is not None:
+            # The sampler resumed itself at `drawn`; re-send what was in flight.
+            kept = list(resume.get("pending_batches", []))
+            rec.recorder = Recorder(source, keep=8 * window + 64)
+            rec.recorder.count = drawn
+            return itertools.chain(kept, rec.recorder) if kept else rec.recorder
+        first = pending[0] if pending else drawn
+        if isinstance(source, (_core.BatchSamplerIter, _core.SamplerIter)):
+            got = source._skip(first)
+        else:
+            got = sum(1 for _ in itertools.islice(source, first))
+        if got < first:
+            raise ConfigError(
+                f"load_state_dict(): the state is {first} batches into the epoch, but this "
+                f"loader's epoch has {got}"
+            )
+        wanted = set(pending)
+        kept = []
+        for seq in range(first, drawn):
+            item = next(source)
+            if seq in wanted:
+                kept.append(item)
+        if not kept:
+            return source
+        if _is_native(source):
+            source._prepend(kept)
+            return source
+        return itertools.chain(kept, source)
+    finally:
+        _set(rec.groups, now)
+
+
+def resume_iterable(
+    rec: Epoch, dataset_iter: Any, resume: Optional[dict[str, Any]], now: Any, per_batch: int
+) -> Any:
+    """An ``IterableDataset``'s iterator (``num_workers=0``), resumed: from
+    its own state when it has state methods, else by skipping the samples
+    already used."""
+    rec.dataset_iter = dataset_iter
+    if resume is None:
+        return dataset_iter
+    try:
+        if resume.get("exhausted"):
+            # the epoch's last batch was handed over: nothing is left of it
+            return iter(())
+        if "iterator_state" in resume:
+            dataset_iter.load_state_dict(resume["iterator_state"])
+        elif "dataset_state" not in resume:
+            for _ in itertools.islice(dataset_iter, resume["drawn"] * per_batch):
+                pass
+        return dataset_iter
+    finally:
+        _set(rec.groups, now)
