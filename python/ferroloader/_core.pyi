@@ -159,5 +159,6 @@ def worker_loop(
     make_iter: Any,
     wrap_exception: Any,
     init_exception: Optional[bytes],
+    on_epoch: Optional[Any] = None,
 ) -> None:
     """Serve tasks from the main process until it stops or goes away."""

@@ -22,6 +22,7 @@ from torch.utils.data._utils import worker as _torch_worker
 
 from ferroloader import _core
 from ferroloader._fetch import fetch_plan
+from ferroloader.seeds import SeededDataset
 
 
 def _wrapper(worker_id: int) -> Callable[[BaseException], bytes]:
@@ -50,6 +51,7 @@ def worker_entry(
     shm_limit: int,
     prefetch_factor: int,
     close_fds: list[int],
+    sample_seeds: Optional[tuple[int, int]] = None,
 ) -> None:
     dataset = dataset_holder.pop()
     # Forked workers inherit the main process's ends of earlier workers'
@@ -84,6 +86,12 @@ def worker_entry(
                 init_fn(worker_id)
         except Exception as e:
             init_exception = wrap(e)
+        on_epoch = None
+        if sample_seeds is not None:
+            # per_sample_seed=True: (seed, first epoch); the worker counts
+            # the epochs it serves after that
+            dataset = SeededDataset(dataset, *sample_seeds, restore=False)
+            on_epoch = dataset.start_epoch
         getitems, tensors = fetch_plan(dataset, iterable)
         _core.worker_loop(
             fd,
@@ -101,6 +109,7 @@ def worker_entry(
             make_iter=lambda: iter(dataset),
             wrap_exception=wrap,
             init_exception=init_exception,
+            on_epoch=on_epoch,
         )
     except KeyboardInterrupt:
         pass

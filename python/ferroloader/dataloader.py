@@ -22,6 +22,7 @@ from ferroloader import _core, _worker, state
 from ferroloader._fetch import fetch_plan
 from ferroloader.errors import ConfigError
 from ferroloader.sampler import native_batch_iter, native_iter
+from ferroloader.seeds import SeededDataset
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -49,7 +50,21 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
+        seed: Optional[int] = None,
+        per_sample_seed: bool = False,
     ) -> None:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ConfigError(f"seed should be an int or None, but got seed={seed!r}")
+        if per_sample_seed and seed is None:
+            raise ConfigError("per_sample_seed=True needs seed= (the seeds derive from it)")
+        if per_sample_seed and callable(getattr(dataset, "__getitems__", None)):
+            raise ConfigError(
+                "per_sample_seed=True seeds each __getitem__ call, but this dataset fetches "
+                "whole batches with __getitems__"
+            )
+        # seed=: a private generator, reseeded per epoch, decides the order
+        # and the workers' base seed; generator= keeps priority
+        own = torch.Generator() if seed is not None and generator is None else None
         super().__init__(
             dataset,
             batch_size,
@@ -63,7 +78,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             timeout,
             worker_init_fn,
             multiprocessing_context,
-            generator,
+            generator if own is None else own,
             prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device,
@@ -72,6 +87,17 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         self._epochs_started = 0
         self._epoch: Optional[state.Epoch] = None
         self._resume: Optional[dict[str, Any]] = None
+        self.seed = seed
+        self.per_sample_seed = bool(per_sample_seed)
+        self._seeded_generator = own
+
+    def _sample_seeds(self) -> Optional[tuple[int, int]]:
+        """``(seed, epoch)`` for per-sample seeding of a map-style dataset
+        in the current epoch, else ``None``."""
+        if not self.per_sample_seed or self._dataset_kind == _tdl._DatasetKind.Iterable:
+            return None
+        assert self.seed is not None
+        return (self.seed, self._epochs_started - 1)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position as plain, picklable data: taken between
@@ -164,6 +190,9 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
         source = state.resume_iterable(rec, iter(dataset), resume, now, per_batch)
     else:
         source = state.resume_source(rec, source, resume, now, window=1)
+    seeds = loader._sample_seeds()
+    if seeds is not None:
+        dataset = SeededDataset(dataset, *seeds, restore=True)
     getitems, tensors = fetch_plan(dataset, iterable)
     it = _SingleProcessIter(
         source,
@@ -261,6 +290,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
                         per_worker,
                         loader.prefetch_factor,
                         close_fds,
+                        loader._sample_seeds(),
                     ),
                 )
                 w.daemon = True

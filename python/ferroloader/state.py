@@ -37,6 +37,7 @@ import torch.utils.data.sampler as _ts
 
 from ferroloader import _core
 from ferroloader.errors import ConfigError
+from ferroloader.seeds import epoch_seed
 
 FORMAT = 1
 """Version of the state's layout; a state of another version is refused."""
@@ -99,6 +100,8 @@ def _fingerprint(loader: Any) -> dict[str, Any]:
         "drop_last": bool(loader.drop_last),
         "sampler": None if sampler is None else f"{sampler.__module__}.{sampler.__qualname__}",
         "inner sampler": None if inner is None else type(inner).__qualname__,
+        "seed": loader.seed,
+        "per_sample_seed": loader.per_sample_seed,
     }
 
 
@@ -281,6 +284,8 @@ def load(loader: Any, state: dict[str, Any]) -> None:
     loader._epochs_started = int(state["epochs_started"])
     loader._resume = state["epoch"]
     loader._epoch = None
+    # persistent workers serve the old position: the next iter() starts anew
+    loader._iterator = None
 
 
 def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
@@ -291,6 +296,10 @@ def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
     loader._resume = None
     if resume is None:
         loader._epochs_started += 1
+        if loader._seeded_generator is not None:
+            loader._seeded_generator.manual_seed(
+                epoch_seed(loader.seed, loader._epochs_started - 1)
+            )
         rec = Epoch(loader, loader._epochs_started - 1)
         loader._epoch = rec
         return rec, None, None

@@ -28,6 +28,8 @@ struct PyHost<'py> {
     init_exception: Option<Vec<u8>>,
     ended: bool,
     epochs: usize,
+    /// Called at the start of every epoch (per-sample seeding's epoch count).
+    on_epoch: Option<Py<PyAny>>,
 }
 
 impl Blocking for PyHost<'_> {
@@ -91,6 +93,12 @@ impl Host for PyHost<'_> {
     fn start_epoch(&mut self) {
         let first = self.epochs == 0;
         self.epochs += 1;
+        if let Some(f) = &self.on_epoch {
+            if let Err(e) = f.bind(self.py).call0() {
+                self.init_exception = self.wrap(e).ok();
+                return;
+            }
+        }
         // A failed `worker_init_fn` is reported by the first task instead.
         if !self.iterable || (first && self.init_exception.is_some()) {
             return;
@@ -124,7 +132,7 @@ impl Host for PyHost<'_> {
 
 /// Serves tasks until the main process says stop or goes away.
 #[pyfunction]
-#[pyo3(signature = (fd, *, dataset, iterable, auto_collation, drop_last, collate_fn, getitems, tensors, main_pid, shm_initial, shm_limit, prefetch_factor, make_iter, wrap_exception, init_exception))]
+#[pyo3(signature = (fd, *, dataset, iterable, auto_collation, drop_last, collate_fn, getitems, tensors, main_pid, shm_initial, shm_limit, prefetch_factor, make_iter, wrap_exception, init_exception, on_epoch=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn worker_loop(
     py: Python<'_>,
@@ -143,6 +151,7 @@ pub fn worker_loop(
     make_iter: Py<PyAny>,
     wrap_exception: Py<PyAny>,
     init_exception: Option<Vec<u8>>,
+    on_epoch: Option<Py<PyAny>>,
 ) -> PyResult<()> {
     let fd = adopt_fd(fd)?;
     let fetcher = Fetcher::new(py, dataset, getitems, tensors, collate_fn, Sink::Deferred)?;
@@ -158,6 +167,7 @@ pub fn worker_loop(
         init_exception,
         ended: false,
         epochs: 0,
+        on_epoch,
     };
     let config = Config {
         main_pid,

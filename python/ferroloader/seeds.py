@@ -1,0 +1,119 @@
+"""Determinism control: ``DataLoader(seed=S)`` and ``per_sample_seed=True``.
+
+The seeds are fixed functions of plain integers, so they are the same in
+every process, for every ``num_workers``, and after a resume:
+
+- ``epoch_seed(S, epoch)`` seeds the loader's private generator at the start
+  of each epoch (0-based): it decides the shuffle order and the workers'
+  base seed, and nothing else draws from it.
+- ``sample_seed(S, epoch, index)`` seeds ``torch``, ``random`` and ``numpy``
+  right before ``dataset[index]`` when ``per_sample_seed=True``.
+
+Both mix their inputs with SplitMix64's finaliser (Steele, Lea and Flood,
+2014) and keep 63 bits, a valid seed for all three generators (``numpy``
+takes the low 32 bits).
+"""
+
+from __future__ import annotations
+
+import operator
+import random
+import zlib
+from typing import Any
+
+import torch
+import torch.utils.data as _tud
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def _as_int(index: Any) -> int:
+    try:
+        return operator.index(index)
+    except TypeError:
+        # keys that are not integers (a sampler may yield any hashable):
+        # a digest of their repr, the same in every process
+        return zlib.crc32(repr(index).encode())
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of a seeded loader's generator for ``epoch`` (0-based)."""
+    return _mix(_mix(seed & _MASK) ^ (epoch & _MASK)) >> 1
+
+
+def sample_seed(seed: int, epoch: int, index: Any) -> int:
+    """The seed set before ``dataset[index]`` in ``epoch`` with
+    ``per_sample_seed=True``."""
+    return _mix(epoch_seed(seed, epoch) ^ _mix(_as_int(index) & _MASK)) >> 1
+
+
+def seed_everything(s: int) -> None:
+    """Seeds ``torch``, ``random`` and ``numpy`` (low 32 bits) with ``s``."""
+    torch.manual_seed(s)
+    random.seed(s)
+    try:
+        import numpy as np
+
+        np.random.seed(s & 0xFFFFFFFF)
+    except ImportError:  # pragma: no cover - numpy comes with torch's wheels
+        pass
+
+
+def _rng_states() -> tuple[Any, ...]:
+    import numpy as np
+
+    return torch.get_rng_state(), random.getstate(), np.random.get_state()
+
+
+def _set_rng_states(states: tuple[Any, ...]) -> None:
+    import numpy as np
+
+    torch.set_rng_state(states[0])
+    random.setstate(states[1])
+    np.random.set_state(states[2])
+
+
+class SeededDataset(_tud.Dataset):
+    """A map-style dataset whose ``__getitem__(i)`` runs right after
+    ``seed_everything(sample_seed(seed, epoch, i))``. In the main process
+    (``restore=True``) the global generators are put back after each sample,
+    so a seeded loader leaves them untouched."""
+
+    def __init__(self, dataset: Any, seed: int, epoch: int, restore: bool) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.epoch = epoch
+        self.restore = restore
+        self._started = False
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: Any) -> Any:
+        if not self.restore:
+            seed_everything(sample_seed(self.seed, self.epoch, index))
+            return self.dataset[index]
+        saved = _rng_states()
+        try:
+            seed_everything(sample_seed(self.seed, self.epoch, index))
+            return self.dataset[index]
+        finally:
+            _set_rng_states(saved)
+
+    def start_epoch(self) -> None:
+        """Called by a worker at the start of every epoch it serves: the
+        first is the one it was started for, later ones (persistent
+        workers) follow it."""
+        if self._started:
+            self.epoch += 1
+        self._started = True
+
+
+__all__ = ["epoch_seed", "sample_seed", "seed_everything"]
