@@ -26,6 +26,8 @@ cpu_w2         pure-Python CPU-bound __getitem__ (~0.5 ms), nw=2           >= 0.
 ttfb_w2        time to first batch, nw=2, with fork and with spawn         <= 1x
 state_w2       state_dict() mid-epoch, nw=2, against a 1 ms budget;        <= 1x
                load_state_dict() + first batch against a fresh epoch's     <= 1x
+seeds_w2       per_sample_seed=True against unseeded, ~0.5 ms samples,    >= 0.9x
+               nw=2 (the note gives the microseconds added per sample)
 =============  ==========================================================  =========
 
 The ``*_w2`` scenarios are skipped with a note while ferroloader raises
@@ -612,6 +614,33 @@ def sc_state_w2(st: Settings, fl: Any) -> List[Check]:
     return [snap, resume]
 
 
+def sc_seeds_w2(st: Settings, fl: Any) -> List[Check]:
+    """The cost of per-sample seeding (ferroloader against itself)."""
+    probe_workers(fl)
+    iters = calibrate_cpu_iters(0.5e-3)
+    n = 128 if st.quick else 1024
+    check = Check("samples/s, per_sample_seed", "samples/s", "unseeded", target=0.9)
+    loader_pair(
+        st,
+        check,
+        lambda: fl.DataLoader(CpuDataset(n, iters), batch_size=32, **mw_kwargs()),
+        lambda: fl.DataLoader(
+            CpuDataset(n, iters), batch_size=32, seed=0, per_sample_seed=True, **mw_kwargs()
+        ),
+        n,
+    )
+    # the absolute cost, on samples that cost nothing (nw=0)
+    m = 2048 if st.quick else 16384
+    plain = epoch_step(fl.DataLoader(IntDataset(m), batch_size=64), m)
+    seeded = epoch_step(
+        fl.DataLoader(IntDataset(m), batch_size=64, seed=0, per_sample_seed=True), m
+    )
+    rates = [(timed_rate(plain, st.min_time), timed_rate(seeded, st.min_time)) for _ in range(3)]
+    added = statistics.median(1e6 / s - 1e6 / p for p, s in rates)
+    check.note = f"adds {added:.1f} us per sample (median, Python-int dataset, nw=0)"
+    return [check]
+
+
 # --- peak memory of the process tree, measured in fresh child processes -----
 
 RSS_MARK = "@@RSS@@"
@@ -769,6 +798,7 @@ SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
     "cpu_w2": ("pure-Python ~0.5 ms __getitem__, batch 32, num_workers=2", sc_cpu_w2),
     "ttfb_w2": ("time to first batch, num_workers=2, fork and spawn", sc_ttfb_w2),
     "state_w2": ("snapshot and resume, num_workers=2", sc_state_w2),
+    "seeds_w2": ("per-sample seeding, ~0.5 ms samples, num_workers=2", sc_seeds_w2),
 }
 
 

@@ -90,7 +90,7 @@ def worker_entry(
         if sample_seeds is not None:
             # per_sample_seed=True: (seed, first epoch); the worker counts
             # the epochs it serves after that
-            dataset = SeededDataset(dataset, *sample_seeds, restore=False)
+            dataset = SeededDataset(dataset, *sample_seeds)
             on_epoch = dataset.start_epoch
         getitems, tensors = fetch_plan(dataset, iterable)
         _core.worker_loop(

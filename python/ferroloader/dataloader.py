@@ -191,8 +191,9 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
     else:
         source = state.resume_source(rec, source, resume, now, window=1)
     seeds = loader._sample_seeds()
+    guard = None
     if seeds is not None:
-        dataset = SeededDataset(dataset, *seeds, restore=True)
+        dataset = guard = SeededDataset(dataset, *seeds)
     getitems, tensors = fetch_plan(dataset, iterable)
     it = _SingleProcessIter(
         source,
@@ -207,6 +208,7 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
         pin=pin,
         index_sampler=loader._index_sampler,
         len_called=loader._IterableDataset_len_called,
+        rng_guard=guard,
     )
     rec.attach(it, multiprocess=False)
     return it

@@ -6,8 +6,8 @@ every process, for every ``num_workers``, and after a resume:
 - ``epoch_seed(S, epoch)`` seeds the loader's private generator at the start
   of each epoch (0-based): it decides the shuffle order and the workers'
   base seed, and nothing else draws from it.
-- ``sample_seed(S, epoch, index)`` seeds ``torch``, ``random`` and ``numpy``
-  right before ``dataset[index]`` when ``per_sample_seed=True``.
+- ``sample_seed(S, epoch, index)`` seeds torch's CPU generator, ``random``
+  and ``numpy`` right before ``dataset[index]`` when ``per_sample_seed=True``.
 
 Both mix their inputs with SplitMix64's finaliser (Steele, Lea and Flood,
 2014) and keep 63 bits, a valid seed for all three generators (``numpy``
@@ -19,7 +19,7 @@ from __future__ import annotations
 import operator
 import random
 import zlib
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.utils.data as _tud
@@ -55,8 +55,10 @@ def sample_seed(seed: int, epoch: int, index: Any) -> int:
 
 
 def seed_everything(s: int) -> None:
-    """Seeds ``torch``, ``random`` and ``numpy`` (low 32 bits) with ``s``."""
-    torch.manual_seed(s)
+    """Seeds torch's CPU generator, ``random`` and ``numpy`` (low 32 bits)
+    with ``s``. (``torch.manual_seed`` would also seed every accelerator's
+    generators, at ~100x the cost; data workers draw on the CPU.)"""
+    torch.default_generator.manual_seed(s)
     random.seed(s)
     try:
         import numpy as np
@@ -82,30 +84,31 @@ def _set_rng_states(states: tuple[Any, ...]) -> None:
 
 class SeededDataset(_tud.Dataset):
     """A map-style dataset whose ``__getitem__(i)`` runs right after
-    ``seed_everything(sample_seed(seed, epoch, i))``. In the main process
-    (``restore=True``) the global generators are put back after each sample,
-    so a seeded loader leaves them untouched."""
+    ``seed_everything(sample_seed(seed, epoch, i))``. In the main process the
+    loader calls ``save()`` before and ``restore()`` after each batch, so a
+    seeded loader leaves the global generators untouched."""
 
-    def __init__(self, dataset: Any, seed: int, epoch: int, restore: bool) -> None:
+    def __init__(self, dataset: Any, seed: int, epoch: int) -> None:
         self.dataset = dataset
         self.seed = seed
         self.epoch = epoch
-        self.restore = restore
         self._started = False
+        self._saved: Optional[tuple[Any, ...]] = None
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: Any) -> Any:
-        if not self.restore:
-            seed_everything(sample_seed(self.seed, self.epoch, index))
-            return self.dataset[index]
-        saved = _rng_states()
-        try:
-            seed_everything(sample_seed(self.seed, self.epoch, index))
-            return self.dataset[index]
-        finally:
-            _set_rng_states(saved)
+        seed_everything(sample_seed(self.seed, self.epoch, index))
+        return self.dataset[index]
+
+    def save(self) -> None:
+        self._saved = _rng_states()
+
+    def restore(self) -> None:
+        if self._saved is not None:
+            _set_rng_states(self._saved)
+            self._saved = None
 
     def start_epoch(self) -> None:
         """Called by a worker at the start of every epoch it serves: the

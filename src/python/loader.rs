@@ -36,12 +36,15 @@ pub struct SingleProcessIter {
     num_drawn: usize,
     /// The epoch ran to its end.
     ended: bool,
+    /// Per-sample seeding in this process: `save()` before each batch and
+    /// `restore()` after it keep the user's global generators untouched.
+    rng_guard: Option<Py<PyAny>>,
 }
 
 #[pymethods]
 impl SingleProcessIter {
     #[new]
-    #[pyo3(signature = (source, dataset, *, iterable, getitems, tensors, auto_collation, batch_size, drop_last, collate_fn, pin, index_sampler, len_called))]
+    #[pyo3(signature = (source, dataset, *, iterable, getitems, tensors, auto_collation, batch_size, drop_last, collate_fn, pin, index_sampler, len_called, rng_guard=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         source: &Bound<'_, PyAny>,
@@ -56,6 +59,7 @@ impl SingleProcessIter {
         pin: Option<(Py<PyAny>, Py<PyAny>)>,
         index_sampler: Py<PyAny>,
         len_called: Option<usize>,
+        rng_guard: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let py = source.py();
         let source = if iterable {
@@ -79,6 +83,7 @@ impl SingleProcessIter {
             num_yielded: 0,
             num_drawn: 0,
             ended: false,
+            rng_guard,
         })
     }
 
@@ -92,6 +97,7 @@ impl SingleProcessIter {
             visit.call(f)?;
             visit.call(d)?;
         }
+        visit.call(&self.rng_guard)?;
         visit.call(&self.index_sampler)
     }
 
@@ -104,7 +110,17 @@ impl SingleProcessIter {
     }
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let Some(mut data) = self.next_data(py)? else {
+        let fetched = match &self.rng_guard {
+            None => self.next_data(py),
+            Some(guard) => {
+                let guard = guard.clone_ref(py);
+                guard.call_method0(py, pyo3::intern!(py, "save"))?;
+                let out = self.next_data(py);
+                guard.call_method0(py, pyo3::intern!(py, "restore"))?;
+                out
+            }
+        };
+        let Some(mut data) = fetched? else {
             self.ended = true;
             return Ok(None);
         };
