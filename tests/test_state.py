@@ -9,6 +9,7 @@ generator must end where it ends in the uninterrupted run.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -162,10 +163,17 @@ def _uninterrupted(make: Callable[[], Any], seed: int, epochs: int) -> tuple[lis
     return out, torch.get_rng_state()
 
 
+@functools.cache
+def _expected(kind: str) -> tuple[list, torch.Tensor]:
+    """Two uninterrupted epochs with num_workers=0 (a map-style loader's
+    batches do not depend on num_workers) and the global RNG after them."""
+    return _uninterrupted(lambda: _loader(kind, 0), 0, 2)
+
+
 def _check(kind: str, nw_before: int, nw_after: int, stop: int, **extra: Any) -> None:
     """The resumed run's batches and global RNG equal the uninterrupted run's."""
     seed = 0
-    expected, rng_expected = _uninterrupted(lambda: _loader(kind, nw_before, **extra), seed, 2)
+    expected, rng_expected = _expected(kind)
     torch.manual_seed(seed)
     loader = _loader(kind, nw_before, **extra)
     it = iter(loader)
@@ -375,15 +383,105 @@ def test_resume_iterable_dataset_single_process(cls, bs):
             assert resumed.dataset.skipped_by_state > 0
 
 
-def test_iterable_with_workers_is_refused_with_a_reason():
-    """A snapshot of an IterableDataset mid-epoch with workers is refused
-    with a ValueError that says what to do (not silently wrong)."""
-    loader = fl.DataLoader(CountingIterable(), batch_size=2, num_workers=2)
+class ShardedCounter(tud.IterableDataset):
+    """Each worker's replica yields every num_workers-th sample from its id
+    (uneven shards); no state methods: resumed by skipping."""
+
+    def __init__(self, n: int = 23) -> None:
+        self.n = n
+
+    def _mine(self) -> range:
+        info = tud.get_worker_info()
+        w, k = (info.id, info.num_workers) if info is not None else (0, 1)
+        return range(w, self.n, k)
+
+    def __iter__(self):
+        for i in self._mine():
+            yield {"i": i, "x": torch.tensor([i * 0.5])}
+
+
+class StatefulShardedCounter(ShardedCounter):
+    """The same shards with state methods (torchdata's protocol: the
+    position is kept until the next __iter__)."""
+
+    def __init__(self, n: int = 23) -> None:
+        super().__init__(n)
+        self.pos = 0
+        self.loaded = False
+
+    def __iter__(self):
+        if not self.loaded:
+            self.pos = 0
+        self.loaded = False
+        mine = self._mine()
+        while self.pos < len(mine):
+            i = mine[self.pos]
+            self.pos += 1
+            yield {"i": i, "x": torch.tensor([i * 0.5])}
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.pos = sd["pos"]
+        self.loaded = True
+
+
+@pytest.mark.parametrize("cls", [ShardedCounter, StatefulShardedCounter])
+@pytest.mark.parametrize("nw,bs", [(2, 3), (3, 2), (2, None)])
+def test_resume_iterable_dataset_with_workers(cls, nw, bs):
+    """An IterableDataset with workers resumes at every position with the
+    same num_workers: each replica continues after the batches it had handed
+    over, the round-robin where it was, and the next epoch is whole."""
+    def make() -> fl.DataLoader:
+        return fl.DataLoader(cls(), batch_size=bs, num_workers=nw)
+
+    uninterrupted = make()
+    full = [plain(b) for _ in range(2) for b in uninterrupted]
+    per_epoch = len(full) // 2
+    for stop in range(0, per_epoch + 1, 2 if bs is None else 1):
+        loader = make()
+        it = iter(loader)
+        head = [plain(next(it)) for _ in range(stop)]
+        sd = pickle.loads(pickle.dumps(loader.state_dict()))
+        del it, loader
+        resumed = make()
+        resumed.load_state_dict(sd)
+        rest = [plain(b) for b in resumed] + [plain(b) for b in resumed]
+        assert head + rest == full, stop
+
+
+def test_resume_iterable_with_workers_out_of_order_and_persistent():
+    """in_order=False or persistent workers: an iterable resumes without
+    losing or repeating a sample."""
+    for extra in ({"in_order": False}, {"persistent_workers": True}):
+        def make(extra=extra) -> fl.DataLoader:
+            return fl.DataLoader(StatefulShardedCounter(), batch_size=2, num_workers=2, **extra)
+
+        expected = sorted(json.dumps(plain(b)) for b in make())
+        for stop in (1, 4):
+            loader = make()
+            it = iter(loader)
+            head = [plain(next(it)) for _ in range(stop)]
+            sd = loader.state_dict()
+            del it, loader
+            resumed = make()
+            resumed.load_state_dict(sd)
+            got = sorted(json.dumps(b) for b in head + [plain(b) for b in resumed])
+            assert got == expected
+
+
+def test_iterable_resume_with_other_workers_is_refused_with_a_reason():
+    """An IterableDataset saved mid-epoch with 2 workers refuses to resume
+    with 3 (or 0) with a ValueError that says why and what to do."""
+    loader = fl.DataLoader(ShardedCounter(), batch_size=2, num_workers=2)
     it = iter(loader)
     next(it)
-    with pytest.raises(ValueError, match="num_workers"):
-        loader.state_dict()
+    sd = loader.state_dict()
     del it
+    for nw in (3, 0):
+        with pytest.raises(ValueError, match="same num_workers"):
+            fl.DataLoader(ShardedCounter(), batch_size=2, num_workers=nw).load_state_dict(sd)
 
 
 @pytest.mark.parametrize(

@@ -139,6 +139,12 @@ class MultiProcessIter(Iterator[Any]):
     @property
     def _position(self) -> tuple[int, list[int], bool]:
         """``(drawn, pending sequence numbers, ended)`` of the current epoch."""
+    @property
+    def _iterable_position(
+        self,
+    ) -> tuple[list[int], list[Optional[bytes]], list[bool], int]:
+        """``(delivered, states, exhausted, next_worker)`` per worker."""
+    def _restore_round_robin(self, next_worker: int, exhausted: list[bool]) -> None: ...
     def __iter__(self) -> MultiProcessIter: ...
     def __next__(self) -> Any: ...
     def __len__(self) -> int: ...
@@ -161,5 +167,6 @@ def worker_loop(
     wrap_exception: Any,
     init_exception: Optional[bytes],
     on_epoch: Optional[Any] = None,
+    state_fn: Optional[Any] = None,
 ) -> None:
     """Serve tasks from the main process until it stops or goes away."""

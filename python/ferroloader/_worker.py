@@ -9,6 +9,7 @@ seed exactly as torch derives them, ``get_worker_info()``, then
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import random
@@ -35,6 +36,34 @@ def _wrapper(worker_id: int) -> Callable[[BaseException], bytes]:
     return wrap
 
 
+def _iterable_hooks(
+    dataset: Any,
+    iterable: bool,
+    resume: Optional[dict[str, Any]],
+) -> tuple[Callable[[], Any], Optional[Callable[[], bytes]]]:
+    """``make_iter`` (a new replica iterator per epoch; the first one of a
+    resumed epoch loads the replica's state or skips the batches it had
+    handed over) and ``state_fn`` (the replica's pickled state, sent with
+    each batch when the dataset has state methods)."""
+    stateful = callable(getattr(dataset, "state_dict", None)) and callable(
+        getattr(dataset, "load_state_dict", None)
+    )
+    skip = [0]
+    if iterable and resume is not None:
+        if "state" in resume:
+            dataset.load_state_dict(resume["state"])
+        else:
+            skip[0] = int(resume["skip_samples"])
+
+    def make_iter() -> Any:
+        it = iter(dataset)
+        n, skip[0] = skip[0], 0
+        return itertools.islice(it, n, None) if n else it
+
+    state_fn = (lambda: pickle.dumps(dataset.state_dict())) if iterable and stateful else None
+    return make_iter, state_fn
+
+
 def worker_entry(
     sock: socket.socket,
     dataset_holder: list[Any],
@@ -52,6 +81,7 @@ def worker_entry(
     prefetch_factor: int,
     close_fds: list[int],
     sample_seeds: Optional[tuple[int, int]] = None,
+    resume: Optional[dict[str, Any]] = None,
 ) -> None:
     dataset = dataset_holder.pop()
     # Forked workers inherit the main process's ends of earlier workers'
@@ -93,6 +123,7 @@ def worker_entry(
             dataset = SeededDataset(dataset, *sample_seeds)
             on_epoch = dataset.start_epoch
         getitems, tensors = fetch_plan(dataset, iterable)
+        make_iter, state_fn = _iterable_hooks(dataset, iterable, resume)
         _core.worker_loop(
             fd,
             dataset=dataset,
@@ -106,10 +137,11 @@ def worker_entry(
             shm_initial=shm_initial,
             shm_limit=shm_limit,
             prefetch_factor=prefetch_factor,
-            make_iter=lambda: iter(dataset),
+            make_iter=make_iter,
             wrap_exception=wrap,
             init_exception=init_exception,
             on_epoch=on_epoch,
+            state_fn=state_fn,
         )
     except KeyboardInterrupt:
         pass

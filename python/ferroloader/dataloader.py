@@ -268,6 +268,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
         fork = ctx.get_start_method() == "fork"
         n = loader.num_workers
         per_worker = max(shm_limit() // n, 1 << 20)
+        per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
         socks: list[socket.socket] = []
         procs: list[Any] = []
         try:
@@ -293,6 +294,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
                         loader.prefetch_factor,
                         close_fds,
                         loader._sample_seeds(),
+                        state.worker_resume(resume, i, per_batch),
                     ),
                 )
                 w.daemon = True
@@ -331,6 +333,8 @@ class _MultiProcessIter(_core.MultiProcessIter):
         )
         it._procs = procs
         rec.attach(it, multiprocess=True)
+        if resume is not None and "workers" in resume:
+            it._restore_round_robin(int(resume["next_worker"]), [False] * n)
         it._prime()
         return it
 

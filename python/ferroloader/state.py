@@ -27,6 +27,7 @@ fast-forwarded by drawing and dropping the indices already used.
 from __future__ import annotations
 
 import itertools
+import pickle
 import weakref
 from collections import deque
 from typing import Any, Optional
@@ -145,37 +146,55 @@ class Epoch:
         self.iterator: Optional[weakref.ref[Any]] = None
         self.recorder: Optional[Recorder] = None
         # the position when the iterator went away (read from it until then)
-        self.last: Optional[tuple[int, list[int], bool]] = None
+        self.last: Optional[dict[str, Any]] = None
         self.dataset_iter: Optional[Any] = None
         self.multiprocess = False
         self.iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
-        # an iterable's iterator ran out (read with the position)
-        self.exhausted = False
 
     def attach(self, iterator: Any, multiprocess: bool) -> None:
         self.iterator = weakref.ref(iterator)
         self.multiprocess = multiprocess
         iterator._epoch_record = self
 
-    def position(self) -> tuple[int, list[int], bool]:
-        """``(drawn, pending sequence numbers, ended)``."""
+    def position(self) -> dict[str, Any]:
+        """Where the epoch stands: ``drawn``, ``pending`` (sequence numbers
+        in flight), ``ended``; for an iterable, ``exhausted`` (one process)
+        or ``workers`` and ``next_worker`` (several)."""
         it = self.iterator() if self.iterator is not None else None
-        if it is None:
-            return self.last if self.last is not None else (0, [], False)
-        return self.read(it)
+        if it is not None:
+            return self.read(it)
+        if self.last is not None:
+            return self.last
+        return {"drawn": 0, "pending": [], "ended": False}
 
     def detach(self, iterator: Any) -> None:
         """The iterator is going away: keep its last position."""
         self.last = self.read(iterator)
 
-    def read(self, it: Any) -> tuple[int, list[int], bool]:
-        if self.multiprocess:
-            drawn, pending, ended = it._position
-            return int(drawn), list(pending), bool(ended)
-        drawn, yielded, ended, exhausted = it._position
-        self.exhausted = bool(exhausted)
-        # an iterable's position is counted in batches handed over
-        return int(yielded if self.iterable else drawn), [], bool(ended)
+    def read(self, it: Any) -> dict[str, Any]:
+        if not self.multiprocess:
+            drawn, yielded, ended, exhausted = it._position
+            # an iterable's position is counted in batches handed over
+            return {
+                "drawn": int(yielded if self.iterable else drawn),
+                "pending": [],
+                "ended": bool(ended),
+                "exhausted": bool(exhausted),
+            }
+        drawn, pending, ended = it._position
+        pos: dict[str, Any] = {"drawn": int(drawn), "pending": list(pending), "ended": bool(ended)}
+        if self.iterable:
+            delivered, states, exhausted, next_worker = it._iterable_position
+            pos["workers"] = [
+                {
+                    "delivered": int(d),
+                    "state": None if s is None else pickle.loads(s),
+                    "exhausted": bool(e),
+                }
+                for d, s, e in zip(delivered, states, exhausted)
+            ]
+            pos["next_worker"] = int(next_worker)
+        return pos
 
 
 def _states(groups: list[tuple[list[str], torch.Generator]]) -> list[Any]:
@@ -203,26 +222,29 @@ def snapshot(loader: Any) -> dict[str, Any]:
     }
     if rec is None:
         return state
-    drawn, pending, ended = rec.position()
-    if ended:
+    pos = rec.position()
+    if pos["ended"]:
         return state
-    if rec.multiprocess and loader._dataset_kind == _tdl._DatasetKind.Iterable:
-        raise ConfigError(
-            "state_dict() of an IterableDataset with num_workers > 0 is not supported: each "
-            "worker iterates its own replica; use num_workers=0, or a map-style dataset"
-        )
+    pending = pos["pending"]
     epoch: dict[str, Any] = {
-        "drawn": drawn,
+        "drawn": pos["drawn"],
         "pending": pending,
         "generators_at_start": [bytes(s.numpy()) for s in rec.start],
-        "exhausted": rec.exhausted,
+        "exhausted": pos.get("exhausted", False),
     }
+    if "workers" in pos:
+        # each worker's replica: batches handed over, and the state that
+        # came with its last one (when the dataset has state methods)
+        epoch["workers"] = pos["workers"]
+        epoch["next_worker"] = pos["next_worker"]
     if rec.sampler is not None:
         epoch["sampler_state"] = rec.sampler.state_dict()
         if rec.recorder is not None and pending:
             epoch["pending_batches"] = rec.recorder.batches(pending)
     dataset = loader.dataset
-    if loader._dataset_kind == _tdl._DatasetKind.Iterable:
+    if rec.iterable and rec.multiprocess:
+        pass  # the replicas live in the workers: their states are above
+    elif rec.iterable:
         if _stateful(dataset):
             epoch["dataset_state"] = dataset.state_dict()
         if rec.dataset_iter is not None and _stateful(rec.dataset_iter):
@@ -270,15 +292,16 @@ def load(loader: Any, state: dict[str, Any]) -> None:
     """``DataLoader.load_state_dict()``: validate, restore the generators,
     and leave the epoch to resume for the next ``iter()``."""
     validate(loader, state)
-    if (
-        state["epoch"] is not None
-        and loader._dataset_kind == _tdl._DatasetKind.Iterable
-        and loader.num_workers > 0
-    ):
-        raise ConfigError(
-            "load_state_dict(): resuming an IterableDataset mid-epoch with num_workers > 0 is "
-            "not supported (each worker iterates its own replica); resume with num_workers=0"
-        )
+    epoch = state["epoch"]
+    if epoch is not None and loader._dataset_kind == _tdl._DatasetKind.Iterable:
+        saved = len(epoch["workers"]) if "workers" in epoch else 0
+        if saved != loader.num_workers:
+            raise ConfigError(
+                f"load_state_dict(): an IterableDataset saved mid-epoch with num_workers={saved} "
+                f"resumes only with num_workers={saved} (each worker iterates its own replica "
+                f"of the dataset); this loader has num_workers={loader.num_workers}. Resume "
+                "with the same num_workers, or save at an epoch boundary"
+            )
     groups = _generators(loader)
     _set(groups, [_tensor(g["state"]) for g in state["generators"]])
     loader._epochs_started = int(state["epochs_started"])
@@ -332,6 +355,8 @@ def resume_source(
             return rec.recorder
         return source
     try:
+        if rec.iterable:
+            return source  # each worker resumes its replica (worker_resume)
         pending: list[int] = list(resume["pending"])
         drawn = int(resume["drawn"])
         if rec.sampler is not None:
@@ -387,3 +412,19 @@ def resume_iterable(
         return dataset_iter
     finally:
         _set(rec.groups, now)
+
+
+def worker_resume(
+    resume: Optional[dict[str, Any]], worker_id: int, per_batch: int
+) -> Optional[dict[str, Any]]:
+    """What worker ``worker_id`` of a resumed iterable epoch does before its
+    first batch: load its replica's state, or skip the batches it had
+    handed over. ``None``: start from the beginning. (A replica that had
+    run out says so again at its first task: a worker's exhaustion can be
+    known before its last batches are handed over, so it is not restored.)"""
+    if resume is None or "workers" not in resume:
+        return None
+    w = resume["workers"][worker_id]
+    if w["state"] is not None:
+        return {"state": w["state"]}
+    return {"skip_samples": int(w["delivered"]) * per_batch}

@@ -230,6 +230,29 @@ impl MultiProcessIter {
         (drawn, pending, self.ended)
     }
 
+    /// An iterable epoch's position per worker: `(delivered, states,
+    /// exhausted, next_worker)` (see `crate::scheduler::IterablePosition`).
+    #[getter]
+    #[allow(clippy::type_complexity)]
+    fn _iterable_position<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> (Vec<u64>, Vec<Option<Bound<'py, PyBytes>>>, Vec<bool>, usize) {
+        let p = self.core.iterable_position();
+        let states = p
+            .states
+            .iter()
+            .map(|s| s.as_ref().map(|b| PyBytes::new(py, b)))
+            .collect();
+        (p.delivered, states, p.exhausted, p.next_worker)
+    }
+
+    /// Before the first task of a resumed iterable epoch: the round-robin
+    /// starts at `next_worker`; `exhausted` workers get no task.
+    fn _restore_round_robin(&mut self, next_worker: usize, exhausted: Vec<bool>) -> PyResult<()> {
+        Ok(self.core.restore_round_robin(next_worker, &exhausted)?)
+    }
+
     /// Stops every worker: a Shutdown frame, then the socket is closed so a
     /// worker that misses the frame still sees EOF.
     fn _close(&mut self) {

@@ -30,6 +30,9 @@ struct PyHost<'py> {
     epochs: usize,
     /// Called at the start of every epoch (per-sample seeding's epoch count).
     on_epoch: Option<Py<PyAny>>,
+    /// An iterable replica with state methods: returns its pickled state
+    /// (sent with each batch, for snapshots).
+    state_fn: Option<Py<PyAny>>,
 }
 
 impl Blocking for PyHost<'_> {
@@ -110,6 +113,14 @@ impl Host for PyHost<'_> {
         }
     }
 
+    fn state_after_batch(&mut self) -> PyResult<Option<Vec<u8>>> {
+        let Some(f) = &self.state_fn else {
+            return Ok(None);
+        };
+        let state = f.bind(self.py).call0()?;
+        Ok(Some(state.cast_into::<PyBytes>()?.as_bytes().to_vec()))
+    }
+
     fn run(&mut self, indices: TaskIndices, records: &mut Records) -> PyResult<Reply> {
         if let Some(payload) = self.init_exception.take() {
             return Ok(Reply::Failed(payload));
@@ -132,7 +143,7 @@ impl Host for PyHost<'_> {
 
 /// Serves tasks until the main process says stop or goes away.
 #[pyfunction]
-#[pyo3(signature = (fd, *, dataset, iterable, auto_collation, drop_last, collate_fn, getitems, tensors, main_pid, shm_initial, shm_limit, prefetch_factor, make_iter, wrap_exception, init_exception, on_epoch=None))]
+#[pyo3(signature = (fd, *, dataset, iterable, auto_collation, drop_last, collate_fn, getitems, tensors, main_pid, shm_initial, shm_limit, prefetch_factor, make_iter, wrap_exception, init_exception, on_epoch=None, state_fn=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn worker_loop(
     py: Python<'_>,
@@ -152,6 +163,7 @@ pub fn worker_loop(
     wrap_exception: Py<PyAny>,
     init_exception: Option<Vec<u8>>,
     on_epoch: Option<Py<PyAny>>,
+    state_fn: Option<Py<PyAny>>,
 ) -> PyResult<()> {
     let fd = adopt_fd(fd)?;
     let fetcher = Fetcher::new(py, dataset, getitems, tensors, collate_fn, Sink::Deferred)?;
@@ -168,6 +180,7 @@ pub fn worker_loop(
         ended: false,
         epochs: 0,
         on_epoch,
+        state_fn,
     };
     let config = Config {
         main_pid,

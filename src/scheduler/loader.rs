@@ -32,11 +32,32 @@ pub struct Loader {
     /// Workers that have not yet acknowledged `Resume` (a new epoch).
     awaiting_resume: usize,
     closed: bool,
+    /// Per worker, this epoch: batches handed over, the replica states that
+    /// came with batches not yet handed over (in the worker's order), and
+    /// the state that came with the last one handed over. An iterable's
+    /// snapshot is made of these.
+    delivered: Vec<u64>,
+    states: Vec<VecDeque<Vec<u8>>>,
+    last_state: Vec<Option<Vec<u8>>>,
+}
+
+/// Where each worker of an iterable epoch stands, for a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IterablePosition {
+    /// Batches each worker has handed over this epoch.
+    pub delivered: Vec<u64>,
+    /// The replica state that came with each worker's last handed-over batch.
+    pub states: Vec<Option<Vec<u8>>>,
+    /// Workers whose replica ran out (or that are gone).
+    pub exhausted: Vec<bool>,
+    /// The worker whose batch comes next in the round-robin.
+    pub next_worker: usize,
 }
 
 impl Loader {
     pub fn new(pool: WorkerPool, prefetch_factor: usize, in_order: bool, persistent: bool) -> Self {
-        let sched = Scheduler::new(pool.len(), prefetch_factor, in_order);
+        let n = pool.len();
+        let sched = Scheduler::new(n, prefetch_factor, in_order);
         Loader {
             pool,
             sched,
@@ -44,6 +65,9 @@ impl Loader {
             persistent,
             awaiting_resume: 0,
             closed: false,
+            delivered: vec![0; n],
+            states: vec![VecDeque::new(); n],
+            last_state: vec![None; n],
         }
     }
 
@@ -97,14 +121,52 @@ impl Loader {
     /// The next answer to hand over, `Wait`, or `Stop` at the epoch's end
     /// (closing the workers unless they persist).
     pub fn step(&mut self) -> Next<Payload> {
-        if let Some((_, worker, data)) = self.early.pop_front() {
-            return Next::Yield { worker, data };
-        }
-        let next = self.sched.next_step();
-        if next == Next::Stop && !self.persistent {
-            self.close();
+        let next = match self.early.pop_front() {
+            Some((_, worker, data)) => Next::Yield { worker, data },
+            None => self.sched.next_step(),
+        };
+        match &next {
+            Next::Yield {
+                worker,
+                data: Payload::Batch(_),
+            } => {
+                // a worker's batches are handed over in the order it made them
+                self.delivered[*worker] += 1;
+                self.last_state[*worker] = self.states[*worker].pop_front();
+            }
+            Next::Stop if !self.persistent => self.close(),
+            _ => {}
         }
         next
+    }
+
+    /// Where each worker of an iterable epoch stands (see
+    /// [`IterablePosition`]); read between batches.
+    pub fn iterable_position(&self) -> IterablePosition {
+        IterablePosition {
+            delivered: self.delivered.clone(),
+            states: self.last_state.clone(),
+            exhausted: (0..self.pool.len())
+                .map(|w| !self.sched.is_active(w))
+                .collect(),
+            next_worker: self.sched.next_worker(),
+        }
+    }
+
+    /// A resumed iterable epoch: the round-robin starts at `next_worker`,
+    /// and workers whose replica had run out get no task (and are stopped
+    /// unless they persist). Call before the first dispatch.
+    pub fn restore_round_robin(&mut self, next_worker: usize, exhausted: &[bool]) -> Result<()> {
+        self.sched.restore_cycle(next_worker);
+        for (w, &done) in exhausted.iter().enumerate().take(self.pool.len()) {
+            if done {
+                self.sched.mark_unavailable(w);
+                if !self.persistent {
+                    self.pool.stop(w)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether an out-of-order result is ready for [`Loader::step`].
@@ -144,6 +206,13 @@ impl Loader {
                 return Ok(1);
             }
             Event::Resumed { .. } => return Ok(0),
+            Event::State { .. } if self.awaiting_resume > 0 => return Ok(0),
+            Event::State {
+                worker, payload, ..
+            } => {
+                self.states[worker].push_back(payload);
+                return Ok(0);
+            }
             _ if self.awaiting_resume > 0 => {
                 // An answer from the epoch being abandoned: release its record.
                 if let Event::Batch { worker, record, .. } = event {
@@ -195,6 +264,10 @@ impl Loader {
     pub fn begin_epoch(&mut self) -> Result<()> {
         self.early.clear();
         self.sched.reset();
+        let n = self.pool.len();
+        self.delivered = vec![0; n];
+        self.states = vec![VecDeque::new(); n];
+        self.last_state = vec![None; n];
         for w in 0..self.pool.len() {
             self.pool.send(w, &ToWorker::Resume)?;
         }

@@ -27,7 +27,7 @@ pub mod transport;
 #[cfg(test)]
 mod pool_tests;
 
-pub use loader::{Loader, Payload};
+pub use loader::{IterablePosition, Loader, Payload};
 pub use pool::{Event, WorkerPool};
 
 use std::collections::HashMap;
@@ -156,11 +156,12 @@ impl<T> Scheduler<T> {
         }
     }
 
-    /// A result for task `seq`. Returns it back when it is to be yielded at
-    /// once (`in_order=False` and out of sequence, or exactly next).
+    /// A result for task `seq`. With `in_order=False` it is returned, to be
+    /// handed over in arrival order (the caller queues it), as torch hands
+    /// over each result as it is received; in order, it waits its turn.
     pub fn on_result(&mut self, seq: u64, data: T) -> Option<(usize, T)> {
         self.tasks_outstanding = self.tasks_outstanding.saturating_sub(1);
-        if seq != self.rcvd_idx && !self.in_order {
+        if !self.in_order {
             let info = self.task_info.remove(&seq)?;
             self.workers_num_tasks[info.worker] -= 1;
             return Some((info.worker, data));
@@ -201,6 +202,20 @@ impl<T> Scheduler<T> {
 
     pub fn tasks_outstanding(&self) -> usize {
         self.tasks_outstanding
+    }
+
+    /// The worker the next result in sequence comes from: the one holding
+    /// the oldest task not handed over, else the next in the cycle.
+    pub fn next_worker(&self) -> usize {
+        self.task_info
+            .iter()
+            .min_by_key(|(seq, _)| **seq)
+            .map_or(self.cycle, |(_, info)| info.worker)
+    }
+
+    /// A resumed epoch: dispatch starts at `worker` (call before any task).
+    pub fn restore_cycle(&mut self, worker: usize) {
+        self.cycle = worker % self.num_workers;
     }
 
     /// How far the epoch has come, for a snapshot: the number of tasks
@@ -324,14 +339,8 @@ mod tests {
         assert_eq!((a.worker, b.worker), (0, 1));
         assert_eq!(s.next_step(), Next::Wait);
         assert_eq!(s.on_result(b.seq, 10), Some((1, 10)));
-        assert_eq!(s.on_result(a.seq, 20), None);
-        assert_eq!(
-            s.next_step(),
-            Next::Yield {
-                worker: 0,
-                data: 20
-            }
-        );
+        // the next in sequence is handed back too: arrival order is kept
+        assert_eq!(s.on_result(a.seq, 20), Some((0, 20)));
         assert_eq!(s.next_step(), Next::Stop);
     }
 
@@ -342,12 +351,17 @@ mod tests {
             s.dispatch().expect("room");
         }
         assert_eq!(s.position(), (4, vec![0, 1, 2, 3]));
-        // seq 2 arrives early (out of order): handed over, no longer pending
+        // out of order: a result is the caller's once it arrives
         assert_eq!(s.on_result(2, 7), Some((0, 7)));
         assert_eq!(s.position(), (4, vec![0, 1, 3]));
-        s.on_result(0, 5);
-        assert_eq!(s.next_step(), Next::Yield { worker: 0, data: 5 });
+        assert_eq!(s.on_result(0, 5), Some((0, 5)));
         assert_eq!(s.position(), (4, vec![1, 3]));
+        let mut s: Scheduler<u32> = Scheduler::new(2, 2, true);
+        for _ in 0..2 {
+            s.dispatch().expect("room");
+        }
+        s.on_result(1, 9); // in order: waits for seq 0, still pending
+        assert_eq!(s.position(), (2, vec![0, 1]));
     }
 
     #[test]

@@ -39,6 +39,12 @@ pub enum Event {
     Exhausted { worker: usize, seq: u64 },
     /// The worker acknowledged `Resume`.
     Resumed { worker: usize },
+    /// The worker's iterable replica's state after task `seq`'s batch.
+    State {
+        worker: usize,
+        seq: u64,
+        payload: Vec<u8>,
+    },
     /// The worker ended while still expected to answer (reported once).
     Died { worker: usize, pid: i32, exit: Exit },
 }
@@ -250,6 +256,11 @@ impl WorkerPool {
                 },
                 FromWorker::Exhausted { seq } => Event::Exhausted { worker: w, seq },
                 FromWorker::Resumed => Event::Resumed { worker: w },
+                FromWorker::State { seq, payload } => Event::State {
+                    worker: w,
+                    seq,
+                    payload,
+                },
             };
             self.events.push_back(event);
         }

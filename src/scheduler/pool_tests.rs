@@ -26,6 +26,8 @@ const ITERABLE_BASE: usize = 1;
 struct TestHost {
     worker: usize,
     produced: usize,
+    /// The last task was an iterable's: its state follows the batch.
+    iterable: bool,
 }
 
 impl Blocking for TestHost {}
@@ -37,7 +39,15 @@ impl Host for TestHost {
         self.produced = 0;
     }
 
+    fn state_after_batch(&mut self) -> Result<Option<Vec<u8>>, Error> {
+        // an iterable replica's state: how many batches it has made
+        Ok(self
+            .iterable
+            .then(|| (self.produced as u64).to_le_bytes().to_vec()))
+    }
+
     fn run(&mut self, indices: TaskIndices, records: &mut Records) -> Result<Reply, Error> {
+        self.iterable = matches!(indices, TaskIndices::Iterable(_));
         let v = match indices {
             TaskIndices::Ints(v) => v,
             TaskIndices::Iterable(_) => {
@@ -90,6 +100,7 @@ fn child_worker_entry() {
     let mut host = TestHost {
         worker: worker.parse().unwrap(),
         produced: 0,
+        iterable: false,
     };
     let config = Config {
         main_pid: main_pid.parse().unwrap(),
@@ -320,6 +331,26 @@ fn iterable_replicas_round_robin_until_each_is_exhausted() {
     // Worker w yields w + 1 batches (100 w + k), torch's order over the
     // replicas still alive.
     assert_eq!(got, vec![1, 101, 201, 102, 202, 203]);
+    assert_eq!(pool.reap(), vec![Some(0); 3]);
+}
+
+#[test]
+fn iterable_position_pairs_each_replica_with_the_state_of_its_last_handed_over_batch() {
+    let mut pool = start(3, 2, true, false);
+    let mut draw = || Ok(Some(TaskIndices::Iterable(Some(1))));
+    pool.loader.prime(&mut draw).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let (w, payload) = pool.next(&mut draw).unwrap().expect("a batch");
+        got.push(pool.indices(w, payload)[0]);
+    }
+    assert_eq!(got, vec![1, 101, 201, 102]);
+    // workers prefetch past what was handed over; the position does not
+    let p = pool.loader.iterable_position();
+    assert_eq!(p.delivered, vec![1, 2, 1]);
+    let made = |n: u64| Some(n.to_le_bytes().to_vec());
+    assert_eq!(p.states, vec![made(1), made(2), made(1)]);
+    assert_eq!(p.next_worker, 2, "202 comes next");
     assert_eq!(pool.reap(), vec![Some(0); 3]);
 }
 

@@ -44,6 +44,9 @@ pub mod from_worker {
     pub const RESUMED: u8 = 4;
     /// `u32` segment id (its fd rides with the frame).
     pub const SEGMENT: u8 = 5;
+    /// `u64` seq, `u64` n, n bytes: the replica's state after the batch of
+    /// task `seq` (sent just before that `BATCH`, for snapshots).
+    pub const STATE: u8 = 6;
 }
 
 /// The indices of one task.
@@ -96,6 +99,11 @@ pub enum FromWorker {
     /// A new arena segment; its fd rides with the frame.
     Segment {
         id: u32,
+    },
+    /// The iterable replica's serialised state after task `seq`'s batch.
+    State {
+        seq: u64,
+        payload: Vec<u8>,
     },
 }
 
@@ -197,6 +205,11 @@ impl FromWorker {
                 out.push(SEGMENT);
                 out.extend_from_slice(&id.to_le_bytes());
             }
+            FromWorker::State { seq, payload } => {
+                out.push(STATE);
+                out.extend_from_slice(&seq.to_le_bytes());
+                put_bytes(out, payload);
+            }
         }
     }
 
@@ -219,6 +232,10 @@ impl FromWorker {
             EXHAUSTED => FromWorker::Exhausted { seq: r.u64()? },
             RESUMED => FromWorker::Resumed,
             SEGMENT => FromWorker::Segment { id: r.u32()? },
+            STATE => FromWorker::State {
+                seq: r.u64()?,
+                payload: r.bytes()?.to_vec(),
+            },
             _ => return Err(DecodeError("message tag")),
         };
         r.end()?;
@@ -278,6 +295,8 @@ mod tests {
             any::<u64>().prop_map(|seq| FromWorker::Exhausted { seq }),
             Just(FromWorker::Resumed),
             any::<u32>().prop_map(|id| FromWorker::Segment { id }),
+            (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..50))
+                .prop_map(|(seq, payload)| FromWorker::State { seq, payload }),
         ]
     }
 

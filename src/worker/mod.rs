@@ -21,6 +21,8 @@
 //!                                                  (host.start_epoch: iter(dataset))
 //!   Task{seq, indices} ──────────────────────────▶ Idle ──▶ Working ──▶ Idle
 //!                           ◀──── Segment{id} (+ memfd), when the arena grew
+//!                           ◀──── State{seq, bytes}, before the batch, when the
+//!                                 iterable replica has state methods (snapshots)
 //!                           ◀──── Batch{seq, record} | Error{seq, wrapper}
 //!                                 | Exhausted{seq} (then Drained: later tasks ignored)
 //!   Resume (persistent workers, next epoch) ─────▶ Idle | Drained ──▶ Idle
@@ -89,6 +91,11 @@ pub trait Host: Blocking {
     fn start_epoch(&mut self);
     /// Runs one task, writing a batch into `records`.
     fn run(&mut self, indices: TaskIndices, records: &mut Records) -> Result<Reply, Self::Error>;
+    /// The replica's serialised state after the batch just produced, when
+    /// it has one (an iterable with state methods); sent before the batch.
+    fn state_after_batch(&mut self) -> Result<Option<Vec<u8>>, Self::Error> {
+        Ok(None)
+    }
 }
 
 /// A worker's arena with its allocation budget.
@@ -157,7 +164,18 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                     continue;
                 }
                 let msg = match host.run(indices, &mut records)? {
-                    Reply::Batch(record) => FromWorker::Batch { seq, record },
+                    Reply::Batch(record) => {
+                        if let Some(payload) = host.state_after_batch()? {
+                            let state = FromWorker::State { seq, payload };
+                            if let Err(e) = chan.send(&mut records.arena, &state) {
+                                if e.is_peer_gone() {
+                                    return Ok(());
+                                }
+                                return Err(e.into());
+                            }
+                        }
+                        FromWorker::Batch { seq, record }
+                    }
                     Reply::Failed(payload) => FromWorker::Error { seq, payload },
                     Reply::Exhausted => {
                         drained = true;
