@@ -110,10 +110,15 @@ TD_KEYS = [0, 3, 9, -1, -10, 10, -11, slice(2, 5), slice(None, None, 3), [1, 1, 
     ids=["one", "two", "four", "1d", "empty"],
 )
 def test_tensor_dataset_items(tensors):
+    """TensorDataset gives the same len(), items (dtype, shape, strides, values),
+    errors and warnings as torch's for every key kind: in- and out-of-range ints,
+    slices, lists, index and bool tensors, numpy ints and arrays, tuples, invalid keys."""
     compare_probe(lambda lib: lib.TensorDataset(*tensors), TD_KEYS)
 
 
 def test_tensor_dataset_items_are_views():
+    """TensorDataset items are views into the tensors it was given (later writes show
+    through, same storage offset and base), and it keeps those very tensors, as torch's does."""
     def run(lib):
         x = torch.zeros(5, 2)
         ds = lib.TensorDataset(x)
@@ -125,6 +130,7 @@ def test_tensor_dataset_items_are_views():
 
 
 def test_tensor_dataset_attributes():
+    """TensorDataset.tensors is a tuple holding the very tensors passed in, as in torch."""
     def run(lib):
         ds = lib.TensorDataset(X, Y)
         return type(ds.tensors), len(ds.tensors), ds.tensors[0] is X, ds.tensors[1] is Y
@@ -138,12 +144,16 @@ def test_tensor_dataset_attributes():
     ids=["none", "size_mismatch", "0d", "list", "ndarray", "int"],
 )
 def test_tensor_dataset_constructor_errors(args):
+    """Building a TensorDataset from no tensors, tensors of different lengths, a 0-d tensor, a list,
+    an ndarray or an int, and taking its len(), fails with torch's exception type and message."""
     assert_same_call(
         lambda: len(TORCH.TensorDataset(*args)), lambda: len(FERRO.TensorDataset(*args))
     )
 
 
 def test_tensor_dataset_with_requires_grad_and_bfloat16():
+    """TensorDataset over a requires_grad float tensor and a bfloat16 tensor gives
+    the same items as torch's, indexed directly and through a shuffled DataLoader."""
     w = torch.randn(6, 3, requires_grad=True)
     h = torch.arange(6, dtype=torch.bfloat16)
     compare_probe(lambda lib: lib.TensorDataset(w, h), [0, 5, slice(1, 3)])
@@ -179,6 +189,9 @@ GI = ItemsWithGetitems([i * 10 for i in range(5)])
          "dict_len_mismatch", "both_forms", "empty", "no_len", "plain_sequences"],
 )
 def test_stack_dataset_items(build):
+    """StackDataset in tuple or dict form gives the same len(), items
+    and index errors as torch's, and invalid stacks (length mismatch,
+    both forms, no datasets, an unsized member) fail the same way."""
     compare_probe(build, [0, 4, -1, 5, -6])
 
 
@@ -196,6 +209,9 @@ def test_stack_dataset_items(build):
 )
 @pytest.mark.parametrize("indices", [[0, 2, 4], [], [3, 3], [4, 0, 1, 2, 3], [7]], ids=str)
 def test_stack_dataset_getitems(build, indices):
+    """StackDataset.__getitems__ returns the same samples as torch's for
+    any index list, using members' own __getitems__ where present, and
+    fails the same way on a short member result or an out-of-range index."""
     assert_same_call(
         lambda: build(TORCH).__getitems__(indices), lambda: build(FERRO).__getitems__(indices)
     )
@@ -204,6 +220,8 @@ def test_stack_dataset_getitems(build, indices):
 @pytest.mark.parametrize("bs", [1, 2, None])
 @pytest.mark.parametrize("form", ["tuple", "dict", "getitems"])
 def test_stack_dataset_through_loader(form, bs):
+    """A StackDataset in tuple form, dict form or with a __getitems__ member gives the
+    same batches through a shuffled DataLoader as torch's, for batch_size 1, 2 and None."""
     def make(lib):
         if form == "tuple":
             return lib.StackDataset(lib.TensorDataset(X[:5]), A, C)
@@ -241,10 +259,15 @@ CONCAT_KEYS = [0, 4, 5, 9, 12, -1, -5, -13, -14, 13, 100, 1.5, "x"]
          "iterable_inside", "only_empty", "no_len", "plus", "plus_chain"],
 )
 def test_concat_dataset_items(build):
+    """ConcatDataset and ds1 + ds2 give the same len(), items and errors as torch's
+    for in-range, negative, out-of-range and non-integer keys, over empty parts, a
+    generator argument, plain sequences, an IterableDataset part or no parts."""
     compare_probe(build, CONCAT_KEYS)
 
 
 def test_concat_dataset_attributes():
+    """ConcatDataset exposes cumulative_sizes, the deprecated cummulative_sizes alias
+    (with torch's warning), its datasets as a list, and cumsum(), all as torch's does."""
     def run(lib):
         parts = [Items(range(3)), Items(range(4)), Items([])]
         ds = lib.ConcatDataset(parts)
@@ -259,6 +282,8 @@ def test_concat_dataset_attributes():
 
 
 def test_add_operator_types():
+    """ds1 + ds2 gives a torch ConcatDataset for map-style datasets and a ChainDataset
+    for iterable ones, with the same type names, lengths and items as torch's."""
     def run(lib):
         a = lib.TensorDataset(X[:3])
         b = lib.TensorDataset(X[3:5])
@@ -273,6 +298,8 @@ def test_add_operator_types():
 
 
 def test_iterable_plus_returns_chain():
+    """Adding two subclasses of ferroloader's IterableDataset gives a
+    torch ChainDataset that yields the first's items, then the second's."""
     class S(FERRO.IterableDataset):
         def __init__(self, n):
             self.n = n
@@ -290,6 +317,8 @@ def test_iterable_plus_returns_chain():
     idx=st.integers(-40, 40),
 )
 def test_hypothesis_concat_indexing(sizes, idx):
+    """For any part sizes (empty parts included) and any index from -40
+    to 40, ConcatDataset returns the same item or error as torch's."""
     def build(lib):
         return lib.ConcatDataset([Items(range(100 * k, 100 * k + s)) for k, s in enumerate(sizes)])
 
@@ -315,6 +344,9 @@ def test_hypothesis_concat_indexing(sizes, idx):
     ids=["two", "empty", "with_empty", "map_inside", "no_len", "list_inside", "nested"],
 )
 def test_chain_dataset(build):
+    """ChainDataset yields the same items as torch's on repeated passes,
+    computes or refuses len() the same way, and is an IterableDataset,
+    for empty, map-style, list, unsized and nested members."""
     def run(lib):
         ds = build(lib)
         return [outcome(lambda: list(ds)), outcome(lambda: len(ds)), outcome(lambda: list(ds)),
@@ -327,11 +359,15 @@ def test_chain_dataset(build):
 
 @pytest.mark.parametrize("bs", [1, 2, None])
 def test_chain_dataset_through_loader(bs):
+    """ChainDataset gives the same batches and len() as torch's
+    through a DataLoader with batch_size 1, 2 (drop_last) and None."""
     run_both(lambda lib: lib.ChainDataset([Stream(range(3)), Stream(range(10, 14))]),
              seed=0, batch_size=bs, drop_last=bs == 2)
 
 
 def test_chain_dataset_is_lazy_about_generator_argument():
+    """ChainDataset keeps a generator argument unconsumed until iterated:
+    the first pass exhausts it and the second yields nothing, as in torch."""
     def run(lib):
         gen = (Stream([i]) for i in range(3))
         ds = lib.ChainDataset(gen)
@@ -368,6 +404,9 @@ SUB_KEYS = [0, 2, -1, 5, -6, [0, 1], "x"]
          "tensor_dataset", "plain_list", "getitems_base", "nested"],
 )
 def test_subset_items(build):
+    """Subset gives the same len(), items and errors as torch's for list,
+    range, tensor, ndarray, empty and out-of-range indices, over plain, tensor,
+    list, __getitems__ and nested bases, list and non-integer keys included."""
     compare_probe(build, SUB_KEYS)
 
 
@@ -379,6 +418,9 @@ def test_subset_items(build):
     ids=["plain", "getitems", "tensor_dataset", "stack"],
 )
 def test_subset_getitems(base, indices):
+    """Subset.__getitems__ returns the same samples as torch's for any
+    index list, delegating to the base's __getitems__ where it has one
+    (plain, __getitems__, TensorDataset and StackDataset bases)."""
     def run(lib):
         return lib.Subset(base(lib), [4, 3, 2, 1, 0]).__getitems__(indices)
 
@@ -386,6 +428,8 @@ def test_subset_getitems(base, indices):
 
 
 def test_subset_attributes():
+    """Subset keeps the very dataset and indices objects it
+    was given and reports their length, as torch's does."""
     def run(lib):
         idx = [3, 1]
         s = lib.Subset(BASE, idx)
@@ -395,6 +439,8 @@ def test_subset_attributes():
 
 
 def test_subset_subclass_overriding_getitem_only():
+    """A Subset subclass that overrides __getitem__ but not __getitems__
+    is refused at construction with torch's exception type and message."""
     def run(lib):
         class MySubset(lib.Subset):
             def __getitem__(self, idx):
@@ -408,6 +454,8 @@ def test_subset_subclass_overriding_getitem_only():
 
 
 def test_subset_subclass_overriding_both():
+    """A Subset subclass that overrides both __getitem__ and __getitems__ has
+    its overrides used, directly and when a DataLoader batches it, as in torch."""
     def run(lib):
         class MySubset(lib.Subset):
             def __getitem__(self, idx):
@@ -425,6 +473,8 @@ def test_subset_subclass_overriding_both():
 @pytest.mark.parametrize("bs", [1, 3, None])
 @pytest.mark.parametrize("base", ["plain", "getitems", "tensor"])
 def test_subset_through_loader(base, bs):
+    """A Subset of a plain, __getitems__ or TensorDataset base gives the same
+    batches through a shuffled DataLoader as torch's, for batch_size 1, 3 and None."""
     def make(lib):
         b = {"plain": BASE, "getitems": BASE_GI, "tensor": lib.TensorDataset(X, Y)}[base]
         return lib.Subset(b, [7, 2, 9, 0, 5])
@@ -438,6 +488,8 @@ def test_subset_through_loader(base, bs):
 
 
 def test_dataset_base_class():
+    """The bare Dataset and IterableDataset base classes fail as torch's do on indexing, len()
+    and instantiation/iter(), Dataset.__getitem__ called unbound on another dataset included."""
     def run(lib):
         return [outcome(lambda: lib.Dataset()[0]), outcome(lambda: len(lib.Dataset())),
                 outcome(lambda: iter(lib.IterableDataset())),
@@ -448,6 +500,8 @@ def test_dataset_base_class():
 
 
 def test_user_subclass_of_ferro_dataset_in_torch_loader():
+    """A user dataset subclassing ferroloader's Dataset gives the same shuffled batches
+    as an equivalent torch Dataset subclass, in torch's DataLoader and in ferroloader's."""
     class DS(FERRO.Dataset):
         def __getitem__(self, i):
             return {"i": i, "sq": torch.tensor(i * i)}
@@ -473,6 +527,8 @@ def test_user_subclass_of_ferro_dataset_in_torch_loader():
 
 
 def test_user_iterable_subclass_of_ferro():
+    """A user IterableDataset subclassing ferroloader's class gives the same batches
+    as an equivalent torch subclass, in ferroloader's DataLoader and in torch's."""
     class S(FERRO.IterableDataset):
         def __iter__(self):
             return iter(range(5))
@@ -488,6 +544,7 @@ def test_user_iterable_subclass_of_ferro():
 
 
 def test_get_worker_info_main_process():
+    """get_worker_info() returns None in the main process, in both libraries."""
     assert TORCH.get_worker_info() is None
     assert FERRO.get_worker_info() is None
 
@@ -510,6 +567,8 @@ COPYABLE_DATASETS = {
 @pytest.mark.parametrize("how", ["pickle", "deepcopy", "copy"])
 @pytest.mark.parametrize("name", list(COPYABLE_DATASETS))
 def test_dataset_copies(name, how):
+    """Pickled, deep-copied and shallow-copied datasets of every kind keep torch's type
+    name, stay Datasets and yield the same items as torch's copies, or fail the same way."""
     import copy
     import pickle
 

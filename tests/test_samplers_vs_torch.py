@@ -95,6 +95,8 @@ TAKES = [(None, None), (0, None), (1, None), (3, 2, None), (None, 0, 5)]
 
 @pytest.mark.parametrize("source", ["list0", "list5", "range", "dataset", "tensor"])
 def test_sequential(source):
+    """SequentialSampler over an empty list, a list, a range, a dataset or a tensor
+    yields the same indices and len() as torch's, on full and partial passes."""
     def build(lib, gens):
         src = {
             "list0": [],
@@ -121,6 +123,9 @@ NUM_SAMPLES = [None, 1, 3, 5, 10, 20, 30, 31, 32, 33, 64, 65, 100]
 @pytest.mark.parametrize("num_samples", NUM_SAMPLES)
 @pytest.mark.parametrize("n", [1, 2, 10])
 def test_random_sampler(n, num_samples, replacement, use_gen):
+    """For every data size, num_samples, replacement and choice of global
+    or explicit generator, RandomSampler yields the same indices as
+    torch's on two passes and leaves every generator in the same state."""
     def build(lib, gens):
         return lib.RandomSampler(
             DATA[n],
@@ -147,6 +152,8 @@ def test_random_sampler(n, num_samples, replacement, use_gen):
 )
 @pytest.mark.parametrize("use_gen", [False, True])
 def test_random_sampler_partial(kw, takes, use_gen):
+    """Passes of any length, including ones abandoned partway, yield the same indices
+    as torch's RandomSampler, and later passes continue from the same generator state."""
     def build(lib, gens):
         return lib.RandomSampler(DATA[10], generator=gens(5) if use_gen else None, **kw)
 
@@ -154,6 +161,9 @@ def test_random_sampler_partial(kw, takes, use_gen):
 
 
 def test_random_sampler_interleaved_iterators():
+    """Two live iterators over one RandomSampler, advanced alternately,
+    yield the same indices as torch's with and without replacement, and
+    leave the global and explicit generators as torch's do."""
     def run(lib):
         seed_all(3)
         g = torch.Generator().manual_seed(9)
@@ -185,6 +195,8 @@ def test_random_sampler_dataset_grows():
 
 
 def test_random_sampler_attributes():
+    """RandomSampler exposes replacement, num_samples, generator and
+    data_source with torch's values, for default and explicit arguments."""
     def run(lib):
         g = torch.Generator()
         out = []
@@ -200,6 +212,9 @@ def test_random_sampler_attributes():
 @pytest.mark.parametrize("num_samples", [True, 3.0, 0, -1, "3", None])
 @pytest.mark.parametrize("replacement", [False, True, 1, None])
 def test_random_sampler_args(replacement, num_samples):
+    """Each replacement value (False, True, 1, None) with each num_samples
+    value (True, 3.0, 0, -1, '3', None) is accepted or rejected as by
+    torch's RandomSampler: same error type and message, or same indices."""
     def build(lib, gens):
         return lib.RandomSampler(DATA[5], replacement=replacement, num_samples=num_samples)
 
@@ -207,6 +222,8 @@ def test_random_sampler_args(replacement, num_samples):
 
 
 def test_random_sampler_empty_dataset():
+    """Over an empty data source, RandomSampler with or without replacement
+    fails at the same step as torch's, with the same error type and message."""
     compare_samplers(lambda lib, gens: lib.RandomSampler([]))
     compare_samplers(lambda lib, gens: lib.RandomSampler([], replacement=True, num_samples=3))
 
@@ -223,6 +240,9 @@ def test_random_sampler_empty_dataset():
     ["list", "range", "tuple", "empty", "tensor", "ndarray", "one", "repeated"],
 )
 def test_subset_random_sampler(indices, use_gen, takes):
+    """SubsetRandomSampler yields torch's permutation, with the same item types,
+    for every kind of index container (list, range, tuple, tensor, ndarray;
+    empty, single, repeated) and generator, on full and partial passes."""
     def build(lib, gens):
         idx = {
             "list": [9, 3, 7, 1, 0, 4],
@@ -262,6 +282,9 @@ WEIGHTS = {
 @pytest.mark.parametrize("num_samples", [1, 2, 3, 5, 6, 40, 100])
 @pytest.mark.parametrize("weights", list(WEIGHTS))
 def test_weighted_random_sampler(weights, num_samples, replacement, use_gen):
+    """For every weight container and dtype, num_samples, replacement and
+    generator choice, WeightedRandomSampler yields the same indices as torch's
+    on full and partial passes, or raises the same error where torch's does."""
     def build(lib, gens):
         return lib.WeightedRandomSampler(
             WEIGHTS[weights], num_samples, replacement=replacement,
@@ -295,6 +318,9 @@ def test_weighted_random_sampler(weights, num_samples, replacement, use_gen):
     ids=str,
 )
 def test_weighted_random_sampler_bad_args(args):
+    """Each questionable weights/num_samples/replacement combination behaves
+    as in torch's WeightedRandomSampler: the same exception type and message
+    at the same step, or the same indices where torch accepts it."""
     weights, num_samples, replacement = args
 
     def build(lib, gens):
@@ -304,6 +330,8 @@ def test_weighted_random_sampler_bad_args(args):
 
 
 def test_weighted_random_sampler_attributes():
+    """WeightedRandomSampler stores the weights as the same (float64) tensor as
+    torch's and exposes the same num_samples, replacement, generator and len()."""
     def run(lib):
         s = lib.WeightedRandomSampler([1, 2, 3], 4, replacement=False)
         return s.weights, s.num_samples, s.replacement, s.generator, len(s)
@@ -337,6 +365,9 @@ INNER = {
 @pytest.mark.parametrize("batch_size", [1, 3, 5, 10, 11])
 @pytest.mark.parametrize("inner", list(INNER))
 def test_batch_sampler(inner, batch_size, drop_last):
+    """For every batch size and drop_last, BatchSampler yields the same
+    batches and len() as torch's over any inner sampler or iterable, a
+    sampler of the other library included, on full and partial passes."""
     def build(lib, gens):
         return lib.BatchSampler(INNER[inner](lib, gens), batch_size, drop_last)
 
@@ -344,7 +375,8 @@ def test_batch_sampler(inner, batch_size, drop_last):
 
 
 def test_batch_sampler_over_generator_object():
-    # a one-shot iterable: the second pass is empty, as in torch
+    """BatchSampler over a one-shot iterable (a generator object)
+    yields its batches once: the second pass is empty, as in torch."""
     def build(lib, gens):
         return lib.BatchSampler((i * i for i in range(7)), 3, False)
 
@@ -352,6 +384,9 @@ def test_batch_sampler_over_generator_object():
 
 
 def test_batch_sampler_over_python_sampler_drawing_rng():
+    """BatchSampler over a Python sampler that draws from the global
+    torch RNG yields the same batches as torch's and leaves the global
+    RNG in the same state, after partial, full and empty passes."""
     class Drawing(tud.Sampler):
         def __iter__(self):
             for i in range(8):
@@ -365,6 +400,7 @@ def test_batch_sampler_over_python_sampler_drawing_rng():
 
 
 def test_batch_sampler_yields_lists():
+    """Every batch from BatchSampler is a plain list, as in torch."""
     def run(lib):
         return [type(b) for b in lib.BatchSampler(range(5), 2, False)]
 
@@ -378,17 +414,23 @@ def test_batch_sampler_yields_lists():
     ids=str,
 )
 def test_batch_sampler_bad_args(args):
+    """An invalid batch_size (zero, negative, bool, float, string, None) or a non-bool
+    drop_last raises the same exception type and message as torch's BatchSampler."""
     bs, dl = args
     compare_samplers(lambda lib, gens: lib.BatchSampler(range(5), bs, dl), takes=(None,))
 
 
 def test_batch_sampler_len_without_inner_len():
+    """When the inner iterable has no len(), len(BatchSampler) raises the
+    same error as torch's, while iteration still yields the same batches."""
     compare_samplers(
         lambda lib, gens: lib.BatchSampler((i for i in range(5)), 2, False), takes=(None,)
     )
 
 
 def test_batch_sampler_attributes():
+    """BatchSampler exposes batch_size, drop_last and the
+    very sampler object it was given, as torch's does."""
     def run(lib):
         inner = lib.SequentialSampler(DATA[5])
         b = lib.BatchSampler(inner, 2, True)
@@ -408,6 +450,8 @@ def test_batch_sampler_attributes():
     "n,replicas", [(0, 2), (1, 3), (2, 5), (3, 7), (10, 1), (10, 3), (10, 4), (33, 4), (12, 12)]
 )
 def test_distributed_sampler_all_ranks(n, replicas, shuffle, drop_last):
+    """For every rank, dataset size and replica count, with or without shuffle and drop_last,
+    DistributedSampler yields the same shard and len() as torch's, on full and partial passes."""
     for rank in range(replicas):
 
         def build(lib, gens, rank=rank):
@@ -421,6 +465,9 @@ def test_distributed_sampler_all_ranks(n, replicas, shuffle, drop_last):
 @pytest.mark.parametrize("seed", [0, 1, 12345, 2**31, -5])
 @pytest.mark.parametrize("epochs", [(0,), (1,), (0, 1, 2), (7, 7), (2**20,)], ids=str)
 def test_distributed_sampler_set_epoch(epochs, seed):
+    """For seeds including -5 and 2**31 and any sequence of set_epoch()
+    calls, DistributedSampler reports the same epoch and yields the same
+    shard on every pass as torch's, leaving the global RNG as torch's does."""
     def run(lib):
         seed_all(0)
         s = lib.DistributedSampler(DATA[33], num_replicas=3, rank=2, seed=seed)
@@ -435,6 +482,9 @@ def test_distributed_sampler_set_epoch(epochs, seed):
 
 
 def test_distributed_sampler_attributes():
+    """DistributedSampler computes the same num_samples, total_size and
+    len() as torch's and exposes the same num_replicas, rank, epoch,
+    drop_last, shuffle and seed, for empty and undersized datasets too."""
     def run(lib):
         out = []
         for n, r, dl in ((10, 3, False), (10, 3, True), (2, 5, True), (0, 2, False)):
@@ -461,10 +511,14 @@ def test_distributed_sampler_attributes():
     ids=str,
 )
 def test_distributed_sampler_errors(kw):
+    """An out-of-range rank or num_replicas, or an omitted one with no initialized process
+    group, raises the same exception type and message as torch's DistributedSampler."""
     compare_samplers(lambda lib, gens: lib.DistributedSampler(DATA[5], **kw), takes=(None,))
 
 
 def test_distributed_sampler_does_not_touch_global_rng():
+    """Full, empty and partial passes of a shuffling DistributedSampler leave the global
+    RNGs in the same state as torch's, which draws only from its own seed + epoch generator."""
     compare_samplers(
         lambda lib, gens: lib.DistributedSampler(DATA[10], num_replicas=2, rank=0, seed=5),
         takes=(None, 0, 3),
@@ -534,6 +588,9 @@ SPLITS = [
 @pytest.mark.parametrize("lengths", SPLITS, ids=str)
 @pytest.mark.parametrize("ds", list(SPLIT_DATASETS))
 def test_random_split(ds, lengths, use_gen):
+    """For every dataset and integer or fractional lengths, with or without a generator,
+    random_split gives the same parts as torch's (Subsets of the dataset with the same
+    indices and items) or the same error, with the same warnings and RNG states."""
     e = split_run(TORCH, SPLIT_DATASETS[ds], lengths, use_gen)
     a = split_run(FERRO, SPLIT_DATASETS[ds], lengths, use_gen)
     assert_same_outcome(e[0], a[0], "random_split")
@@ -544,6 +601,8 @@ def test_random_split(ds, lengths, use_gen):
 
 
 def test_random_split_returns_ferro_subsets_usable_by_torch_loader():
+    """Parts from ferroloader's random_split, fed to torch's DataLoader, give
+    the same batches as torch's own random_split parts under the same seed."""
     torch.manual_seed(0)
     parts = FERRO.random_split(range(10), [0.5, 0.5])
     loader = TORCH.DataLoader(parts[0], batch_size=2)
@@ -553,6 +612,8 @@ def test_random_split_returns_ferro_subsets_usable_by_torch_loader():
 
 
 def test_random_split_zero_length_warning_pytest_warns():
+    """Fractional lengths that round a part down to zero length emit
+    the same UserWarning messages as torch's, visible to pytest.warns."""
     def run(lib):
         torch.manual_seed(0)
         with pytest.warns(UserWarning) as rec:
@@ -576,6 +637,9 @@ def test_random_split_zero_length_warning_pytest_warns():
     takes=st.lists(st.one_of(st.none(), st.integers(0, 70)), min_size=1, max_size=3),
 )
 def test_hypothesis_random_sampler(n, replacement, num_samples, seed, gen_seed, takes):
+    """For any data size, replacement, num_samples, global seed, optional
+    generator seed and sequence of (partial) passes, RandomSampler yields the
+    same indices as torch's and leaves every generator in the same state."""
     data = list(range(n))
 
     def build(lib, gens):
@@ -600,6 +664,9 @@ def test_hypothesis_random_sampler(n, replacement, num_samples, seed, gen_seed, 
 )
 def test_hypothesis_weighted_sampler(weights, num_samples, replacement, seed, use_gen,
                                      as_tensor, take):
+    """For any non-negative weights (list or float32 tensor), num_samples,
+    replacement, seed and generator choice, WeightedRandomSampler yields the same
+    indices as torch's, or the same error, on a partial and then a full pass."""
     w = torch.tensor([float(x) for x in weights]) if as_tensor else weights
 
     def build(lib, gens):
@@ -619,6 +686,8 @@ def test_hypothesis_weighted_sampler(weights, num_samples, replacement, seed, us
     epoch=st.integers(0, 1000),
 )
 def test_hypothesis_distributed_sampler(n, replicas, rank_frac, shuffle, seed, drop_last, epoch):
+    """For any dataset size, replica count, rank, shuffle, seed, drop_last
+    and epoch, DistributedSampler yields the same shard and len() as torch's."""
     rank = int(rank_frac * replicas)
     data = list(range(n))
 
@@ -638,6 +707,8 @@ def test_hypothesis_distributed_sampler(n, replicas, rank_frac, shuffle, seed, d
     take=st.one_of(st.none(), st.integers(0, 10)),
 )
 def test_hypothesis_subset_random_sampler(indices, seed, use_gen, take):
+    """For any index list, seed and generator choice, SubsetRandomSampler
+    yields the same permutation as torch's on a partial and then a full pass."""
     def build(lib, gens):
         return lib.SubsetRandomSampler(indices, generator=gens(seed) if use_gen else None)
 
@@ -653,6 +724,8 @@ def test_hypothesis_subset_random_sampler(indices, seed, use_gen, take):
     take=st.one_of(st.none(), st.integers(0, 5)),
 )
 def test_hypothesis_batch_sampler(n, batch_size, drop_last, shuffle, seed, take):
+    """For any dataset size, batch size, drop_last and sequential or seeded random inner sampler,
+    BatchSampler yields the same batches and len() as torch's on a partial and then a full pass."""
     data = list(range(n))
 
     def build(lib, gens):
@@ -671,6 +744,8 @@ def test_hypothesis_batch_sampler(n, batch_size, drop_last, shuffle, seed, take)
     use_gen=st.booleans(),
 )
 def test_hypothesis_random_split(n, parts, fractions, seed, use_gen):
+    """For any dataset size and integer or fractional lengths, with or without a generator,
+    random_split gives the same parts or error, warnings and RNG states as torch's."""
     if fractions:
         total = sum(parts) or 1
         lengths = [p / total for p in parts]
@@ -749,6 +824,9 @@ MUTATIONS = ["random_to_replacement", "random_generator_set", "random_data_sourc
 
 @pytest.mark.parametrize("name", MUTATIONS)
 def test_attributes_changed_after_construction(name):
+    """Sampler attributes reassigned or mutated after construction (replacement,
+    generator, data_source, weights, indices, DistributedSampler and BatchSampler
+    fields) take effect on later passes exactly as in torch's samplers."""
     compare_samplers(_mutated(name), seed=2, takes=(None, 3, None))
 
 
@@ -756,6 +834,9 @@ def test_attributes_changed_after_construction(name):
                                  "DistributedSampler", "DistributedSampler_noshuffle"])
 @pytest.mark.parametrize("change", [+3, -3, -10])
 def test_data_source_changes_size(cls, change):
+    """When the data source grows or shrinks after construction, or between
+    iter() and the first next(), sequential, random and distributed samplers
+    yield the same indices and len() as torch's, or fail the same way."""
     def run(lib):
         seed_all(4)
         data = list(range(10))
@@ -795,6 +876,9 @@ def test_data_source_changes_size(cls, change):
 )
 @pytest.mark.parametrize("use_gen", [False, True])
 def test_random_sampler_replacement_huge_population(n, use_gen):
+    """RandomSampler with replacement over populations from 2**16 + 1 to 2**62,
+    across the sizes where torch's random draws change algorithm, yields the
+    same indices as torch's with the global or an explicit generator."""
     def build(lib, gens):
         return lib.RandomSampler(range(n), replacement=True, num_samples=70,
                                  generator=gens(n % 1000) if use_gen else None)
@@ -804,6 +888,8 @@ def test_random_sampler_replacement_huge_population(n, use_gen):
 
 @pytest.mark.parametrize("n", [1000, 65537, 100003])
 def test_random_sampler_large_permutation(n):
+    """RandomSampler without replacement over 1000, 65537 and 100003 items yields the same
+    permutation as torch's, and a second pass continues from the same generator state."""
     def build(lib, gens):
         return lib.RandomSampler(range(n), generator=gens(n))
 
@@ -814,6 +900,8 @@ def test_random_sampler_large_permutation(n):
 @pytest.mark.parametrize("k,num_samples", [(1000, 5000), (5000, 1000), (70000, 300),
                                            (3, 100000)])
 def test_weighted_sampler_large(k, num_samples, replacement):
+    """WeightedRandomSampler over up to 70000 float64 weights, drawing up to 100000
+    samples with or without replacement, yields the same indices as torch's."""
     if not replacement and num_samples > k:
         num_samples = k
 
@@ -846,6 +934,9 @@ COPYABLE = {
 @pytest.mark.parametrize("how", ["pickle", "deepcopy", "copy"])
 @pytest.mark.parametrize("name", list(COPYABLE))
 def test_sampler_copies(name, how):
+    """A sampler iterated once and then pickled, deep-copied or shallow-copied
+    behaves as torch's copy (same type, indices and len(), or the same error),
+    and the original and its generator continue the same way."""
     import copy
     import pickle
 
