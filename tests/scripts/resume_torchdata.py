@@ -56,6 +56,7 @@ CASES = {
         Squares(), batch_size=5, shuffle=True, drop_last=True, num_workers=2
     ),
     "iterable_w0": lambda: StatefulDataLoader(Counter(), batch_size=4),
+    "iterable_w2": lambda: StatefulDataLoader(Counter(), batch_size=3, num_workers=2),
 }
 
 
