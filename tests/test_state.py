@@ -256,6 +256,36 @@ def test_resume_across_the_epoch_boundary():
     assert [plain(b) for b in resumed] == second
 
 
+CHAINS = [
+    ("shuffle", {}, [(0, 2), (2, 1), (0, 3)]),
+    ("stateful_sampler", {}, [(2, 2), (2, 1), (0, 2)]),
+    ("user_sampler", {"in_order": True}, [(2, 3), (0, 1), (3, 2)]),
+]
+
+
+@pytest.mark.parametrize("kind,extra,hops", CHAINS)
+def test_chained_resumes(kind, extra, hops):
+    """A resumed loader can be snapshot again (and again): each hop
+    (num_workers, batches taken) continues the same epochs exactly."""
+    expected, _ = _expected(kind)
+    torch.manual_seed(0)
+    got: list = []
+    sd = None
+    for nw, take in hops:
+        loader = _loader(kind, nw, **(extra if nw else {}))
+        if sd is not None:
+            loader.load_state_dict(pickle.loads(pickle.dumps(sd)))
+            assert loader.state_dict()["epoch"] == sd["epoch"]  # loaded, not yet iterated
+        it = iter(loader)
+        got += [plain(next(it)) for _ in range(take)]
+        sd = loader.state_dict()
+        del it, loader
+    last = _loader(kind, 0)
+    last.load_state_dict(sd)
+    got += [plain(b) for b in last] + [plain(b) for b in last]
+    assert got == expected
+
+
 def test_state_after_the_iterator_is_dropped():
     """Breaking out of the loop drops the iterator; state_dict() still knows
     where the epoch stopped."""
@@ -564,3 +594,60 @@ def test_hypothesis_resume(kind, stop, nw_before, nw_after, in_order):
     expected = [plain(b) for b in _loader(kind, 0)]
     assert sorted(map(json.dumps, head + rest)) == sorted(map(json.dumps, expected))
 
+
+@pytest.mark.parametrize("cls", [ShardedCounter, StatefulShardedCounter])
+def test_chained_resumes_of_an_iterable_with_workers(cls):
+    """An iterable with workers snapshot again after a resume continues
+    exactly (each replica's count and state carry over)."""
+    def make() -> fl.DataLoader:
+        return fl.DataLoader(cls(), batch_size=2, num_workers=2)
+
+    uninterrupted = make()
+    full = [plain(b) for b in uninterrupted]
+    got: list = []
+    sd = None
+    for take in (3, 2, 1):
+        loader = make()
+        if sd is not None:
+            loader.load_state_dict(sd)
+        it = iter(loader)
+        got += [plain(next(it)) for _ in range(take)]
+        sd = loader.state_dict()
+        del it, loader
+    last = make()
+    last.load_state_dict(sd)
+    assert got + [plain(b) for b in last] == full
+
+
+@given(
+    kind=st.sampled_from(
+        ["shuffle", "weighted", "batch_sampler", "stateful_sampler", "distributed"]
+    ),
+    hops=st.lists(st.tuples(st.sampled_from([0, 1, 2]), st.integers(0, 3)), min_size=1, max_size=3),
+)
+@settings(max_examples=max(5, settings.default.max_examples // 6))
+def test_hypothesis_chained_resumes(kind, hops):
+    """Any chain of snapshot/resume hops (random num_workers, random
+    batches taken) yields the uninterrupted run's two epochs."""
+    expected, _ = _expected(kind)
+    torch.manual_seed(0)
+    got: list = []
+    sd = None
+    for nw, take in hops:
+        loader = _loader(kind, nw)
+        if sd is not None:
+            loader.load_state_dict(sd)
+        it = iter(loader)
+        for _ in range(take):
+            try:
+                got.append(plain(next(it)))
+            except StopIteration:
+                break
+        sd = loader.state_dict()
+        del it, loader
+    last = _loader(kind, 0)
+    last.load_state_dict(sd)
+    rest = [plain(b) for b in last]
+    if len(got) + len(rest) < len(expected):  # the interrupted epoch was the first
+        rest += [plain(b) for b in last]
+    assert (got + rest)[: len(expected)] == expected

@@ -87,6 +87,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         self._epochs_started = 0
         self._epoch: Optional[state.Epoch] = None
         self._resume: Optional[dict[str, Any]] = None
+        self._resume_sampler_state: Any = None
         self.seed = seed
         self.per_sample_seed = bool(per_sample_seed)
         self._seeded_generator = own

@@ -114,11 +114,13 @@ class Recorder:
         self.source = source
         self.recent: deque[tuple[int, Any]] = deque(maxlen=keep)
         self.count = 0
+        self.pulled = False
 
     def __iter__(self) -> Recorder:
         return self
 
     def __next__(self) -> Any:
+        self.pulled = True
         item = next(self.source)
         self.recent.append((self.count, item))
         self.count += 1
@@ -150,6 +152,11 @@ class Epoch:
         self.dataset_iter: Optional[Any] = None
         self.multiprocess = False
         self.iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
+        # a resumed epoch: where it resumed (its iterator counts from 0)
+        self.base: Optional[dict[str, Any]] = None
+        # the sampler state loaded for a resumed epoch: a sampler not yet
+        # iterated since may not report it (torchdata's do not)
+        self.loaded_sampler_state: Any = None
 
     def attach(self, iterator: Any, multiprocess: bool) -> None:
         self.iterator = weakref.ref(iterator)
@@ -159,13 +166,43 @@ class Epoch:
     def position(self) -> dict[str, Any]:
         """Where the epoch stands: ``drawn``, ``pending`` (sequence numbers
         in flight), ``ended``; for an iterable, ``exhausted`` (one process)
-        or ``workers`` and ``next_worker`` (several)."""
+        or ``workers`` and ``next_worker`` (several). Counted from the
+        epoch's start, also in a resumed epoch."""
         it = self.iterator() if self.iterator is not None else None
         if it is not None:
-            return self.read(it)
-        if self.last is not None:
-            return self.last
-        return {"drawn": 0, "pending": [], "ended": False}
+            pos = self.read(it)
+        elif self.last is not None:
+            pos = self.last
+        else:
+            pos = {"drawn": 0, "pending": [], "ended": False}
+        return pos if self.base is None else self._from_start(pos)
+
+    def _from_start(self, pos: dict[str, Any]) -> dict[str, Any]:
+        """A resumed iterator's position in the epoch's own numbering: its
+        first draws were the batches in flight at the snapshot (``kept``),
+        then the epoch went on from the snapshot's ``drawn``."""
+        assert self.base is not None
+        kept: list[int] = self.base["kept"]
+        start = int(self.base["drawn"])
+        k = len(kept)
+        drawn = int(pos["drawn"])
+
+        def seq(i: int) -> int:
+            return kept[i] if i < k else start + (i - k)
+
+        out = dict(pos)
+        out["drawn"] = start + max(0, drawn - k)
+        out["pending"] = sorted([seq(i) for i in pos["pending"]] + kept[drawn:])
+        if "workers" in pos and self.base.get("workers"):
+            out["workers"] = [
+                {
+                    "delivered": old["delivered"] + new["delivered"],
+                    "state": new["state"] if new["delivered"] else old["state"],
+                    "exhausted": new["exhausted"],
+                }
+                for old, new in zip(self.base["workers"], pos["workers"])
+            ]
+        return out
 
     def detach(self, iterator: Any) -> None:
         """The iterator is going away: keep its last position."""
@@ -220,6 +257,16 @@ def snapshot(loader: Any) -> dict[str, Any]:
         ],
         "epoch": None,
     }
+    sampler = _stateful_sampler(loader)
+    if sampler is not None:
+        # between epochs too: a stateful sampler may count epochs itself
+        state["sampler_state"] = sampler.state_dict()
+    if loader._resume is not None:
+        # loaded and not yet iterated: the loaded position still stands
+        state["epoch"] = loader._resume
+        if loader._resume_sampler_state is not None:
+            state["sampler_state"] = loader._resume_sampler_state
+        return state
     if rec is None:
         return state
     pos = rec.position()
@@ -238,7 +285,11 @@ def snapshot(loader: Any) -> dict[str, Any]:
         epoch["workers"] = pos["workers"]
         epoch["next_worker"] = pos["next_worker"]
     if rec.sampler is not None:
-        epoch["sampler_state"] = rec.sampler.state_dict()
+        untouched = rec.recorder is not None and not rec.recorder.pulled
+        if untouched and rec.loaded_sampler_state is not None:
+            epoch["sampler_state"] = rec.loaded_sampler_state
+        else:
+            epoch["sampler_state"] = rec.sampler.state_dict()
         if rec.recorder is not None and pending:
             epoch["pending_batches"] = rec.recorder.batches(pending)
     dataset = loader.dataset
@@ -306,6 +357,15 @@ def load(loader: Any, state: dict[str, Any]) -> None:
     _set(groups, [_tensor(g["state"]) for g in state["generators"]])
     loader._epochs_started = int(state["epochs_started"])
     loader._resume = state["epoch"]
+    loader._resume_sampler_state = state.get("sampler_state")
+    sampler = _stateful_sampler(loader)
+    if state["epoch"] is None and sampler is not None and "sampler_state" in state:
+        # Between epochs: the sampler's state describes the epoch just
+        # finished (until its next __iter__, torchdata's convention); run
+        # that epoch out, so the next iter() begins the one after.
+        sampler.load_state_dict(state["sampler_state"])
+        for _ in sampler:
+            pass
     loader._epoch = None
     # persistent workers serve the old position: the next iter() starts anew
     loader._iterator = None
@@ -317,6 +377,7 @@ def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
     generators to their states at the epoch's start."""
     resume = loader._resume
     loader._resume = None
+    loader._resume_sampler_state = None
     if resume is None:
         loader._epochs_started += 1
         if loader._seeded_generator is not None:
@@ -356,14 +417,19 @@ def resume_source(
         return source
     try:
         if rec.iterable:
-            return source  # each worker resumes its replica (worker_resume)
+            # each worker resumes its replica (worker_resume)
+            rec.base = {"drawn": 0, "kept": [], "workers": resume.get("workers")}
+            return source
         pending: list[int] = list(resume["pending"])
         drawn = int(resume["drawn"])
         if rec.sampler is not None:
             # The sampler resumed itself at `drawn`; re-send what was in flight.
             kept = list(resume.get("pending_batches", []))
+            rec.base = {"drawn": drawn, "kept": pending if kept else []}
+            rec.loaded_sampler_state = resume.get("sampler_state")
             rec.recorder = Recorder(source, keep=8 * window + 64)
             rec.recorder.count = drawn
+            rec.recorder.recent.extend(zip(pending, kept))
             return itertools.chain(kept, rec.recorder) if kept else rec.recorder
         first = pending[0] if pending else drawn
         if isinstance(source, (_core.BatchSamplerIter, _core.SamplerIter)):
@@ -381,6 +447,7 @@ def resume_source(
             item = next(source)
             if seq in wanted:
                 kept.append(item)
+        rec.base = {"drawn": drawn, "kept": [s for s in range(first, drawn) if s in wanted]}
         if not kept:
             return source
         if _is_native(source):
@@ -400,6 +467,7 @@ def resume_iterable(
     rec.dataset_iter = dataset_iter
     if resume is None:
         return dataset_iter
+    rec.base = {"drawn": int(resume["drawn"]), "kept": []}
     try:
         if resume.get("exhausted"):
             # the epoch's last batch was handed over: nothing is left of it
