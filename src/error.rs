@@ -24,6 +24,9 @@ pub enum Error {
     Timeout { after: String },
     /// A message or record from the other side does not parse.
     Protocol(DecodeError),
+    /// What worker `worker` put in shared memory (its mailbox or a record)
+    /// is inconsistent: the batch is lost, nothing outside the memory is read.
+    Corrupt { worker: usize, what: DecodeError },
     /// The connection to the other process failed (not a clean close).
     Disconnected(io::Error),
 }
@@ -67,6 +70,11 @@ impl fmt::Display for Error {
             },
             Error::Timeout { after } => write!(f, "DataLoader timed out after {after} seconds"),
             Error::Protocol(e) => write!(f, "{e}"),
+            Error::Corrupt { worker, what } => write!(
+                f,
+                "ferroloader: DataLoader worker {worker} wrote inconsistent shared memory \
+                 ({what}); its batch is lost and the iterator stops"
+            ),
             Error::Disconnected(e) => write!(f, "ferroloader: lost contact with a worker: {e}"),
         }
     }
@@ -77,7 +85,7 @@ impl std::error::Error for Error {
         match self {
             Error::SharedMemory { source, .. } => Some(source),
             Error::ShmLimit(e) => Some(e),
-            Error::Protocol(e) => Some(e),
+            Error::Protocol(e) | Error::Corrupt { what: e, .. } => Some(e),
             Error::Disconnected(e) => Some(e),
             Error::WorkerDied { .. } | Error::Timeout { .. } => None,
         }

@@ -9,8 +9,11 @@ replaced: indices, fetch, default collation and reassembly run in Rust.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
+import threading
+import time
 import warnings
 from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 
@@ -112,6 +115,15 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         continues the saved epoch with the batches that would have come
         next. Raises ``ValueError`` naming what does not match."""
         state.load(self, state_dict)
+
+    def __iter__(self) -> Any:
+        it: Any = self._iterator
+        if it is not None and getattr(it, "_closed", False):
+            # Persistent workers that failed (a worker died, a corrupt
+            # message): the next epoch, or a retry, starts fresh workers.
+            self._iterator = None
+            it._shutdown_workers()
+        return super().__iter__()
 
     def _get_iterator(self) -> Any:
         if self.num_workers == 0:
@@ -254,6 +266,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
     ``multiprocessing``; dispatch, transport and reassembly in Rust."""
 
     _procs: list[Any]
+    _lock: threading.Lock
 
     @classmethod
     def start(cls, loader: DataLoader[Any]) -> _MultiProcessIter:
@@ -270,6 +283,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
         n = loader.num_workers
         per_worker = max(shm_limit() // n, 1 << 20)
         per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
+        _check_fd_headroom(n)
         socks: list[socket.socket] = []
         procs: list[Any] = []
         try:
@@ -305,39 +319,50 @@ class _MultiProcessIter(_core.MultiProcessIter):
                 finally:
                     child.close()
                 procs.append(w)
+            workers = [(s.detach(), w.pid) for s, w in zip(socks, procs)]
+            socks = []  # the engine owns (and on failure closes) them now
+            # torch sets prefetch_factor to 2 when num_workers > 0 and none was given.
+            assert loader.prefetch_factor is not None
+            timeout = float(loader.timeout)
+            it = cls(
+                workers,
+                source,
+                dataset,
+                iterable=iterable,
+                batch_size=loader.batch_size,
+                auto_collation=loader._auto_collation,
+                prefetch_factor=loader.prefetch_factor,
+                in_order=loader.in_order,
+                persistent=loader.persistent_workers,
+                timeout=timeout,
+                timeout_text=str(loader.timeout),
+                pin=pin,
+                index_sampler=loader._index_sampler,
+                len_called=loader._IterableDataset_len_called,
+            )
         except BaseException:
-            for w in procs:
-                w.terminate()
-                w.join()
-            for s in socks:
-                s.close()
+            # a failed start (e.g. EMFILE) leaves nothing behind: the sockets
+            # are closed and the workers started so far are ended
+            for sock in socks:
+                sock.close()
+            _stop_processes(procs, grace=1.0)
             raise
-        workers = [(s.detach(), w.pid) for s, w in zip(socks, procs)]
-        # torch sets prefetch_factor to 2 when num_workers > 0 and none was given.
-        assert loader.prefetch_factor is not None
-        timeout = float(loader.timeout)
-        it = cls(
-            workers,
-            source,
-            dataset,
-            iterable=iterable,
-            batch_size=loader.batch_size,
-            auto_collation=loader._auto_collation,
-            prefetch_factor=loader.prefetch_factor,
-            in_order=loader.in_order,
-            persistent=loader.persistent_workers,
-            timeout=timeout,
-            timeout_text=str(loader.timeout),
-            pin=pin,
-            index_sampler=loader._index_sampler,
-            len_called=loader._IterableDataset_len_called,
-        )
         it._procs = procs
+        it._lock = threading.Lock()
         rec.attach(it, multiprocess=True)
         if resume is not None and "workers" in resume:
             it._restore_round_robin(int(resume["next_worker"]), [False] * n)
         it._prime()
         return it
+
+    def __iter__(self) -> _MultiProcessIter:
+        return self  # without borrowing the engine, which next() may hold
+
+    def __next__(self) -> Any:
+        # The engine waits with the GIL released, so another thread may call
+        # next() meanwhile: it waits its turn and gets the following batch.
+        with self._lock:
+            return super().__next__()
 
     def _reset(self, loader: DataLoader[Any], first_iter: bool = False) -> None:
         """A new epoch on persistent workers (``DataLoader.__iter__``)."""
@@ -352,14 +377,64 @@ class _MultiProcessIter(_core.MultiProcessIter):
         if rec is not None:
             rec.detach(self)
         self._close()
-        for w in getattr(self, "_procs", ()):
-            w.join(timeout=5.0)
-            if w.is_alive():
-                w.terminate()
-                w.join()
+        _stop_processes(getattr(self, "_procs", ()))
 
     def __del__(self) -> None:
-        self._shutdown_workers()
+        try:
+            self._shutdown_workers()
+        except BaseException:
+            # e.g. Ctrl-C while joining: nothing can be raised from __del__
+            # (Python would print "Exception ignored"); end the workers now.
+            _stop_processes(getattr(self, "_procs", ()), grace=0.0)
+
+
+# File descriptors the main process holds per worker (its socket, mailbox,
+# pidfd, multiprocessing's sentinel and pipes), and a margin for the start.
+_FDS_PER_WORKER = 6
+_FDS_MARGIN = 8
+
+
+def _check_fd_headroom(num_workers: int) -> None:
+    """Refuses to start workers that would run out of file descriptors part
+    way (multiprocessing itself leaks a pipe when EMFILE strikes inside
+    ``Process.start``): a clear ``OSError`` before anything is started."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if limit == resource.RLIM_INFINITY:
+            return
+        used = sum(1 for fd in os.listdir("/proc/self/fd") if int(fd) < limit)
+    except (ImportError, OSError, ValueError):
+        return  # no /proc or no limits: let the start report what it hits
+    need = _FDS_PER_WORKER * num_workers + _FDS_MARGIN
+    if limit - used < need:
+        raise OSError(
+            errno.EMFILE,
+            f"Too many open files: starting {num_workers} DataLoader workers needs about "
+            f"{need} file descriptors, and {limit - used} of the process's limit of {limit} "
+            "are free. Raise the limit (ulimit -n) or use fewer workers.",
+        )
+
+
+def _stop_processes(procs: Any, grace: float = 5.0) -> None:
+    """Bounded teardown: ``grace`` seconds in all for the workers to exit
+    after Shutdown, then SIGTERM and a second, then SIGKILL (which a stopped
+    or signal-ignoring worker cannot refuse)."""
+    procs = list(procs)
+    deadline = time.monotonic() + grace
+    for w in procs:
+        w.join(timeout=max(0.0, deadline - time.monotonic()))
+    alive = [w for w in procs if w.is_alive()]
+    for w in alive:
+        w.terminate()
+    deadline = time.monotonic() + 1.0
+    for w in alive:
+        w.join(timeout=max(0.0, deadline - time.monotonic()))
+    for w in alive:
+        if w.is_alive():
+            w.kill()
+            w.join()
 
 
 __all__ = ["DataLoader"]

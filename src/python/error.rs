@@ -58,7 +58,7 @@ impl From<Error> for PyErr {
                 return Class::WorkerDied.err(died_message(*pid, *exit));
             }
             Error::Timeout { .. } => Class::WorkerTimeout,
-            Error::Protocol(_) | Error::Disconnected(_) => Class::Protocol,
+            Error::Protocol(_) | Error::Corrupt { .. } | Error::Disconnected(_) => Class::Protocol,
         };
         class.err(e.to_string())
     }

@@ -253,6 +253,13 @@ impl MultiProcessIter {
         Ok(self.core.restore_round_robin(next_worker, &exhausted)?)
     }
 
+    /// The iterator stopped its workers (after a failure, or at the end of a
+    /// non-persistent epoch): it cannot serve another epoch.
+    #[getter]
+    fn _closed(&self) -> bool {
+        self.core.is_closed()
+    }
+
     /// Stops every worker: a Shutdown frame, then the socket is closed so a
     /// worker that misses the frame still sees EOF.
     fn _close(&mut self) {

@@ -136,6 +136,10 @@ impl Host for PyHost<'_> {
             Err(e) if self.iterable && e.is_instance_of::<PyStopIteration>(py) => {
                 Ok(Reply::Exhausted)
             }
+            // torch's worker wraps `Exception`s only: `SystemExit`,
+            // `KeyboardInterrupt` and the like end the worker, and the main
+            // process reports its exit (a `RuntimeError`), as torch does.
+            Err(e) if !e.is_instance_of::<pyo3::exceptions::PyException>(py) => Err(e),
             Err(e) => Ok(Reply::Failed(self.wrap(e)?)),
         }
     }

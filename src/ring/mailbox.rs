@@ -42,6 +42,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::Segment;
+use crate::record::DecodeError;
 
 const CTL_LEN: usize = 128;
 const DATA_OFFSET: usize = 2 * CTL_LEN;
@@ -149,8 +150,11 @@ impl Mailbox {
 
     /// Copies ring bytes at `pos` (wrapping) into `dst`.
     ///
-    /// Caller: the consumer, with the range inside `[head, tail)`.
+    /// Caller: the consumer, with the range inside `[head, tail)` and
+    /// `dst.len() <= cap` (checked in `pop`: the counters live in memory the
+    /// other process can write).
     fn read_at(&self, dir: Dir, pos: u64, dst: &mut [u8]) {
+        assert!(dst.len() <= self.cap, "mailbox read longer than the ring");
         let at = pos as usize & (self.cap - 1);
         let first = dst.len().min(self.cap - at);
         // SAFETY: in bounds as in `write_at`; the range was published by
@@ -186,26 +190,34 @@ impl Mailbox {
         self.sleeping(dir).swap(0, Ordering::SeqCst) == 1
     }
 
-    /// Consumer: takes the oldest message into `out` (cleared first).
-    pub fn pop(&self, dir: Dir, out: &mut Vec<u8>) -> bool {
+    /// Consumer: takes the oldest message into `out` (cleared first);
+    /// `Ok(false)` when there is none. The counters and the length prefix
+    /// are in memory the other process writes, so they are checked before
+    /// anything is read: a ring whose counters are more than `cap` apart,
+    /// or a message longer than the bytes published, is an error, never a
+    /// read outside the ring.
+    pub fn pop(&self, dir: Dir, out: &mut Vec<u8>) -> Result<bool, DecodeError> {
         let head = self.counter(dir, HEAD).load(Ordering::Relaxed);
         let tail = self.counter(dir, TAIL).load(Ordering::Acquire);
         if head == tail {
-            return false;
+            return Ok(false);
+        }
+        let published = tail.wrapping_sub(head);
+        if published > self.cap as u64 || published < 4 {
+            return Err(DecodeError("mailbox counters corrupted"));
         }
         let mut len = [0u8; 4];
         self.read_at(dir, head, &mut len);
-        let len = u32::from_le_bytes(len) as usize;
-        assert!(
-            (4 + len) as u64 <= tail - head,
-            "ferroloader mailbox corrupted: message past the tail"
-        );
+        let len = u32::from_le_bytes(len) as u64;
+        if 4 + len > published {
+            return Err(DecodeError("mailbox message past the published bytes"));
+        }
         out.clear();
-        out.resize(len, 0);
-        self.read_at(dir, head + 4, out);
+        out.resize(len as usize, 0);
+        self.read_at(dir, head.wrapping_add(4), out);
         self.counter(dir, HEAD)
-            .store(head + 4 + len as u64, Ordering::Release);
-        true
+            .store(head.wrapping_add(4 + len), Ordering::Release);
+        Ok(true)
     }
 
     /// Consumer: whether a message is waiting.
@@ -250,11 +262,35 @@ mod tests {
         assert!(a.push(Dir::Tasks, b"three"));
         let mut out = Vec::new();
         for want in [&b"one"[..], b"", b"three"] {
-            assert!(b.pop(Dir::Tasks, &mut out));
+            assert!(b.pop(Dir::Tasks, &mut out).unwrap());
             assert_eq!(out, want);
         }
-        assert!(!b.pop(Dir::Tasks, &mut out));
+        assert!(!b.pop(Dir::Tasks, &mut out).unwrap());
         assert!(!b.has_message(Dir::Results));
+    }
+
+    #[test]
+    fn scribbled_counters_or_lengths_are_errors_not_reads_outside_the_ring() {
+        let a = Mailbox::create(64).unwrap();
+        let mut out = Vec::new();
+        // the producer's tail claims more than the ring holds
+        a.counter(Dir::Results, TAIL)
+            .store(1 << 40, Ordering::Release);
+        assert!(a.pop(Dir::Results, &mut out).is_err());
+        // tail behind head (wrapped)
+        a.counter(Dir::Results, TAIL).store(0, Ordering::Release);
+        a.counter(Dir::Results, HEAD).store(8, Ordering::Release);
+        assert!(a.pop(Dir::Results, &mut out).is_err());
+        // a length prefix past the bytes published
+        let b = Mailbox::create(64).unwrap();
+        assert!(b.push(Dir::Results, b"abc"));
+        b.write_at(Dir::Results, 0, &u32::MAX.to_le_bytes());
+        assert!(b.pop(Dir::Results, &mut out).is_err());
+        // a consistent message still reads
+        let c = Mailbox::create(64).unwrap();
+        assert!(c.push(Dir::Results, b"abc"));
+        assert!(c.pop(Dir::Results, &mut out).unwrap());
+        assert_eq!(out, b"abc");
     }
 
     #[test]
@@ -266,7 +302,7 @@ mod tests {
         assert!(a.push(Dir::Results, &body));
         assert!(!a.push(Dir::Results, &body));
         let mut out = Vec::new();
-        assert!(b.pop(Dir::Results, &mut out));
+        assert!(b.pop(Dir::Results, &mut out).unwrap());
         assert!(a.push(Dir::Results, &body));
     }
 
@@ -297,7 +333,7 @@ mod tests {
         });
         let mut out = Vec::new();
         for i in 0..n {
-            while !b.pop(Dir::Results, &mut out) {
+            while !b.pop(Dir::Results, &mut out).unwrap() {
                 std::thread::yield_now();
             }
             assert_eq!(out, i.to_le_bytes().repeat((i % 7) as usize));
@@ -321,7 +357,7 @@ mod tests {
                         model.push_back(body);
                     }
                 } else {
-                    let got = b.pop(Dir::Tasks, &mut out).then(|| out.clone());
+                    let got = b.pop(Dir::Tasks, &mut out).unwrap().then(|| out.clone());
                     prop_assert_eq!(got, model.pop_front());
                 }
             }

@@ -64,6 +64,8 @@ impl Segment {
         }
         let fd =
             rustix::fs::memfd_create(MEMFD_NAME, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        // memfds are born 0777; torch's shared-memory files are 0600
+        rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o600))?;
         rustix::fs::ftruncate(&fd, len as u64)?;
         rustix::fs::fcntl_add_seals(&fd, SIZE_SEALS | SealFlags::SEAL)?;
         Self::map(fd, len)
@@ -184,6 +186,13 @@ pub fn page_size() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn create_is_private_to_its_user() {
+        let a = Segment::create(4096).unwrap();
+        let mode = rustix::fs::fstat(a.fd()).unwrap().st_mode & 0o777;
+        assert_eq!(mode, 0o600);
+    }
 
     #[test]
     fn create_is_zeroed_and_shared_through_a_second_mapping() {

@@ -182,7 +182,13 @@ impl Loader {
         host: &mut impl Blocking,
         draw: &mut impl FnMut() -> Result<Option<TaskIndices>, E>,
     ) -> Result<usize, E> {
-        self.pool.poll(host)?;
+        if let Err(e) = self.pool.poll(host) {
+            if matches!(e, Error::Corrupt { .. }) {
+                // that worker's stream cannot be trusted past this point
+                self.close();
+            }
+            return Err(e.into());
+        }
         let mut got = 0;
         while let Some(event) = self.pool.next_event() {
             got += self.handle(event, draw)?;

@@ -212,7 +212,9 @@ impl WorkerPool {
         let mut buf = Vec::new();
         loop {
             let link = &mut self.links[w];
-            if link.conn.is_none() || !link.mailbox.pop(Dir::Results, &mut buf) {
+            let popped = link.mailbox.pop(Dir::Results, &mut buf);
+            let popped = popped.map_err(|what| Error::Corrupt { worker: w, what })?;
+            if link.conn.is_none() || !popped {
                 return Ok(());
             }
             let frame = if buf == ON_SOCKET {
@@ -230,7 +232,9 @@ impl WorkerPool {
             } else {
                 std::mem::take(&mut buf)
             };
-            let event = match FromWorker::decode(&frame)? {
+            let msg =
+                FromWorker::decode(&frame).map_err(|what| Error::Corrupt { worker: w, what })?;
+            let event = match msg {
                 FromWorker::Segment { id } => {
                     let fd = link
                         .conn
@@ -353,10 +357,10 @@ impl WorkerPool {
     /// Opens a batch record `worker` announced; it is released when the
     /// handle (and every tensor sharing it) is dropped.
     pub fn open(&self, worker: usize, record: RecordRef) -> Result<RecordHandle> {
-        self.links[worker]
-            .arena
-            .open(record)
-            .ok_or_else(|| DecodeError("batch record outside the worker's arena").into())
+        self.links[worker].arena.open(record).ok_or(Error::Corrupt {
+            worker,
+            what: DecodeError("batch record outside the worker's arena"),
+        })
     }
 
     /// Releases a record that will not be used (a batch of an abandoned epoch).

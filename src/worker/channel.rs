@@ -123,7 +123,7 @@ impl Channel {
     /// socket inside `host.blocking`.
     pub fn recv(&mut self, host: &mut impl Blocking) -> Result<Option<ToWorker>> {
         loop {
-            if self.mailbox.pop(Dir::Tasks, &mut self.buf) {
+            if self.mailbox.pop(Dir::Tasks, &mut self.buf)? {
                 let frame = if self.buf == ON_SOCKET {
                     match self.conn.recv_message_blocking() {
                         Ok(Some(f)) => f,
