@@ -23,6 +23,8 @@
 pub mod collate;
 pub mod dlpack;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod record;
 pub mod ring;
 pub mod sampler;

@@ -275,7 +275,7 @@ _CHILD = textwrap.dedent(
 
 
 @ferro_only
-@time_limit(60)
+@time_limit(240)  # a loaded CI machine may take a minute to import torch twice
 @pytest.mark.parametrize("mode", ["idle", "busy"])
 def test_workers_exit_when_main_process_is_killed(tmp_path, mode):
     script = tmp_path / "child.py"
@@ -291,7 +291,7 @@ def test_workers_exit_when_main_process_is_killed(tmp_path, mode):
     try:
         line = child.stdout.readline()
         assert line.strip() == "READY", f"child failed: {line!r} {child.stderr.read()}"
-        assert mh.wait_until(lambda: len(mh.children_of(child.pid)) >= 2, 10.0)
+        assert mh.wait_until(lambda: len(mh.children_of(child.pid)) >= 2, 60.0)
         time.sleep(0.5)  # busy: the workers are inside __getitem__ now
         tree = mh.descendants_of(child.pid)
         assert len(tree) >= 2, tree
@@ -299,7 +299,8 @@ def test_workers_exit_when_main_process_is_killed(tmp_path, mode):
         child.wait(10)
         t_kill = time.monotonic()
         # Orphans are reparented to init (or a subreaper): a zombie is dead.
-        gone = mh.wait_until(lambda: not mh.alive(tree, zombie_is_dead=True), 2.0)
+        # promptly on a quiet machine (well under a second); 15 s under load
+        gone = mh.wait_until(lambda: not mh.alive(tree, zombie_is_dead=True), 15.0)
         assert gone, (
             f"workers still alive {time.monotonic() - t_kill:.1f} s after the main process "
             f"was killed: {mh.alive(tree, zombie_is_dead=True)}"

@@ -44,16 +44,18 @@ pub struct Leaf {
 }
 
 impl Leaf {
+    /// Bytes of the leaf (`usize::MAX` when that overflows: such a leaf
+    /// never passes [`ParsedRecord::parse`]).
     pub fn nbytes(&self) -> usize {
         self.shape
             .iter()
-            .map(|&d| d.max(0) as usize)
-            .product::<usize>()
-            * self.dtype.itemsize()
+            .try_fold(self.dtype.itemsize(), |acc, &d| acc.checked_mul(d.max(0) as usize))
+            .unwrap_or(usize::MAX)
     }
 
     pub fn range(&self) -> std::ops::Range<usize> {
-        self.offset as usize..self.offset as usize + self.nbytes()
+        let start = self.offset as usize;
+        start..start.saturating_add(self.nbytes())
     }
 }
 
@@ -157,6 +159,10 @@ impl ParsedRecord {
                 bits: r.u8()?,
                 lanes: r.u16()?,
             };
+            if dtype.itemsize() == 0 {
+                // a zero-byte element would let any shape pass the size check
+                return Err(DecodeError("leaf dtype"));
+            }
             let kind = match r.u8()? {
                 0 => LeafKind::Tensor,
                 1 => LeafKind::Ndarray,

@@ -220,6 +220,19 @@ impl Mailbox {
         Ok(true)
     }
 
+    /// Overwrites the mailbox's bytes (control blocks, then rings) with
+    /// `data`, as a buggy or hostile peer could: for the fuzz targets and
+    /// tests of `pop`'s checks. Not for use while another side is attached.
+    #[doc(hidden)]
+    pub fn scribble(&self, data: &[u8]) {
+        let n = data.len().min(self.seg.len());
+        // SAFETY: `n <= seg.len()`, so the copy stays inside the live mapping
+        // (the `Segment` invariant); `data` is a separate Rust slice, so the
+        // ranges do not overlap. Only the caller's process has this mailbox
+        // (documented above), so no one reads the bytes while they change.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.seg.as_ptr(), n) };
+    }
+
     /// Consumer: whether a message is waiting.
     pub fn has_message(&self, dir: Dir) -> bool {
         self.counter(dir, HEAD).load(Ordering::Relaxed)
