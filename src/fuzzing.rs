@@ -76,7 +76,10 @@ pub fn mailbox(data: &[u8]) {
 mod tests {
     use std::path::Path;
 
-    const TARGETS: [(&str, fn(&[u8])); 4] = [
+    /// A fuzz target's entry point.
+    type Target = fn(&[u8]);
+
+    const TARGETS: [(&str, Target); 4] = [
         ("record", super::record),
         ("messages", super::messages),
         ("frames", super::frames),

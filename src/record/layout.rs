@@ -49,7 +49,9 @@ impl Leaf {
     pub fn nbytes(&self) -> usize {
         self.shape
             .iter()
-            .try_fold(self.dtype.itemsize(), |acc, &d| acc.checked_mul(d.max(0) as usize))
+            .try_fold(self.dtype.itemsize(), |acc, &d| {
+                acc.checked_mul(d.max(0) as usize)
+            })
             .unwrap_or(usize::MAX)
     }
 
