@@ -66,6 +66,8 @@ COLLATE_FNS = {
 @pytest.mark.parametrize("bs", [1, 3, None])
 @pytest.mark.parametrize("name", list(COLLATE_FNS))
 def test_custom_collate_fn(name, bs, shuffle):
+    """Any collate_fn (custom, drawing from the global RNG, either library's default_collate or
+    default_convert, a lambda) gives torch's batches and RNG state for every batch_size/shuffle."""
     run_both(
         MAP_DATASETS["int"],
         seed=4,
@@ -77,6 +79,8 @@ def test_custom_collate_fn(name, bs, shuffle):
 
 @pytest.mark.parametrize("name", ["mix", "tuple", "np_f32", "tensor_transposed"])
 def test_lib_default_collate_as_collate_fn(name):
+    """The library's own default_collate passed explicitly as collate_fn gives torch's batches
+    for mixed, tuple, numpy and transposed-tensor samples."""
     run_both(
         MAP_DATASETS[name],
         seed=4,
@@ -94,6 +98,8 @@ def test_lib_default_collate_as_collate_fn(name):
                                           (10, True), (11, True), (11, False)], ids=str)
 @pytest.mark.parametrize("n", [0, 1, 10, 11])
 def test_len_loader_map(n, bs, drop_last):
+    """len(loader) and an epoch's batch count equal torch's (or fail with torch's error) for
+    map-style datasets of 0-11 items, every batch_size/drop_last, shuffled or not."""
     def lens(lib):
         out = []
         ds = ListDataset(lambda i: i, n=n)
@@ -108,6 +114,8 @@ def test_len_loader_map(n, bs, drop_last):
 
 
 def test_len_loader_with_samplers():
+    """len(loader) equals torch's for a RandomSampler with num_samples, a WeightedRandomSampler
+    with drop_last, a list as batch_sampler and a DistributedSampler with batch_size=None."""
     def lens(lib):
         ds = ListDataset(lambda i: i)
         return [
@@ -122,6 +130,7 @@ def test_len_loader_with_samplers():
 
 
 def test_len_loader_sampler_without_len():
+    """len(loader) over a sampler without __len__ raises torch's exception type and message."""
     def gen_sampler():
         yield from range(3)
 
@@ -160,10 +169,14 @@ class FailingDataset(tud.Dataset):
 @pytest.mark.parametrize("exc", [KeyError, ValueError, IndexError, RuntimeError, StopIteration])
 @pytest.mark.parametrize("bs", [1, 3, None])
 def test_dataset_error_propagates_and_loader_reusable(exc, bs):
+    """An exception from __getitem__ ends the epoch at the same batch as torch's, with torch's
+    type and message (StopIteration silently, as in torch), and later epochs run as torch's."""
     run_both(lambda lib: FailingDataset(exc=exc), seed=0, batch_size=bs, epochs=(None, None, 2))
 
 
 def test_collate_error_during_iteration():
+    """default_collate's error on uncollatable samples (None, numpy string arrays) comes at the
+    same batch with torch's type and message."""
     run_both(MAP_DATASETS["none"], seed=0, batch_size=2)
     run_both(MAP_DATASETS["np_str_array"], seed=0, batch_size=2)
 
@@ -177,6 +190,8 @@ class ErroringIterable(tud.IterableDataset):
 
 @pytest.mark.parametrize("bs", [1, 2, 3, None])
 def test_iterable_error_propagates(bs):
+    """An exception raised mid-stream by an IterableDataset surfaces after the same batches as
+    torch's, with torch's type and message, for every batch_size and epoch."""
     run_both(lambda lib: ErroringIterable(), seed=0, batch_size=bs)
 
 
@@ -186,6 +201,8 @@ def test_iterable_error_propagates(bs):
 
 
 def test_ferro_datasets_are_torch_datasets():
+    """ferroloader's dataset and sampler classes subclass their torch.utils.data counterparts,
+    so isinstance checks written for torch accept them."""
     x, y = torch.randn(N, 32), torch.randint(0, 5, (N,))
     assert isinstance(ferroloader.TensorDataset(x, y), tud.Dataset)
     assert isinstance(ferroloader.TensorDataset(x, y), tud.TensorDataset)
@@ -209,6 +226,8 @@ LIB_SAMPLERS = ["sequential", "random_gen", "random_repl", "subset_random", "wei
 
 @pytest.mark.parametrize("sampler_name", LIB_SAMPLERS)
 def test_torch_loader_accepts_ferro_samplers_and_datasets(sampler_name):
+    """torch's DataLoader fed ferroloader's TensorDataset and sampler yields the same batches,
+    len and generator states as fed torch's own, for every built-in sampler."""
     fn = SAMPLERS[sampler_name]
     # expected: torch loader, torch dataset, torch sampler
     # actual:   torch loader, ferroloader dataset, ferroloader sampler
@@ -223,6 +242,8 @@ def test_torch_loader_accepts_ferro_samplers_and_datasets(sampler_name):
 
 @pytest.mark.parametrize("sampler_name", LIB_SAMPLERS)
 def test_ferro_loader_accepts_torch_samplers_and_datasets(sampler_name):
+    """ferroloader's DataLoader fed torch's TensorDataset and samplers reproduces torch's
+    DataLoader run exactly, for every built-in sampler."""
     fn = SAMPLERS[sampler_name]
     run_both(
         lambda lib: lib.TensorDataset(torch.randn(N, 4), torch.arange(N)),
@@ -246,6 +267,8 @@ def test_ferro_batches_equal_torch_loader_fed_ferro_samplers(sampler_name):
 
 
 def test_torch_loader_with_ferro_batch_sampler():
+    """torch's DataLoader given ferroloader's BatchSampler over a RandomSampler yields the same
+    batches and RNG state as given torch's."""
     run_both(
         MAP_DATASETS["tensor_i64"],
         seed=2,
@@ -257,6 +280,8 @@ def test_torch_loader_with_ferro_batch_sampler():
 
 
 def test_torch_loader_with_ferro_tensor_dataset_shuffle():
+    """torch's DataLoader shuffling ferroloader's TensorDataset yields the same batches and RNG
+    state as shuffling torch's."""
     run_both(
         lambda lib: lib.TensorDataset(torch.randn(N, 32), torch.randint(0, 5, (N,))),
         seed=5,
@@ -267,6 +292,8 @@ def test_torch_loader_with_ferro_tensor_dataset_shuffle():
 
 
 def test_ferro_loader_with_ferro_subset_and_concat():
+    """A shuffled ConcatDataset of a Subset and a TensorDataset built from ferroloader's classes
+    loads exactly like torch's built from torch's."""
     def make(lib):
         base = lib.TensorDataset(torch.arange(12.0).reshape(6, 2), torch.arange(6))
         return lib.ConcatDataset([lib.Subset(base, [5, 0, 3]), base])
@@ -275,6 +302,9 @@ def test_ferro_loader_with_ferro_subset_and_concat():
 
 
 def test_loader_attributes():
+    """A DataLoader's public attributes have torch's values for default, shuffled,
+    batch_size=None and batch_sampler construction, and shuffle=True wires a torch RandomSampler
+    into a torch BatchSampler."""
     def attrs(lib, **kw):
         ds = ListDataset(lambda i: i)
         loader = lib.DataLoader(ds, **kw)
@@ -312,7 +342,8 @@ def test_loader_attributes():
 
 
 def test_setting_loader_attribute_allowed_ones():
-    # torch lets users set attributes that are not frozen; so must ferroloader
+    """As in torch, collate_fn and new user attributes can be set on a built DataLoader, and the
+    new collate_fn takes effect."""
     for lib in (TORCH, FERRO):
         loader = lib.DataLoader(list(range(4)), batch_size=2)
         loader.collate_fn = identity_collate

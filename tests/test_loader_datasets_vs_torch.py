@@ -46,6 +46,8 @@ BATCH_ARGS = [
 @pytest.mark.parametrize("bs,shuffle,drop_last", BATCH_ARGS, ids=str)
 @pytest.mark.parametrize("name", list(MAP_DATASETS))
 def test_map_dataset_matrix(name, bs, shuffle, drop_last):
+    """Every map-style dataset yields torch's batches, len and RNG state for every
+    batch_size/shuffle/drop_last."""
     run_both(
         MAP_DATASETS[name],
         seed=1234,
@@ -58,6 +60,8 @@ def test_map_dataset_matrix(name, bs, shuffle, drop_last):
 @pytest.mark.parametrize("bs", [1, 3, None])
 @pytest.mark.parametrize("name", ["int", "mix", "tensor_transposed", "lib_tensor_dataset"])
 def test_map_dataset_with_generator(name, bs):
+    """A shuffled loader with generator= yields torch's batches and leaves the generator in
+    torch's state, for each dataset and batch_size."""
     run_both(
         MAP_DATASETS[name],
         seed=7,
@@ -69,7 +73,8 @@ def test_map_dataset_with_generator(name, bs):
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_generator_consumed_without_shuffle(shuffle):
-    # The base seed is drawn from generator= even when nothing is shuffled.
+    """generator= is consumed as torch consumes it (the base seed is drawn from it) whether or
+    not the loader shuffles."""
     run_both(
         MAP_DATASETS["int"], seed=3, batch_size=4, shuffle=shuffle,
         generator=torch.Generator().manual_seed(5),
@@ -85,11 +90,15 @@ def test_generator_consumed_without_shuffle(shuffle):
                                           (None, False), (11, False), (11, True)], ids=str)
 @pytest.mark.parametrize("name", list(ITERABLES))
 def test_iterable_dataset(name, bs, drop_last):
+    """Every IterableDataset (with or without __len__, empty, chained) yields torch's batches
+    and len(loader) outcome for every batch_size/drop_last."""
     run_both(ITERABLES[name], seed=3, batch_size=bs, drop_last=drop_last)
 
 
 @pytest.mark.parametrize("name", ["ints_nolen", "dicts"])
 def test_iterable_dataset_with_generator(name):
+    """An IterableDataset loader with generator= yields torch's batches and leaves the generator
+    in torch's state."""
     run_both(ITERABLES[name], seed=3, batch_size=2, generator=torch.Generator().manual_seed(8))
 
 
@@ -107,6 +116,8 @@ def test_iterable_length_warning(reported, bs, drop_last):
 
 
 def test_iterable_length_warning_text_with_pytest_warns():
+    """Iterating past an IterableDataset's under-reported __len__ emits torch's UserWarning
+    text, visible to pytest.warns."""
     def collect(lib):
         loader = lib.DataLoader(SizedIterable(6, reported=2), batch_size=1)
         assert len(loader) == 2
@@ -119,10 +130,14 @@ def test_iterable_length_warning_text_with_pytest_warns():
 
 
 def test_iterable_len_without_len():
+    """len(loader) over an IterableDataset without __len__ fails with torch's error, and its
+    batches still match torch's."""
     run_both(ITERABLES["ints_nolen"], seed=0, batch_size=3)
 
 
 def test_iterable_len_not_called_no_warning():
+    """Without a len(loader) call, yielding more than an IterableDataset's __len__ emits no
+    warning, as in torch."""
     e, a = run_both(lambda lib: SizedIterable(N, reported=1), seed=0, call_len=False)
     assert e.warnings == a.warnings == []
 
@@ -145,6 +160,8 @@ def test_iterable_len_not_called_no_warning():
 )
 @pytest.mark.parametrize("bs", [2, None])
 def test_plain_containers_as_dataset(make, bs):
+    """Plain containers (list, range, tensor, ndarray, list of dicts) used as the dataset are
+    shuffled and batched as torch's, with and without batch_size."""
     run_both(make, seed=0, batch_size=bs, shuffle=True)
 
 
@@ -165,10 +182,14 @@ def test_plain_containers_as_dataset(make, bs):
     ids=lambda d: ",".join(sorted(d)) + ("=" + repr(next(iter(d.values()))) if d else ""),
 )
 def test_misc_arguments(extra):
+    """Arguments without effect in a single process (pin_memory, in_order, an uncalled
+    worker_init_fn, timeout, prefetch_factor=None, ...) give torch's batches and warnings."""
     run_both(MAP_DATASETS["dict"], seed=0, batch_size=3, **extra)
 
 
 def test_get_worker_info_in_main_process():
+    """get_worker_info() returns None in the main process, inside __getitem__ during iteration
+    and outside it."""
     seen = []
 
     def make(lib):
@@ -193,6 +214,8 @@ def test_get_worker_info_in_main_process():
 
 
 def test_iterator_protocol():
+    """The loader's iterator behaves as torch's: iter(it) is it, len(it), next(), StopIteration
+    on every call after exhaustion, and len() with batch_size=None."""
     def run(lib):
         seed_all(0)
         loader = lib.DataLoader(ListDataset(lambda i: i), batch_size=3, shuffle=True)
@@ -209,6 +232,8 @@ def test_iterator_protocol():
 
 
 def test_loader_generator_reassigned_after_init():
+    """Reassigning loader.generator between epochs changes the next epoch and the states of both
+    generators exactly as in torch."""
     def run(lib):
         seed_all(0)
         g1 = torch.Generator().manual_seed(1)
@@ -224,6 +249,8 @@ def test_loader_generator_reassigned_after_init():
 
 
 def test_loader_collate_fn_reassigned_between_epochs():
+    """A collate_fn assigned to the loader between epochs takes effect in the next epoch, as in
+    torch."""
     def run(lib):
         loader = lib.DataLoader(ListDataset(lambda i: i), batch_size=4)
         first = list(loader)
@@ -246,6 +273,8 @@ def test_loader_collate_fn_reassigned_between_epochs():
 )
 @pytest.mark.parametrize("bs", [2, None])
 def test_unusual_sampler_iterables(sampler, bs):
+    """Any iterable given as sampler= (ndarray, tensor, generator, range, dict) reaches the
+    dataset as the same index objects and gives torch's batches and len outcome."""
     run_both(MAP_DATASETS["int"], seed=0, batch_size=bs,
              sampler=PerRun(lambda ctx: sampler(), "iterable"))
 
@@ -263,6 +292,8 @@ def test_unusual_sampler_iterables(sampler, bs):
 )
 @pytest.mark.parametrize("dataset", ["int", "getitems", "lib_tensor_dataset"])
 def test_unusual_batch_sampler_items(batch_sampler, dataset):
+    """Batches given as tuples, tensors, ndarrays, empty lists or ranges reach
+    __getitem__/__getitems__ as in torch and collate (or fail) as torch's do."""
     run_both(MAP_DATASETS[dataset], seed=0,
              batch_sampler=PerRun(lambda ctx: batch_sampler(), "bs"))
 
@@ -285,10 +316,14 @@ class GeneratorGetitems(ListDataset):
 @pytest.mark.parametrize("cls", [NoneGetitems, TupleGetitems, GeneratorGetitems])
 @pytest.mark.parametrize("bs", [1, 3, None])
 def test_getitems_variants(cls, bs):
+    """A __getitems__ set to None, returning a tuple or returning a generator is handled as
+    torch handles it, for every batch_size with shuffle."""
     run_both(lambda lib: cls(lambda i: {"v": i}), seed=0, batch_size=bs, shuffle=True)
 
 
 def test_same_sample_object_in_batch():
+    """A batch holding one tensor object several times (every sample is the same tensor, indices
+    repeat) collates to torch's batch."""
     shared = torch.arange(3)
 
     run_both(lambda lib: ListDataset(lambda i: shared), seed=0, batch_size=4,

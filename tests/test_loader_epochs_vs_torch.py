@@ -56,6 +56,8 @@ PARTIAL = [(0, None), (1, None), (2, 1, None), (3, 0, 2), (None, 2, None)]
     ],
 )
 def test_partial_epochs(case, epochs):
+    """Epochs cut short after 0-3 batches leave every sampler and RNG as torch leaves them, so
+    every later epoch matches torch's batches and generator states."""
     make = MAP_DATASETS["int"]
     kw: dict = {"batch_size": 2}
     if case == "shuffle":
@@ -87,6 +89,8 @@ def test_partial_epochs(case, epochs):
 
 @pytest.mark.parametrize("epochs", PARTIAL, ids=str)
 def test_partial_epochs_iterable(epochs):
+    """IterableDataset epochs cut short after 0-3 batches are followed by epochs that match
+    torch's batches and dataset calls."""
     run_both(lambda lib: RangeIterable(), seed=1, batch_size=3, epochs=epochs)
 
 
@@ -119,6 +123,8 @@ def test_two_live_iterators():
     tensor_ds=st.booleans(),
 )
 def test_hypothesis_loader_configs(n, bs, shuffle, drop_last, seed, gen_seed, epochs, tensor_ds):
+    """For any dataset size, batch_size, shuffle, drop_last, seed, generator= and sequence of
+    full or partial epochs, the run matches torch's exactly."""
     if bs is None:
         drop_last = False
     kw = {}
@@ -189,6 +195,9 @@ class EagerIterable(tud.IterableDataset):
 @pytest.mark.parametrize("with_gen", [False, True])
 @pytest.mark.parametrize("kind", ["sampler_bs2", "sampler_bsNone", "batch_sampler", "iterable"])
 def test_order_of_user_code_and_base_seed(kind, with_gen, epochs):
+    """User __iter__ code drawing from the global RNG (sampler, batch sampler or iterable
+    dataset) runs in torch's order relative to the loader's base-seed draw, with or without
+    generator=, partial epochs included."""
     kw = {}
     if with_gen:
         kw["generator"] = torch.Generator().manual_seed(5)

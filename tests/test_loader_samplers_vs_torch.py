@@ -98,6 +98,8 @@ def test_sampler_sharing_loader_generator(name):
 
 
 def test_sampler_with_string_keys():
+    """A sampler yielding string keys, repeats included, reaches a dict-keyed dataset and
+    collates as in torch."""
     run_both(
         lambda lib: DictKeyDataset(),
         seed=0,
@@ -107,6 +109,8 @@ def test_sampler_with_string_keys():
 
 
 def test_distributed_sampler_set_epoch_through_loader():
+    """A DistributedSampler's set_epoch() made before loading decides its shuffled shard in the
+    loader as in torch."""
     def make(ctx):
         s = ctx.lib.DistributedSampler(ctx.dataset, num_replicas=2, rank=0, seed=3)
         s.set_epoch(5)
@@ -168,6 +172,9 @@ BATCH_SAMPLERS = _batch_samplers()
 @pytest.mark.parametrize("with_generator", [False, True])
 @pytest.mark.parametrize("name", list(BATCH_SAMPLERS))
 def test_batch_sampler_argument(name, with_generator):
+    """Every batch_sampler= (BatchSampler over any sampler, torch and ferroloader classes mixed,
+    user-written, list of lists) yields torch's batches over full and partial epochs, with or
+    without generator=."""
     kw = {}
     if with_generator:
         kw["generator"] = torch.Generator().manual_seed(77)
@@ -181,6 +188,8 @@ def test_batch_sampler_argument(name, with_generator):
 
 
 def test_getitems_receives_batch_sampler_lists():
+    """__getitems__ receives each batch_sampler list as torch passes it, order and repeated
+    indices kept."""
     run_both(
         MAP_DATASETS["getitems"],
         seed=0,
@@ -190,6 +199,8 @@ def test_getitems_receives_batch_sampler_lists():
 
 @pytest.mark.parametrize("bs", [None, 1, 4])
 def test_getitems_dataset(bs):
+    """A shuffled loader calls __getitems__ with each batch's indices (__getitem__ when
+    batch_size=None) exactly as torch does."""
     run_both(MAP_DATASETS["getitems"], seed=2, batch_size=bs, shuffle=True)
 
 
@@ -250,6 +261,8 @@ SAMPLER_SUBCLASSES = _sampler_subclasses()
 @pytest.mark.parametrize("bs", [1, 4, None])
 @pytest.mark.parametrize("name", list(SAMPLER_SUBCLASSES))
 def test_sampler_subclass_overrides_are_honoured(name, bs, base_from):
+    """Overrides in subclasses of built-in samplers (__iter__, __len__, a num_samples property)
+    take effect as in torch, whether the base class is the run's own or torch's."""
     make_cls, base_name, args = SAMPLER_SUBCLASSES[name]
 
     def build(ctx):
@@ -261,6 +274,8 @@ def test_sampler_subclass_overrides_are_honoured(name, bs, base_from):
 
 @pytest.mark.parametrize("base_from", ["own", "torch"])
 def test_batch_sampler_subclass_overrides_are_honoured(base_from):
+    """A BatchSampler subclass's __iter__ override decides the batches as in torch, whether its
+    base is the run's own class or torch's."""
     def build(ctx):
         lib = ctx.lib if base_from == "own" else TORCH
 
@@ -323,6 +338,8 @@ def test_sampler_attributes_changed_after_construction(name, bs):
 
 
 def test_batch_sampler_attributes_changed_after_construction():
+    """batch_size, drop_last and sampler set on a BatchSampler after construction take effect
+    when it iterates, as in torch."""
     def build(ctx):
         b = ctx.lib.BatchSampler(ctx.lib.SequentialSampler(ctx.dataset), 2, False)
         b.batch_size = 4
@@ -334,6 +351,8 @@ def test_batch_sampler_attributes_changed_after_construction():
 
 
 def test_sampler_changed_between_epochs():
+    """Changes between epochs to a RandomSampler's replacement/num_samples and to its data
+    source's length show in the next epoch exactly as in torch."""
     def run(lib):
         seed_all(1)
         ds = ListDataset(lambda i: i)
@@ -369,6 +388,8 @@ class ScaledTensorDataset:
 @pytest.mark.parametrize("base_from", ["own", "torch", "ferro"])
 @pytest.mark.parametrize("bs", [1, 3, None])
 def test_tensor_dataset_subclass_getitem_is_honoured(base_from, bs):
+    """A TensorDataset subclass's __getitem__ override is used whichever library the base class
+    comes from, giving torch's batches for every batch_size."""
     def make(lib):
         base = {"own": lib, "torch": TORCH, "ferro": FERRO}[base_from].TensorDataset
         return ScaledTensorDataset.make(base)(torch.randn(N, 4), torch.arange(N))
@@ -377,6 +398,8 @@ def test_tensor_dataset_subclass_getitem_is_honoured(base_from, bs):
 
 
 def test_tensor_dataset_subclass_with_getitems():
+    """A TensorDataset subclass's __getitems__ is the one the loader calls, giving torch's
+    batches."""
     def make(lib):
         class WithGetitems(lib.TensorDataset):
             def __getitems__(self, indices):
@@ -388,6 +411,8 @@ def test_tensor_dataset_subclass_with_getitems():
 
 
 def test_tensor_dataset_tensors_replaced_after_loader_built():
+    """Tensors replaced on, or written into, a TensorDataset after the loader is built show in
+    the next epoch, as in torch."""
     def run(lib):
         seed_all(0)
         ds = lib.TensorDataset(torch.zeros(N, 2), torch.arange(N))
@@ -429,6 +454,9 @@ TENSOR_DATASET_TENSORS = {
 @pytest.mark.parametrize("bs", [1, 4, None])
 @pytest.mark.parametrize("name", list(TENSOR_DATASET_TENSORS))
 def test_tensor_dataset_layouts(name, bs, shuffle):
+    """TensorDatasets over strided, offset, expanded, channels_last, conj, requires_grad,
+    Parameter, zero-width and unusual-dtype tensors give torch's batches for every
+    batch_size/shuffle."""
     run_both(lambda lib: lib.TensorDataset(*TENSOR_DATASET_TENSORS[name]()), seed=2,
              batch_size=bs, shuffle=shuffle)
 
@@ -450,6 +478,8 @@ TD_INDEX_SAMPLERS = {
 @pytest.mark.parametrize("bs", [2, None])
 @pytest.mark.parametrize("name", list(TD_INDEX_SAMPLERS))
 def test_tensor_dataset_unusual_indices(name, bs):
+    """TensorDataset indexed with negative, out-of-range, numpy, tensor, bool, slice, list,
+    float or None indices gives torch's batches or torch's error."""
     run_both(
         lambda lib: lib.TensorDataset(torch.arange(4.0 * N).reshape(N, 4), torch.arange(N)),
         seed=0,
@@ -465,6 +495,8 @@ def test_tensor_dataset_unusual_indices(name, bs):
 
 @pytest.mark.parametrize("sampler", ["shuffle", "random", "random_repl", "subset", "weighted"])
 def test_default_generator_passed_explicitly(sampler):
+    """torch.default_generator passed explicitly as generator= (to the loader, and to the
+    sampler) is consumed exactly as torch consumes it, over full and partial epochs."""
     g = torch.default_generator
     kw: dict = {"batch_size": 3, "epochs": (None, 1, None)}
     if sampler == "shuffle":
@@ -513,6 +545,9 @@ SAMPLER_KINDS = ["none", "random", "random_repl", "subset", "weighted", "weighte
 )
 def test_hypothesis_samplers_in_loader(n, kind, cls_from, bs, drop_last, shuffle, seed,
                                        loader_gen, share_gen, num_samples, epochs, replicas):
+    """For any built-in or user sampler (classes from either library), batch_size, drop_last,
+    shuffle, seed, loader/sampler generators and partial epochs, the run matches torch's
+    exactly."""
     kw: dict = {}
     if loader_gen is not None:
         kw["generator"] = torch.Generator().manual_seed(loader_gen)

@@ -71,6 +71,8 @@ MATRIX = [(0, None)] + [(w, p) for w in (1, 2, 3) for p in (1, 2, 4)]
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("num_workers", "prefetch_factor"), MATRIX)
 def test_map_batches_match_torch_for_workers_and_prefetch(num_workers, prefetch_factor):
+    """For every num_workers/prefetch_factor, shuffled batches from out-of-order workers arrive
+    in sampler order and equal both torch's and ferroloader's single-process batches."""
     def make(lib):
         return mh.JitterDataset(20, "dict")  # workers finish out of order
 
@@ -87,6 +89,8 @@ def test_map_batches_match_torch_for_workers_and_prefetch(num_workers, prefetch_
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", mh.SAMPLE_KINDS)
 def test_map_sample_kinds_match_torch(kind):
+    """With two workers, every sample kind (int, float, tensor, numpy, str, dict, tuple,
+    namedtuple, nested) collates to torch's batches."""
     e, a = _both(lambda lib: mh.MapDataset(11, kind), batch_size=4, num_workers=2)
     _compare(e, a, what=kind)
 
@@ -102,6 +106,8 @@ def test_map_without_auto_collation_matches_torch(batch_size):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [1, 3])
 def test_shuffle_with_global_seed_matches_torch(num_workers):
+    """With 1 or 3 workers and only the global seed set, two shuffled epochs match torch's (in
+    different orders) and leave the RNGs as torch's."""
     e, a = _both(
         lambda lib: mh.MapDataset(30, "int"),
         batch_size=4,
@@ -117,6 +123,8 @@ def test_shuffle_with_global_seed_matches_torch(num_workers):
 
 @pytest.mark.timeout(60)
 def test_shuffle_with_generator_matches_torch():
+    """With two workers and a seeded generator=, two shuffled epochs match torch's and leave the
+    generator in torch's state."""
     e, a = _both(
         lambda lib: mh.MapDataset(30, "tensor"),
         batch_size=4,
@@ -131,6 +139,8 @@ def test_shuffle_with_generator_matches_torch():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [1, 2])
 def test_drop_last_matches_torch(num_workers):
+    """With workers, shuffle and drop_last=True, the partial last batch is dropped and the full
+    batches match torch's."""
     e, a = _both(
         lambda lib: mh.MapDataset(23, "tuple"),
         batch_size=5,
@@ -144,6 +154,8 @@ def test_drop_last_matches_torch(num_workers):
 
 @pytest.mark.timeout(60)
 def test_custom_sampler_and_batch_sampler_match_torch():
+    """With two workers, a BatchSampler over a with-replacement RandomSampler passed as
+    batch_sampler= gives torch's batches."""
     def run(lib):
         mh.seed_all(3)
         sampler = lib.RandomSampler(range(17), replacement=True, num_samples=13)
@@ -170,6 +182,8 @@ def test_global_rng_after_epoch_matches_torch():
 
 @pytest.mark.timeout(60)
 def test_custom_collate_fn_runs_in_worker():
+    """A custom collate_fn runs in the two workers, never the main process, and its batches
+    match torch's apart from the pid."""
     e, a = _both(
         lambda lib: mh.MapDataset(10, "int"),
         batch_size=3,
@@ -184,6 +198,8 @@ def test_custom_collate_fn_runs_in_worker():
 
 @pytest.mark.timeout(60)
 def test_getitems_runs_in_worker():
+    """With workers, __getitems__ builds every batch and runs in both workers, not the main
+    process; batches match torch's apart from the pid."""
     e, a = _both(lambda lib: mh.GetitemsDataset(10), batch_size=4, num_workers=2)
     _compare(e, a, strip_pid=True, what="__getitems__")
     for b in a.epochs[0]:
@@ -266,6 +282,8 @@ def _sorted_batches(batches: list) -> list:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("num_workers", "prefetch_factor"), [(2, 1), (2, 2), (3, 4)])
 def test_in_order_false_same_multiset_as_torch(num_workers, prefetch_factor):
+    """With in_order=False, an epoch yields the same multiset of batches as torch's and leaves
+    the global torch RNG in torch's state."""
     kw = dict(
         batch_size=2,
         shuffle=True,
@@ -340,6 +358,8 @@ def test_prefetch_depth_is_prefetch_factor_per_worker(tmp_path, prefetch_factor)
 
 @pytest.mark.timeout(60)
 def test_get_worker_info_in_workers_matches_torch():
+    """Inside each worker get_worker_info() gives torch's id, num_workers, replica dataset and
+    seed base+id; the main process sees None and keeps its dataset unmutated."""
     nw = 3
     results = {}
     for name, lib in LIBS.items():
@@ -411,6 +431,8 @@ def test_random_augmentation_batches_match_torch():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("persistent", [False, True])
 def test_worker_init_fn_once_per_worker(tmp_path, persistent):
+    """worker_init_fn runs once per worker start, in a worker whose get_worker_info().id is its
+    argument: every epoch, or once in all with persistent workers, as in torch."""
     nw = 3
     logs = {}
     for name, lib in LIBS.items():
@@ -461,6 +483,8 @@ def test_torch_get_worker_info_works_inside_ferroloader_workers():
 
 @pytest.mark.timeout(60)
 def test_persistent_workers_two_epochs_match_torch():
+    """With persistent workers, three shuffled epochs are served by the same two worker
+    processes, whose replica state carries over, and match torch's."""
     kw = dict(
         batch_size=2,
         shuffle=True,
@@ -483,6 +507,8 @@ def test_persistent_workers_two_epochs_match_torch():
 
 @pytest.mark.timeout(60)
 def test_persistent_workers_alive_between_epochs():
+    """Persistent workers stay alive after an epoch, and the same two processes serve the next
+    one."""
     loader = FERRO.DataLoader(
         mh.PidDataset(6), batch_size=2, num_workers=2, persistent_workers=True
     )
@@ -507,6 +533,8 @@ LENGTHS = [7, 2, 5]  # worker 1 runs out first
     ("batch_size", "drop_last"), [(1, False), (3, False), (3, True), (None, False)]
 )
 def test_iterable_sharded_order_matches_torch(num_workers, batch_size, drop_last):
+    """Batches of an IterableDataset sharded unevenly over 1-3 workers interleave exactly as
+    torch's, for every batch_size/drop_last, in both epochs."""
     lengths = LENGTHS[:num_workers]
 
     def make(lib):
@@ -521,6 +549,8 @@ def test_iterable_sharded_order_matches_torch(num_workers, batch_size, drop_last
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("prefetch_factor", [1, 3])
 def test_iterable_dict_samples_with_prefetch_match_torch(prefetch_factor):
+    """Dict samples from an IterableDataset sharded over three workers collate to torch's
+    batches for prefetch_factor 1 and 3, every worker contributing."""
     def make(lib):
         return mh.ShardedIterable([4, 1, 6], lib.get_worker_info, kind="dict")
 
@@ -550,6 +580,8 @@ def test_iterable_length_warning_as_torch():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("num_workers", [2, 3])
 def test_iterable_without_sharding_duplicates_as_torch(num_workers):
+    """An IterableDataset that does not shard is yielded in full by every worker, in torch's
+    batch order."""
     e, a = _both(lambda lib: mh.UnshardedIterable(5), batch_size=2, num_workers=num_workers)
     _compare(e, a, what="unsharded iterable")
     flat = [int(x) for b in a.epochs[0] for x in b]
@@ -558,6 +590,7 @@ def test_iterable_without_sharding_duplicates_as_torch(num_workers):
 
 @pytest.mark.timeout(60)
 def test_iterable_persistent_workers_match_torch():
+    """A sharded IterableDataset with persistent workers yields torch's batches in both epochs."""
     def make(lib):
         return mh.ShardedIterable([3, 1], lib.get_worker_info)
 
@@ -595,6 +628,8 @@ def _expected_marker(method: str) -> str:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_multiprocessing_context_by_name(method, monkeypatch, tmp_path):
+    """multiprocessing_context given by name starts workers with that method (only forked ones
+    see the main process's module state), with torch's batches and worker_init_fn calls."""
     monkeypatch.setattr(mh, "MAIN_MARKER", "set-in-main")
     e, e_init = _context_run(TORCH, method, method, tmp_path)
     a, a_init = _context_run(FERRO, method, method, tmp_path)
@@ -642,6 +677,8 @@ def _pin_run(lib, **kw):
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="needs a machine without accelerator")
 @pytest.mark.parametrize("pin_memory_device", ["", "cuda"])
 def test_pin_memory_without_accelerator_warns_as_torch(pin_memory_device):
+    """Without an accelerator, pin_memory=True (with pin_memory_device='cuda' too) emits torch's
+    warnings and yields torch's unpinned batches."""
     kw = {"pin_memory_device": pin_memory_device} if pin_memory_device else {}
     eb, ew = _pin_run(TORCH, **kw)
     ab, aw = _pin_run(FERRO, **kw)
@@ -655,6 +692,8 @@ def test_pin_memory_without_accelerator_warns_as_torch(pin_memory_device):
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pin_memory_with_cuda_pins_batches():
+    """With CUDA, pin_memory=True pins every batch tensor, collated ndarrays included, and
+    yields torch's batches and warnings."""
     eb, ew = _pin_run(TORCH)
     ab, aw = _pin_run(FERRO)
     assert aw == ew
@@ -667,6 +706,8 @@ def test_pin_memory_with_cuda_pins_batches():
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pin_memory_honours_custom_batch_pin_memory_method():
+    """With pin_memory=True, a custom batch type's own pin_memory() method is called and leaves
+    its data pinned, as in torch."""
     out = {}
     for name, lib in LIBS.items():
         batches = list(
