@@ -18,8 +18,9 @@ import time
 import ferroloader as fl
 import mp_helpers as mh
 import pytest
+import torch
 import torch.utils.data as tud
-from helpers import LIBS, ferro_only, time_limit
+from helpers import ferro_only, time_limit
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -92,15 +93,17 @@ class Raises(tud.Dataset):
         return i
 
 
+@ferro_only
 @time_limit(120)
 @pytest.mark.parametrize("exc", [SystemExit, KeyboardInterrupt])
-@pytest.mark.parametrize("lib", ["torch", "ferroloader"])
-def test_base_exceptions_in_a_worker_are_a_runtime_error(lib, exc):
+def test_base_exceptions_in_a_worker_are_a_runtime_error(exc):
     """sys.exit() or KeyboardInterrupt inside __getitem__ in a worker ends
-    that worker and reaches the main process as a RuntimeError (so a
-    training loop's `except Exception` sees it), as with torch."""
-    loader = LIBS[lib].DataLoader(Raises(exc), batch_size=1, num_workers=1)
-    with pytest.raises(RuntimeError):
+    that worker and reaches the main process as a RuntimeError naming its
+    exit (so a training loop's `except Exception` sees it), as torch's
+    worker does. (torch itself is not run here: with its queues, a worker
+    leaving this way sometimes surfaces as EOFError in a long test run.)"""
+    loader = fl.DataLoader(Raises(exc), batch_size=1, num_workers=1)
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
         list(loader)
 
 
@@ -319,3 +322,92 @@ def test_shared_memory_is_private_to_the_user():
 
 
 
+
+
+def _shmem_mib() -> float:
+    """The system's shared-memory pages in MiB (memfds count there)."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Shmem:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no Shmem in /proc/meminfo")
+
+
+class Big(tud.Dataset):
+    """8 MiB samples."""
+
+    def __len__(self) -> int:
+        return 400
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((8 << 20,), i % 251, dtype=torch.uint8)
+
+
+@ferro_only
+@time_limit(180)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_memory_of_released_held_batches_goes_back_within_a_second(persistent):
+    """After 2 GiB of held batches are released mid-epoch, the shared memory
+    they used is given back to the system within about a second (the
+    worker punches the free pages out), and loading goes on."""
+    base = _shmem_mib()
+    loader = fl.DataLoader(Big(), batch_size=1, num_workers=1, persistent_workers=persistent)
+    it = iter(loader)
+    held = [next(it) for _ in range(256)]  # 2 GiB
+    assert _shmem_mib() - base > 1800
+    assert int(held[100][0, 0]) == 100 % 251
+    del held
+    gc.collect()
+    t0 = time.monotonic()
+    assert mh.wait_until(lambda: _shmem_mib() - base < 400, 5.0), _shmem_mib() - base
+    assert time.monotonic() - t0 < 1.5, time.monotonic() - t0
+    rest = [int(b[0, 0]) for b in it]
+    assert rest == [i % 251 for i in range(256, 400)]
+
+
+def _minflt(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+class OneMiB(tud.Dataset):
+    def __len__(self) -> int:
+        return 160
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((1 << 20,), i % 251, dtype=torch.uint8)
+
+
+def _paced_faults(it, pid: int, skip: int) -> int:
+    """Worker page faults over the rest of an epoch consumed with pauses
+    (long enough for the worker to look at trimming)."""
+    before = _minflt(pid)
+    for k, b in enumerate(it, start=skip):
+        assert int(b[0, 0]) == k % 251
+        if k % 8 == 0:
+            time.sleep(0.25)
+    return _minflt(pid) - before
+
+
+@ferro_only
+@time_limit(180)
+def test_steady_state_stays_fault_free_after_memory_is_given_back():
+    """Giving memory back after a burst of held batches does not cost the
+    steady state: the epoch after the burst takes no more worker page
+    faults than an epoch without one (a trimmed-away steady state would
+    fault on every 1 MiB batch, 256 pages each)."""
+    loader = fl.DataLoader(OneMiB(), batch_size=1, num_workers=1, persistent_workers=True)
+    for _b in loader:  # warm: the arena's pages are resident
+        pass
+    it = iter(loader)
+    pid = it._procs[0].pid
+    plain = _paced_faults(it, pid, 0)
+    it = iter(loader)
+    held = [next(it) for _ in range(100)]  # 100 MiB: the arena grows
+    holding = _shmem_mib()
+    del held
+    gc.collect()
+    time.sleep(0.6)  # the worker gives the burst's pages back
+    assert holding - _shmem_mib() > 20  # it did trim
+    after_burst = _paced_faults(it, pid, 100) * 160 / 60  # per epoch
+    assert after_burst < plain + 256, (after_burst, plain)

@@ -122,19 +122,33 @@ impl Channel {
     /// the connection. Spins briefly on the mailbox, then sleeps on the
     /// socket inside `host.blocking`.
     pub fn recv(&mut self, host: &mut impl Blocking) -> Result<Option<ToWorker>> {
+        match self.recv_or_idle(host, None)? {
+            Received::Message(m) => Ok(Some(m)),
+            Received::Closed | Received::Idle => Ok(None),
+        }
+    }
+
+    /// As [`Channel::recv`], but a sleep longer than `idle` returns
+    /// [`Received::Idle`] (the worker then tidies its arena).
+    pub fn recv_or_idle(
+        &mut self,
+        host: &mut impl Blocking,
+        idle: Option<Duration>,
+    ) -> Result<Received> {
+        let recv = |m: Option<ToWorker>| m.map_or(Received::Closed, Received::Message);
         loop {
             if self.mailbox.pop(Dir::Tasks, &mut self.buf)? {
                 let frame = if self.buf == ON_SOCKET {
                     match self.conn.recv_message_blocking() {
                         Ok(Some(f)) => f,
-                        Ok(None) => return Ok(None),
-                        Err(e) if main_gone(&e) => return Ok(None),
+                        Ok(None) => return Ok(recv(None)),
+                        Err(e) if main_gone(&e) => return Ok(recv(None)),
                         Err(e) => return Err(Error::Disconnected(e)),
                     }
                 } else {
                     std::mem::take(&mut self.buf)
                 };
-                return Ok(Some(ToWorker::decode(&frame)?));
+                return Ok(recv(Some(ToWorker::decode(&frame)?)));
             }
             let mailbox = &self.mailbox;
             if spin_wait(SPIN, || mailbox.has_message(Dir::Tasks))
@@ -144,16 +158,29 @@ impl Channel {
             }
             let conn = &mut self.conn;
             let state = host.blocking(|| {
-                wait_fd(conn.as_fd_ref(), PollFlags::IN, None)?;
-                conn.read_some()
+                if !wait_fd(conn.as_fd_ref(), PollFlags::IN, idle)? {
+                    return Ok(None);
+                }
+                conn.read_some().map(Some)
             });
             self.mailbox.end_sleep(Dir::Tasks);
             match state {
-                Ok(ReadState::Closed) => return Ok(None),
-                Ok(ReadState::Open) => self.conn.skip_wakeups(),
-                Err(e) if main_gone(&e) => return Ok(None),
+                Ok(None) => return Ok(Received::Idle),
+                Ok(Some(ReadState::Closed)) => return Ok(Received::Closed),
+                Ok(Some(ReadState::Open)) => self.conn.skip_wakeups(),
+                Err(e) if main_gone(&e) => return Ok(Received::Closed),
                 Err(e) => return Err(Error::Disconnected(e)),
             }
         }
     }
+}
+
+/// What [`Channel::recv_or_idle`] got.
+#[derive(Debug)]
+pub enum Received {
+    Message(ToWorker),
+    /// The main process closed the connection.
+    Closed,
+    /// Nothing came for the idle period.
+    Idle,
 }

@@ -60,8 +60,9 @@ mod channel;
 mod watchdog;
 
 use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
 
-pub use channel::Channel;
+pub use channel::{Channel, Received};
 pub use watchdog::start as start_watchdog;
 
 use crate::error::{Error, Result};
@@ -98,10 +99,18 @@ pub trait Host: Blocking {
     }
 }
 
+/// How often a worker looks at giving memory back, busy or idle.
+const TRIM_EVERY: Duration = Duration::from_millis(200);
+
 /// A worker's arena with its allocation budget.
 pub struct Records {
     arena: ArenaWriter,
     budget: RecordBudget,
+    /// The arena's first segment: always kept resident.
+    initial: usize,
+    /// The most bytes live since the last trim.
+    peak_live: usize,
+    next_trim: Instant,
 }
 
 impl Records {
@@ -111,15 +120,45 @@ impl Records {
             source,
         })?;
         Ok(Records {
+            initial: arena.total_len(),
             arena,
             budget: RecordBudget::new(prefetch_factor),
+            peak_live: 0,
+            next_trim: Instant::now() + TRIM_EVERY,
         })
     }
 
     /// A record of `len` payload bytes in state WRITING (may wait for the
     /// main process to release records; see [`RecordBudget::alloc`]).
     pub fn alloc(&mut self, len: usize) -> Result<RecordRef> {
-        Ok(self.budget.alloc(&mut self.arena, len)?)
+        let r = self.budget.alloc(&mut self.arena, len)?;
+        self.peak_live = self.peak_live.max(self.arena.live_bytes());
+        Ok(r)
+    }
+
+    /// Gives memory back after a burst of held batches was released: at
+    /// most every [`TRIM_EVERY`], when more was live since the last trim
+    /// than the arena keeps, the free pages above the kept part are punched
+    /// out. The arena keeps its first segment and four times what is live
+    /// now (first-fit allocation keeps the steady state low in the arena),
+    /// so steady-state batches stay fault-free.
+    pub fn maybe_trim(&mut self, now: Instant) -> Result<()> {
+        if now < self.next_trim {
+            return Ok(());
+        }
+        self.next_trim = now + TRIM_EVERY;
+        self.arena.reclaim();
+        let keep = self.initial.max(4 * self.arena.live_bytes());
+        if self.peak_live > keep {
+            self.arena
+                .trim(keep)
+                .map_err(|source| Error::SharedMemory {
+                    what: "the worker's arena (giving pages back)".into(),
+                    source,
+                })?;
+            self.peak_live = self.arena.live_bytes();
+        }
+        Ok(())
     }
 
     pub fn payload_mut(&mut self, r: RecordRef) -> &mut [u8] {
@@ -155,8 +194,11 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
     host.start_epoch();
     let mut drained = false;
     loop {
-        let Some(msg) = chan.recv(host)? else {
-            return Ok(());
+        records.maybe_trim(Instant::now())?;
+        let msg = match chan.recv_or_idle(host, Some(TRIM_EVERY))? {
+            Received::Message(msg) => msg,
+            Received::Idle => continue,
+            Received::Closed => return Ok(()),
         };
         let sent = match msg {
             ToWorker::Task { seq, indices } => {
