@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import threading
 import time
 import warnings
 from typing import Any, Callable, Iterable, Optional, TypeVar, Union
@@ -266,7 +265,6 @@ class _MultiProcessIter(_core.MultiProcessIter):
     ``multiprocessing``; dispatch, transport and reassembly in Rust."""
 
     _procs: list[Any]
-    _lock: threading.Lock
 
     @classmethod
     def start(cls, loader: DataLoader[Any]) -> _MultiProcessIter:
@@ -348,7 +346,6 @@ class _MultiProcessIter(_core.MultiProcessIter):
             _stop_processes(procs, grace=1.0)
             raise
         it._procs = procs
-        it._lock = threading.Lock()
         rec.attach(it, multiprocess=True)
         if resume is not None and "workers" in resume:
             it._restore_round_robin(int(resume["next_worker"]), [False] * n)
@@ -357,12 +354,6 @@ class _MultiProcessIter(_core.MultiProcessIter):
 
     def __iter__(self) -> _MultiProcessIter:
         return self  # without borrowing the engine, which next() may hold
-
-    def __next__(self) -> Any:
-        # The engine waits with the GIL released, so another thread may call
-        # next() meanwhile: it waits its turn and gets the following batch.
-        with self._lock:
-            return super().__next__()
 
     def _reset(self, loader: DataLoader[Any], first_iter: bool = False) -> None:
         """A new epoch on persistent workers (``DataLoader.__iter__``)."""

@@ -109,7 +109,39 @@ impl SingleProcessIter {
         self.index_sampler.bind(py).len()
     }
 
-    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    fn __next__<'py>(slf: &Bound<'py, Self>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = slf.py();
+        loop {
+            match slf.try_borrow_mut() {
+                Ok(mut it) => return it.next_batch(py),
+                // Another thread is inside next() (it may have released the
+                // GIL to wait for a batch): take turns, so each thread gets
+                // the following batch instead of "Already borrowed".
+                Err(_) => py.detach(std::thread::yield_now),
+            }
+        }
+    }
+
+    fn __getstate__(&self) -> PyResult<()> {
+        Err(pyo3::exceptions::PyNotImplementedError::new_err(
+            "SingleProcessIter cannot be pickled",
+        ))
+    }
+
+    /// `(drawn, yielded, ended, exhausted)`: index-stream draws (failed
+    /// batches included), batches handed over, whether the epoch is over,
+    /// and whether an iterable's iterator has run out (its last batch may
+    /// still have been handed over).
+    #[getter]
+    fn _position(&self) -> (usize, usize, bool, bool) {
+        let exhausted = matches!(self.source, Source::Iterable { ended: true, .. });
+        (self.num_drawn, self.num_yielded, self.ended, exhausted)
+    }
+}
+
+impl SingleProcessIter {
+    /// One `__next__`, with the iterator borrowed.
+    fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let fetched = match &self.rng_guard {
             None => self.next_data(py),
             Some(guard) => {
@@ -140,24 +172,6 @@ impl SingleProcessIter {
         Ok(Some(data))
     }
 
-    fn __getstate__(&self) -> PyResult<()> {
-        Err(pyo3::exceptions::PyNotImplementedError::new_err(
-            "SingleProcessIter cannot be pickled",
-        ))
-    }
-
-    /// `(drawn, yielded, ended, exhausted)`: index-stream draws (failed
-    /// batches included), batches handed over, whether the epoch is over,
-    /// and whether an iterable's iterator has run out (its last batch may
-    /// still have been handed over).
-    #[getter]
-    fn _position(&self) -> (usize, usize, bool, bool) {
-        let exhausted = matches!(self.source, Source::Iterable { ended: true, .. });
-        (self.num_drawn, self.num_yielded, self.ended, exhausted)
-    }
-}
-
-impl SingleProcessIter {
     fn next_data<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let indices = match &mut self.source {
             Source::Iterable { iter, ended } => {

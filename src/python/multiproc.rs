@@ -175,49 +175,17 @@ impl MultiProcessIter {
         self.index_sampler.bind(py).len()
     }
 
-    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        if self.core.is_closed() {
-            return Ok(None);
-        }
-        let (worker, payload) = loop {
-            match self.core.step() {
-                Next::Yield { worker, data } => break (worker, data),
-                Next::Stop => {
-                    self.ended = true;
-                    return Ok(None);
-                }
-                Next::Wait => self.wait(py)?,
+    fn __next__<'py>(slf: &Bound<'py, Self>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let py = slf.py();
+        loop {
+            match slf.try_borrow_mut() {
+                Ok(mut it) => return it.next_batch(py),
+                // Another thread is inside next() (it may have released the
+                // GIL to wait for a batch): take turns, so each thread gets
+                // the following batch instead of "Already borrowed".
+                Err(_) => py.detach(std::thread::yield_now),
             }
-        };
-        // `_process_data`: refill first, then hand over or re-raise.
-        let source = &self.source;
-        self.core.put_task(&mut || source.draw(py))?;
-        let data = match payload {
-            Payload::Batch(record) => decode_batch(py, self.core.open(worker, record)?)?,
-            Payload::Error(bytes) => {
-                let wrapper = torch(py)?
-                    .loads
-                    .bind(py)
-                    .call1((PyBytes::new(py, &bytes),))?;
-                wrapper.call_method0("reraise")?;
-                return Err(Class::Internal.err("ExceptionWrapper.reraise returned"));
-            }
-        };
-        let data = match &self.pin {
-            Some((pin_fn, device)) => pin_fn.bind(py).call1((data, device))?,
-            None => data,
-        };
-        self.num_yielded += 1;
-        if self.iterable {
-            warn_past_reported_len(
-                py,
-                self.dataset.bind(py),
-                self.len_called,
-                self.num_yielded,
-                true,
-            )?;
         }
-        Ok(Some(data))
     }
 
     /// `(drawn, pending, ended)`: tasks drawn from the index stream this
@@ -274,6 +242,52 @@ impl MultiProcessIter {
 }
 
 impl MultiProcessIter {
+    /// One `__next__`, with the iterator borrowed.
+    fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if self.core.is_closed() {
+            return Ok(None);
+        }
+        let (worker, payload) = loop {
+            match self.core.step() {
+                Next::Yield { worker, data } => break (worker, data),
+                Next::Stop => {
+                    self.ended = true;
+                    return Ok(None);
+                }
+                Next::Wait => self.wait(py)?,
+            }
+        };
+        // `_process_data`: refill first, then hand over or re-raise.
+        let source = &self.source;
+        self.core.put_task(&mut || source.draw(py))?;
+        let data = match payload {
+            Payload::Batch(record) => decode_batch(py, self.core.open(worker, record)?)?,
+            Payload::Error(bytes) => {
+                let wrapper = torch(py)?
+                    .loads
+                    .bind(py)
+                    .call1((PyBytes::new(py, &bytes),))?;
+                wrapper.call_method0("reraise")?;
+                return Err(Class::Internal.err("ExceptionWrapper.reraise returned"));
+            }
+        };
+        let data = match &self.pin {
+            Some((pin_fn, device)) => pin_fn.bind(py).call1((data, device))?,
+            None => data,
+        };
+        self.num_yielded += 1;
+        if self.iterable {
+            warn_past_reported_len(
+                py,
+                self.dataset.bind(py),
+                self.len_called,
+                self.num_yielded,
+                true,
+            )?;
+        }
+        Ok(Some(data))
+    }
+
     /// Hands what the workers sent to the engine; how many answers came.
     fn pump(&mut self, py: Python<'_>) -> PyResult<usize> {
         let source = &self.source;
