@@ -109,6 +109,8 @@ def _assert_same_worker_error(e: BaseException, a: BaseException) -> None:
 @time_limit(60)
 @pytest.mark.parametrize("kind", ["value", "key", "runtime", "twoarg"])
 def test_worker_exception_reraised_as_torch(kind):
+    """An exception in a worker's __getitem__ is re-raised with torch's type and message, and
+    the loader works again for the next epoch."""
     errors = {}
     for name, lib in LIBS.items():
         ds = mh.FailingDataset(10, fail_at=5, kind=kind)
@@ -163,6 +165,8 @@ def test_iterable_dataset_exception_as_torch():
 
 @time_limit(60)
 def test_collate_fn_exception_as_torch():
+    """An exception in collate_fn inside a worker gives the same sequence of batches and errors
+    as torch."""
     outcomes = {}
     for name, lib in LIBS.items():
         loader = lib.DataLoader(
@@ -180,6 +184,7 @@ def test_collate_fn_exception_as_torch():
 
 @time_limit(60)
 def test_worker_init_fn_exception_as_torch():
+    """An exception in worker_init_fn is re-raised as torch does, naming the worker."""
     errors = {}
     for name, lib in LIBS.items():
         loader = lib.DataLoader(
@@ -205,6 +210,8 @@ DEATHS = [
 @time_limit(60)
 @pytest.mark.parametrize(("how", "pattern"), DEATHS, ids=[d[0] for d in DEATHS])
 def test_worker_death_raises_promptly(tmp_path, how, pattern):
+    """A worker that dies mid-epoch (signal or exit) raises torch's RuntimeError naming it
+    within a bounded time, with no worker left."""
     stamp = str(tmp_path / "death")
     ds = mh.DyingDataset(12, die_at=3, how=how, stamp=stamp)
     loader = FERRO.DataLoader(ds, batch_size=1, num_workers=2)
@@ -278,6 +285,8 @@ _CHILD = textwrap.dedent(
 @time_limit(240)  # a loaded CI machine may take a minute to import torch twice
 @pytest.mark.parametrize("mode", ["idle", "busy"])
 def test_workers_exit_when_main_process_is_killed(tmp_path, mode):
+    """Workers exit when the main process is SIGKILLed, idle or busy, and leave nothing in
+    /dev/shm."""
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
     shm_before = mh.shm_names()
@@ -341,6 +350,8 @@ def _assert_workers_gone(workers: set, fds_before: int, timeout: float) -> None:
 @time_limit(60)
 @pytest.mark.parametrize("persistent", [False, True])
 def test_dropped_iterator_shuts_workers_down(persistent):
+    """An iterator dropped mid-epoch (persistent workers or not) ends its workers and closes
+    their fds."""
     _warm_up(FERRO)
     gc.collect()
     children_before = mh.children_of(os.getpid())
@@ -361,6 +372,7 @@ def test_dropped_iterator_shuts_workers_down(persistent):
 
 @time_limit(60)
 def test_exhausted_iterator_leaves_nothing_behind():
+    """An epoch run to its end leaves no worker process and no extra fd behind."""
     _warm_up(FERRO)
     gc.collect()
     children_before = mh.children_of(os.getpid())
@@ -432,6 +444,7 @@ def test_keyboard_interrupt_while_waiting(how):
 @time_limit(60)
 @pytest.mark.parametrize("timeout", [1, 0.5])
 def test_timeout_raises_torch_error(timeout):
+    """timeout= raises torch's RuntimeError with torch's message when a batch is late."""
     results = {}
     for name, lib in LIBS.items():
         loader = lib.DataLoader(
@@ -456,6 +469,7 @@ def test_timeout_raises_torch_error(timeout):
 
 @time_limit(60)
 def test_timeout_not_raised_when_batches_arrive_in_time():
+    """timeout= does not fire while batches arrive in time; all batches come out in order."""
     for lib in (TORCH, FERRO):
         loader = lib.DataLoader(mh.SlowDataset(6, 0.05), batch_size=1, num_workers=2, timeout=2)
         assert [int(b) for b in loader] == list(range(6))

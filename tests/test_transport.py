@@ -83,6 +83,8 @@ ZERO_COPY_CASES = {
 @time_limit(60)
 @pytest.mark.parametrize("case", list(ZERO_COPY_CASES))
 def test_batch_tensors_point_into_a_worker_arena(case):
+    """Batches from workers equal torch's and every tensor leaf lies in a worker's shared-memory
+    arena (zero copy)."""
     make, bs = ZERO_COPY_CASES[case]
     expected = list(TORCH.DataLoader(make(), batch_size=bs))
     batches = list(FERRO.DataLoader(make(), batch_size=bs, num_workers=2))
@@ -99,6 +101,7 @@ def test_batch_tensors_point_into_a_worker_arena(case):
 @ferro_only
 @time_limit(60)
 def test_each_worker_has_its_own_arena():
+    """Each worker's batches lie in that worker's own arena, never in another's."""
     batches = list(FERRO.DataLoader(mh.PidDataset(24), batch_size=2, num_workers=2))
     ranges: dict = {}
     for b in batches:
@@ -113,6 +116,8 @@ def test_each_worker_has_its_own_arena():
 @ferro_only
 @time_limit(60)
 def test_custom_collate_tensors_and_arrays_travel_zero_copy():
+    """Tensors and ndarrays returned by a custom collate_fn also arrive over shared memory,
+    without a copy."""
     batches = list(
         FERRO.DataLoader(
             mh.MapDataset(12, "tensor"),
@@ -163,6 +168,7 @@ def _lines_in_maps() -> int:
 
 @time_limit(60)
 def test_fds_and_mappings_stay_flat_over_1000_batches():
+    """Over 1,000 batches the main process's file descriptors and memory maps stay flat."""
     loader = FERRO.DataLoader(mh.MapDataset(4000, "dict"), batch_size=4, num_workers=2)
     marks = {}
     n = 0
@@ -287,6 +293,8 @@ def _check_big_batches(batches: list, n: int, bs: int, numel: int) -> None:
 
 @time_limit(120)
 def test_list_of_256_mib_of_batches():
+    """Holding 256 MiB of batches works, every value intact, and the next epoch works the same
+    once they are freed."""
     n, bs, numel = 256, 8, 256 * 1024  # 1 MiB samples, 8 MiB batches
     batches = list(FERRO.DataLoader(mh.TensorDataset(n, numel), batch_size=bs, num_workers=2))
     _check_big_batches(batches, n, bs, numel)
@@ -303,6 +311,7 @@ def test_list_of_256_mib_of_batches():
 )
 @time_limit(600)
 def test_list_of_2_gib_of_batches():
+    """Holding 2 GiB of batches (list(loader)) works without a deadlock, every value intact."""
     n, bs, numel = 2048, 16, 256 * 1024  # 2 GiB in all
     batches = list(FERRO.DataLoader(mh.TensorDataset(n, numel), batch_size=bs, num_workers=2))
     _check_big_batches(batches, n, bs, numel)
@@ -310,6 +319,8 @@ def test_list_of_2_gib_of_batches():
 
 @time_limit(60)
 def test_buffer_of_1000_batches_held_then_released_in_random_order():
+    """A thousand held batches keep their values, and releasing them in any order frees the
+    arena for the next epoch."""
     loader = FERRO.DataLoader(mh.MapDataset(4000, "tensor"), batch_size=4, num_workers=2)
     held = list(loader)
     assert len(held) == 1000
@@ -350,6 +361,8 @@ def _limited_loader():
 @time_limit(60)
 @pytest.mark.parametrize("limit", ["8M", "8192K", "8388608"])
 def test_shm_limit_exceeded_by_held_batches_raises(monkeypatch, limit):
+    """Holding batches past FERROLOADER_SHM_LIMIT raises a RuntimeError naming the variable,
+    promptly, instead of blocking."""
     monkeypatch.setenv("FERROLOADER_SHM_LIMIT", limit)
     loader = _limited_loader()
     held = []
