@@ -336,12 +336,15 @@ BATCHES = {
 
 @pytest.mark.parametrize("name", list(BATCHES))
 def test_default_collate(name):
+    """default_collate gives torch's result (values, dtypes, types, structure) for every batch
+    kind."""
     make = BATCHES[name]
     same_on(make, TORCH.default_collate, FERRO.default_collate)
 
 
 @pytest.mark.parametrize("name", list(BATCHES))
 def test_default_convert_each_sample(name):
+    """default_convert of each sample equals torch's."""
     batch = BATCHES[name]
     for i in range(len(batch())):
         same_on(lambda i=i: batch()[i], TORCH.default_convert, FERRO.default_convert)
@@ -349,6 +352,7 @@ def test_default_convert_each_sample(name):
 
 @pytest.mark.parametrize("name", list(BATCHES))
 def test_default_convert_whole_batch(name):
+    """default_convert of a whole batch equals torch's."""
     batch = BATCHES[name]
     same_on(batch, TORCH.default_convert, FERRO.default_convert)
 
@@ -367,6 +371,7 @@ def test_collate_with_default_map(name):
 
 
 def test_default_collate_is_exported_from_dataloader_module_names():
+    """default_collate and default_convert are exported under torch's names."""
     assert callable(ferroloader.default_collate)
     assert callable(ferroloader.default_convert)
     assert callable(ferroloader.collate)
@@ -396,6 +401,7 @@ def test_default_collate_is_exported_from_dataloader_module_names():
     ids=["tuple", "dict", "list", "namedtuple", "bytes_tuple"],
 )
 def test_str_container_types(batch):
+    """Batches of str containers collate to torch's types and values."""
     e = TORCH.default_collate(batch())
     a = FERRO.default_collate(batch())
     assert_same(e, a)
@@ -406,6 +412,7 @@ def test_str_container_types(batch):
 
 
 def test_tensor_batch_is_a_new_tensor_not_a_view_of_input():
+    """A collated tensor batch is new memory, not a view of an input tensor, as in torch."""
     def run(lib):
         samples = [torch.arange(3.0) for _ in range(2)]
         out = lib.default_collate(samples)
@@ -416,12 +423,14 @@ def test_tensor_batch_is_a_new_tensor_not_a_view_of_input():
 
 
 def test_default_convert_tensor_is_identity():
+    """default_convert returns a tensor itself, as torch does."""
     t = torch.arange(3)
     assert TORCH.default_convert(t) is t
     assert FERRO.default_convert(t) is t
 
 
 def test_default_convert_ndarray_shares_memory():
+    """default_convert of an ndarray shares its memory, as torch's does."""
     def run(lib):
         a = np.arange(4, dtype=np.float32)
         t = lib.default_convert(a)
@@ -432,6 +441,7 @@ def test_default_convert_ndarray_shares_memory():
 
 
 def test_default_collate_ndarray_does_not_share_memory():
+    """default_collate of ndarrays copies them, as torch's does."""
     def run(lib):
         arrs = [np.arange(4, dtype=np.float32) for _ in range(2)]
         t = lib.default_collate(arrs)
@@ -442,6 +452,7 @@ def test_default_collate_ndarray_does_not_share_memory():
 
 
 def test_default_collate_str_batch_identity():
+    """A batch of strings collates to the same list object torch returns."""
     batch = ["a", "b"]
     # torch returns the very list it was given for a batch of str
     assert (TORCH.default_collate(batch) is batch) == (FERRO.default_collate(batch) is batch)
@@ -520,6 +531,7 @@ def _reraise(r):
                                   "int", "float", "mix", "tensor_transposed",
                                   "tensor_requires_grad"])
 def test_collated_tensors_behave_like_torch(name):
+    """Collated tensors have torch's strides, contiguity, requires_grad and storage behaviour."""
     make = BATCHES[name]
     e = list(_tensor_leaves(TORCH.default_collate(make())))
     a = list(_tensor_leaves(FERRO.default_collate(make())))
@@ -561,16 +573,19 @@ def test_collated_tensors_behave_like_torch(name):
     ],
 )
 def test_collate_errors(name):
+    """Uncollatable batches raise torch's exception type and message."""
     make = BATCHES[name]
     error_on(make, TORCH.default_collate, FERRO.default_collate)
 
 
 def test_collate_error_nested_in_dict():
+    """An uncollatable value deep inside dicts raises torch's error."""
     batch = lambda: [{"a": {"b": [1, None]}}, {"a": {"b": [2, None]}}]  # noqa: E731
     error_on(batch, TORCH.default_collate, FERRO.default_collate)
 
 
 def test_collate_nested_tensor_error():
+    """Nested tensors that cannot be stacked raise torch's error."""
     def batch():
         nt = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged)
         return [nt, nt]
@@ -628,6 +643,7 @@ MAP_BATCHES = ["int", "bool", "float", "tensor_f32", "tuple", "dict", "list", "m
 @pytest.mark.parametrize("batch_name", MAP_BATCHES)
 @pytest.mark.parametrize("map_name", MAP_NAMES)
 def test_collate_with_custom_map(map_name, batch_name):
+    """collate() with a custom collate_fn_map gives torch's result."""
     make = BATCHES[batch_name]
     tmap = _maps(torch_collate_mod.collate)[map_name]
     fmap = _maps(FERRO.collate)[map_name]
@@ -639,11 +655,13 @@ def test_collate_with_custom_map(map_name, batch_name):
 
 
 def test_collate_without_map_keyword():
+    """collate() without collate_fn_map behaves as torch's."""
     make = BATCHES["dict"]
     same_on(make, torch_collate_mod.collate, FERRO.collate)
 
 
 def test_collate_map_positional_is_rejected():
+    """Passing collate_fn_map positionally fails as in torch."""
     assert_same_error(
         lambda: torch_collate_mod.collate([1, 2], {}),
         lambda: FERRO.collate([1, 2], {}),
@@ -730,6 +748,7 @@ def _register(registry, entries):
 
 @pytest.mark.parametrize("name", list(REGISTRATIONS))
 def test_registry_extension_default_collate(name, collate_registries):
+    """A type registered in the shared collate registry is collated as torch collates it."""
     torch_map, ferro_map = collate_registries
     _register(torch_map, REGISTRATIONS[name])
     _register(ferro_map, REGISTRATIONS[name])
@@ -743,6 +762,7 @@ def test_registry_extension_default_collate(name, collate_registries):
 @pytest.mark.parametrize("bs", [1, 3])
 @pytest.mark.parametrize("name", list(REGISTRATIONS))
 def test_registry_extension_dataloader(name, bs, collate_registries):
+    """A registered collate function is used by the loader as by torch's."""
     torch_map, ferro_map = collate_registries
     _register(torch_map, REGISTRATIONS[name])
     _register(ferro_map, REGISTRATIONS[name])
@@ -767,6 +787,7 @@ def test_registry_removal_is_honoured(collate_registries):
 
 
 def test_registry_cleanup_restores_behaviour():
+    """Removing a registry entry restores the default behaviour."""
     # runs after the registry tests: nothing of theirs may be left behind
     assert MyType not in FERRO.default_collate_fn_map
     assert_same_call(lambda: TORCH.default_collate([1, 2]), lambda: FERRO.default_collate([1, 2]))
@@ -976,6 +997,7 @@ def _drop_first(value):
     victim=st.integers(0, 3),
 )
 def test_hypothesis_default_collate(schema, batch_size, seed, how, victim):
+    """For random nested batches, default_collate equals torch's, errors included."""
     def batch():
         rng = np.random.default_rng(seed)
         samples = [make_value(schema, rng) for _ in range(batch_size)]
@@ -989,6 +1011,7 @@ def test_hypothesis_default_collate(schema, batch_size, seed, how, victim):
 
 @given(schema=schemas(), seed=st.integers(0, 2**32 - 1))
 def test_hypothesis_default_convert(schema, seed):
+    """For random nested samples, default_convert equals torch's."""
     def sample():
         return make_value(schema, np.random.default_rng(seed))
 
@@ -1040,6 +1063,7 @@ def default_device():
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", DEFAULTS_BATCHES)
 def test_default_collate_under_default_dtype(name, dtype, default_dtype):
+    """Collated Python floats follow torch's default dtype as torch's do."""
     default_dtype(dtype)
     same_on(BATCHES[name], TORCH.default_collate, FERRO.default_collate)
     same_on(lambda: BATCHES[name]()[0], TORCH.default_convert, FERRO.default_convert)
@@ -1064,6 +1088,7 @@ def test_default_collate_under_default_device(name, device, default_device):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
 def test_loader_under_default_dtype(dtype, default_dtype):
+    """Loader batches under another default dtype equal torch's."""
     default_dtype(dtype)
 
     class DS(tud.Dataset):
@@ -1107,6 +1132,7 @@ def test_default_collate_batch_container_types(make):
 
 
 def test_default_collate_generator_batch():
+    """A generator passed as a batch is handled as torch handles it."""
     make = lambda: (x for x in [1, 2])  # noqa: E731
     same_on(make, TORCH.default_collate, FERRO.default_collate)
     same_on(make, torch_collate_mod.collate, FERRO.collate)
@@ -1118,6 +1144,7 @@ def test_default_collate_generator_batch():
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "enable_grad"])
 @pytest.mark.parametrize("name", ["tensor_requires_grad", "tensor_nonleaf", "tensor_f32", "mix"])
 def test_default_collate_under_grad_modes(name, mode):
+    """Collation under no_grad and inference_mode gives torch's tensors and flags."""
     ctx = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
            "enable_grad": torch.enable_grad}[mode]
 

@@ -126,6 +126,7 @@ CONSTRUCTION_ERRORS = {
 
 @pytest.mark.parametrize("name", list(CONSTRUCTION_ERRORS))
 def test_construction_errors(name):
+    """Bad DataLoader arguments raise torch's exception types and messages."""
     dataset, kwargs = CONSTRUCTION_ERRORS[name]
     e = outcome(lambda: construct(TORCH, dataset, kwargs))
     assert isinstance(e, Raised), f"test bug: torch accepted {kwargs}"
@@ -152,6 +153,7 @@ WORKER_ERRORS = {
 
 @pytest.mark.parametrize("name", list(WORKER_ERRORS))
 def test_construction_errors_with_workers(name):
+    """Bad multi-process arguments raise torch's exception types and messages."""
     dataset, kwargs = WORKER_ERRORS[name]
     kwargs = {**kwargs, "num_workers": 1}
     e = outcome(lambda: construct(TORCH, dataset, kwargs))
@@ -205,6 +207,7 @@ def test_multiprocess_not_implemented(dataset, kwargs):
     ],
 )
 def test_setting_attribute_after_init(attr, value):
+    """Setting a guarded attribute after construction raises torch's error."""
     def run(lib):
         loader = lib.DataLoader(MAP, batch_size=2)
         setattr(loader, attr, value)
@@ -215,6 +218,7 @@ def test_setting_attribute_after_init(attr, value):
 
 
 def test_setting_attribute_error_keeps_value():
+    """A refused attribute assignment leaves the old value, as in torch."""
     def run(lib):
         loader = lib.DataLoader(MAP, batch_size=2)
         try:
@@ -227,6 +231,7 @@ def test_setting_attribute_error_keeps_value():
 
 
 def test_setting_multiprocessing_context_after_init():
+    """Setting multiprocessing_context after construction behaves as in torch."""
     def run(lib):
         loader = lib.DataLoader(MAP)
         loader.multiprocessing_context = "spawn"
@@ -251,10 +256,12 @@ def test_setting_multiprocessing_context_after_init():
     ids=str,
 )
 def test_errors_when_iterating(kwargs):
+    """Argument errors found while iterating raise torch's errors."""
     run_both(lambda lib: MapDS(), seed=0, **kwargs)
 
 
 def test_sampler_that_is_not_iterable():
+    """A sampler that is not iterable fails as in torch."""
     run_both(lambda lib: MapDS(), seed=0, sampler=object(), batch_size=2, call_len=True)
 
 
@@ -289,6 +296,7 @@ EXCEPTIONS = {
 @pytest.mark.parametrize("bs", [1, 2, 4, None])
 @pytest.mark.parametrize("name", list(EXCEPTIONS))
 def test_getitem_exception_propagates(name, bs):
+    """An exception in __getitem__ reaches the caller with its own type and message."""
     exc = EXCEPTIONS[name]
     run_both(lambda lib: RaisingDataset(exc), seed=0, batch_size=bs, epochs=(None, None, 2))
 
@@ -318,6 +326,7 @@ def itertools_take(iterable, k):
 
 
 def test_exception_in_getitems():
+    """An exception in __getitems__ propagates as in torch."""
     class DS(MapDS):
         def __getitems__(self, idx):
             if 5 in idx:
@@ -328,6 +337,7 @@ def test_exception_in_getitems():
 
 
 def test_exception_in_user_sampler():
+    """An exception in a user sampler propagates as in torch."""
     class BadSampler(tud.Sampler):
         def __iter__(self):
             yield 0
@@ -342,6 +352,7 @@ def test_exception_in_user_sampler():
 
 
 def test_exception_in_user_batch_sampler():
+    """An exception in a user batch sampler propagates as in torch."""
     class BadBatchSampler(tud.Sampler):
         def __iter__(self):
             yield [0, 1]
@@ -351,6 +362,7 @@ def test_exception_in_user_batch_sampler():
 
 
 def test_exception_in_collate_fn():
+    """An exception in collate_fn propagates as in torch."""
     def bad_collate(batch):
         if 4 in batch:
             raise ValueError(f"cannot collate {batch}")
@@ -360,6 +372,7 @@ def test_exception_in_collate_fn():
 
 
 def test_exception_in_iterable_dataset_iter():
+    """An exception in an IterableDataset's __iter__ propagates as in torch."""
     class DS(tud.IterableDataset):
         def __iter__(self):
             raise OSError("cannot open stream")
@@ -368,14 +381,17 @@ def test_exception_in_iterable_dataset_iter():
 
 
 def test_index_error_from_sampler_out_of_range():
+    """A sampler index out of range raises torch's IndexError."""
     run_both(lambda lib: [1, 2, 3], seed=0, sampler=[0, 1, 2, 3, 4], batch_size=2)
 
 
 def test_dataset_base_class_getitem_not_implemented():
+    """The Dataset base class raises torch's NotImplementedError."""
     run_both(lambda lib: lib.Dataset(), seed=0, sampler=[0], batch_size=1)
 
 
 def test_keyboard_interrupt_like_base_exception_passes_through():
+    """A BaseException from the dataset passes through unchanged, as in torch."""
     class Stop(BaseException):
         pass
 
@@ -433,12 +449,14 @@ def test_keyboard_interrupt_like_base_exception_passes_through():
     ],
 )
 def test_sampler_constructor_errors(build):
+    """Bad sampler arguments raise torch's exception types and messages."""
     e = outcome(lambda: build(TORCH))
     assert isinstance(e, Raised), "test bug: torch did not raise"
     assert_same_outcome(e, outcome(lambda: build(FERRO)))
 
 
 def test_weighted_sampler_iteration_errors():
+    """WeightedRandomSampler with bad weights fails on iteration as torch does."""
     for weights, n, repl in (([-1.0, 1.0], 2, True), ([0.0, 0.0], 1, True),
                              ([1.0, 0.0], 2, False), ([1.0, 1.0], 3, False),
                              ([float("nan"), 1.0], 1, True), ([float("inf")], 1, True)):
@@ -454,12 +472,14 @@ def test_weighted_sampler_iteration_errors():
 
 
 def test_sampler_base_class_is_generic_like_torch():
+    """Sampler is subscriptable (generic) as torch's is."""
     # Sampler[int] subscription works as in torch (user code annotates with it)
     assert FERRO.Sampler[int] is not None
     assert FERRO.Dataset[int] is not None
 
 
 def test_random_split_errors():
+    """random_split's argument errors equal torch's."""
     assert_same_call(
         lambda: TORCH.random_split(range(5), [2, 2]),
         lambda: FERRO.random_split(range(5), [2, 2]),
