@@ -5,7 +5,7 @@
 //! (`crate::scheduler::Loader`).
 
 use std::os::fd::OwnedFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -19,19 +19,22 @@ use super::loader::warn_past_reported_len;
 use super::torch::torch;
 use crate::scheduler::protocol::TaskIndices;
 use crate::scheduler::transport::Blocking;
-use crate::scheduler::{Loader, Next, Payload, WorkerPool};
+use crate::scheduler::{Loader, Next, Payload, Waiter, WorkerPool};
 
-/// The longest the main process sleeps without checking for signals.
-const SIGNAL_SLICE: Duration = Duration::from_millis(50);
-/// How long the main process keeps checking the mailboxes before sleeping.
-const SPIN: Duration = Duration::from_micros(100);
-
-/// Releases the GIL around the engine's blocking waits.
+/// Releases the GIL around the engine's blocking waits and delivers
+/// signals (Ctrl-C) between them.
 struct Gil<'py>(Python<'py>);
 
 impl Blocking for Gil<'_> {
     fn blocking<R: Send>(&mut self, f: impl FnOnce() -> R + Send) -> R {
         self.0.detach(f)
+    }
+}
+
+impl Waiter for Gil<'_> {
+    type Error = PyErr;
+    fn check_interrupts(&mut self) -> PyResult<()> {
+        self.0.check_signals()
     }
 }
 
@@ -144,14 +147,9 @@ impl MultiProcessIter {
         self.len_called = len_called;
         self.num_yielded = 0;
         self.ended = false;
-        self.core.begin_epoch()?;
-        while self.core.resuming() {
-            if self.pump(py)? == 0 && self.core.resuming() {
-                let core = &mut self.core;
-                py.detach(|| core.sleep(SIGNAL_SLICE))?;
-                py.check_signals()?;
-            }
-        }
+        let source = &self.source;
+        self.core
+            .restart_epoch(&mut Gil(py), &mut || source.draw(py))?;
         self._prime(py)
     }
 
@@ -288,37 +286,12 @@ impl MultiProcessIter {
         Ok(Some(data))
     }
 
-    /// Hands what the workers sent to the engine; how many answers came.
-    fn pump(&mut self, py: Python<'_>) -> PyResult<usize> {
-        let source = &self.source;
-        self.core.pump(&mut Gil(py), &mut || source.draw(py))
-    }
-
-    /// Blocks until at least one answer arrives (or a worker fails, or the
-    /// timeout passes): mailboxes first, a short spin, then a sleep on every
-    /// worker at once with the GIL released, in slices short enough to
-    /// deliver Ctrl-C promptly.
+    /// Blocks until at least one answer arrives, a worker fails, or the
+    /// timeout passes (the engine's wait, with the GIL released).
     fn wait(&mut self, py: Python<'_>) -> PyResult<()> {
-        let started = Instant::now();
-        loop {
-            if self.pump(py)? > 0 || self.core.has_early() {
-                return Ok(());
-            }
-            if self.core.spin(SPIN) {
-                continue;
-            }
-            let mut slice = SIGNAL_SLICE;
-            if let Some((limit, text)) = &self.timeout {
-                let spent = started.elapsed();
-                if spent >= *limit {
-                    let after = text.clone();
-                    return Err(crate::Error::Timeout { after }.into());
-                }
-                slice = slice.min(*limit - spent);
-            }
-            let core = &mut self.core;
-            py.detach(|| core.sleep(slice))?;
-            py.check_signals()?;
-        }
+        let source = &self.source;
+        let timeout = self.timeout.as_ref().map(|(t, s)| (*t, s.as_str()));
+        self.core
+            .wait(&mut Gil(py), &mut || source.draw(py), timeout)
     }
 }

@@ -4,7 +4,7 @@
 //! interpreter while it sleeps, and turning a record into a batch.
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::pool::{Event, WorkerPool};
 use super::protocol::{TaskIndices, ToWorker};
@@ -12,6 +12,21 @@ use super::transport::Blocking;
 use super::{Next, Scheduler};
 use crate::error::{Error, Result};
 use crate::ring::{RecordHandle, RecordRef};
+
+/// The longest the loader sleeps without giving the host a chance to
+/// deliver an interrupt (Ctrl-C).
+pub const INTERRUPT_SLICE: Duration = Duration::from_millis(50);
+/// How long the loader keeps checking the mailboxes before sleeping.
+pub const SPIN: Duration = Duration::from_micros(100);
+
+/// A host the loader can wait in: it lets others run while the loader
+/// sleeps ([`Blocking`]) and, between sleeps, delivers its interrupts.
+pub trait Waiter: Blocking {
+    type Error: From<Error>;
+    /// Called after every sleep slice; an error (e.g. `KeyboardInterrupt`)
+    /// ends the wait with it.
+    fn check_interrupts(&mut self) -> Result<(), Self::Error>;
+}
 
 /// What a worker answered for a task.
 #[derive(Debug, PartialEq, Eq)]
@@ -253,21 +268,50 @@ impl Loader {
         Ok(1)
     }
 
-    /// Checks the mailboxes for up to `budget` without sleeping.
-    pub fn spin(&self, budget: Duration) -> bool {
-        self.pool.spin(budget)
+    /// Blocks until at least one answer arrives (or a worker fails, or
+    /// `timeout` passes, naming `after` in the error): mailboxes first, a
+    /// short spin, then a sleep on every worker at once inside
+    /// `host.blocking`, in slices short enough to deliver interrupts
+    /// promptly.
+    pub fn wait<W: Waiter>(
+        &mut self,
+        host: &mut W,
+        draw: &mut impl FnMut() -> Result<Option<TaskIndices>, W::Error>,
+        timeout: Option<(Duration, &str)>,
+    ) -> Result<(), W::Error> {
+        let started = Instant::now();
+        loop {
+            if self.pump(host, draw)? > 0 || self.has_early() {
+                return Ok(());
+            }
+            if self.pool.spin(SPIN) {
+                continue;
+            }
+            let mut slice = INTERRUPT_SLICE;
+            if let Some((limit, after)) = timeout {
+                let spent = started.elapsed();
+                if spent >= limit {
+                    let after = after.to_string();
+                    return Err(Error::Timeout { after }.into());
+                }
+                slice = slice.min(limit - spent);
+            }
+            self.sleep_on(host, slice)?;
+        }
     }
 
-    /// Sleeps on the workers for up to `slice` (see [`WorkerPool::sleep`]);
-    /// call inside `Blocking::blocking`.
-    pub fn sleep(&mut self, slice: Duration) -> Result<()> {
-        self.pool.sleep(slice)
+    /// Sleeps on every worker for up to `slice` with the host's blessing,
+    /// then lets the host deliver an interrupt.
+    fn sleep_on<W: Waiter>(&mut self, host: &mut W, slice: Duration) -> Result<(), W::Error> {
+        let pool = &mut self.pool;
+        host.blocking(|| pool.sleep(slice))?;
+        host.check_interrupts()
     }
 
     /// Persistent workers: a new epoch over the same workers. Sends
     /// `Resume`; results of the old epoch still in flight are released
     /// until every worker has acknowledged ([`Loader::resuming`]).
-    pub fn begin_epoch(&mut self) -> Result<()> {
+    fn begin_epoch(&mut self) -> Result<()> {
         self.early.clear();
         self.sched.reset();
         let n = self.pool.len();
@@ -283,6 +327,22 @@ impl Loader {
 
     pub fn resuming(&self) -> bool {
         self.awaiting_resume > 0
+    }
+
+    /// Persistent workers: [`Loader::begin_epoch`], then waits until every
+    /// worker has acknowledged, releasing the old epoch's results.
+    pub fn restart_epoch<W: Waiter>(
+        &mut self,
+        host: &mut W,
+        draw: &mut impl FnMut() -> Result<Option<TaskIndices>, W::Error>,
+    ) -> Result<(), W::Error> {
+        self.begin_epoch()?;
+        while self.resuming() {
+            if self.pump(host, draw)? == 0 && self.resuming() {
+                self.sleep_on(host, INTERRUPT_SLICE)?;
+            }
+        }
+        Ok(())
     }
 
     /// The epoch's position for a snapshot: tasks drawn so far, and the

@@ -27,7 +27,7 @@ pub mod transport;
 #[cfg(test)]
 mod pool_tests;
 
-pub use loader::{IterablePosition, Loader, Payload};
+pub use loader::{IterablePosition, Loader, Payload, Waiter};
 pub use pool::{Event, WorkerPool};
 
 use std::collections::HashMap;

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 
+use super::loader::Waiter;
 use super::protocol::TaskIndices;
-use super::transport::{Exit, NoHost};
+use super::transport::Exit;
 use super::{Loader, Next, Payload, WorkerPool};
 use crate::error::Error;
 use crate::worker::{serve, Blocking, Config, Host, Records, Reply};
@@ -116,6 +117,26 @@ struct Pool {
     children: Vec<Child>,
 }
 
+/// The test's host: nothing to let run, and an interrupt 30 s after the
+/// wait began, so a hang fails the test instead of blocking it.
+struct Deadline(Instant);
+
+impl Deadline {
+    fn in_30s() -> Self {
+        Deadline(Instant::now() + Duration::from_secs(30))
+    }
+}
+
+impl Blocking for Deadline {}
+
+impl Waiter for Deadline {
+    type Error = Error;
+    fn check_interrupts(&mut self) -> Result<(), Error> {
+        assert!(Instant::now() < self.0, "no answer within 30 s");
+        Ok(())
+    }
+}
+
 fn start(n: usize, prefetch: usize, in_order: bool, persistent: bool) -> Pool {
     let exe = std::env::current_exe().unwrap();
     let me = rustix::process::getpid().as_raw_nonzero().get();
@@ -157,7 +178,7 @@ impl Pool {
         &mut self,
         draw: &mut impl FnMut() -> Result<Option<TaskIndices>, Error>,
     ) -> Result<Option<(usize, Payload)>, Error> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut host = Deadline::in_30s();
         loop {
             match self.loader.step() {
                 Next::Yield { worker, data } => {
@@ -165,15 +186,7 @@ impl Pool {
                     return Ok(Some((worker, data)));
                 }
                 Next::Stop => return Ok(None),
-                Next::Wait => loop {
-                    assert!(Instant::now() < deadline, "no answer within 30 s");
-                    if self.loader.pump(&mut NoHost, draw)? > 0 || self.loader.has_early() {
-                        break;
-                    }
-                    if !self.loader.spin(Duration::from_micros(100)) {
-                        self.loader.sleep(Duration::from_millis(50))?;
-                    }
-                },
+                Next::Wait => self.loader.wait(&mut host, draw, None)?,
             }
         }
     }
@@ -360,14 +373,8 @@ fn persistent_workers_serve_a_second_epoch_after_resume() {
     for epoch in 0..2 {
         let mut draw = batches(4, |_| vec![]);
         if epoch > 0 {
-            pool.loader.begin_epoch().unwrap();
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while pool.loader.resuming() {
-                assert!(Instant::now() < deadline);
-                if pool.loader.pump(&mut NoHost, &mut draw).unwrap() == 0 {
-                    pool.loader.sleep(Duration::from_millis(50)).unwrap();
-                }
-            }
+            let mut host = Deadline::in_30s();
+            pool.loader.restart_epoch(&mut host, &mut draw).unwrap();
         }
         pool.loader.prime(&mut draw).unwrap();
         let mut got = Vec::new();
@@ -388,4 +395,40 @@ fn workers_leave_quietly_when_the_main_side_closes_mid_epoch() {
     let (w, p) = pool.next(&mut draw).unwrap().unwrap();
     assert_eq!(pool.indices(w, p), vec![0, 1, 2, 3]);
     assert_eq!(pool.reap(), vec![Some(0), Some(0)]);
+}
+
+#[test]
+fn a_wait_past_its_timeout_is_a_timeout_error_and_the_epoch_can_go_on() {
+    let mut pool = start(1, 1, true, false);
+    // The first batch takes a second; the wait allows 100 ms.
+    let mut draw = batches(2, |i| if i == 0 { vec![-5] } else { vec![] });
+    pool.loader.prime(&mut draw).unwrap();
+    assert_eq!(pool.loader.step(), Next::Wait);
+    let t0 = Instant::now();
+    let err = pool
+        .loader
+        .wait(
+            &mut Deadline::in_30s(),
+            &mut draw,
+            Some((Duration::from_millis(100), "0.1")),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Timeout { after } if after == "0.1"),
+        "{err:?}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(900),
+        "the wait ended at its limit"
+    );
+    let mut got = Vec::new();
+    while let Some((w, payload)) = pool.next(&mut draw).unwrap() {
+        got.extend(pool.indices(w, payload));
+    }
+    assert_eq!(
+        got,
+        (0..8).collect::<Vec<i64>>(),
+        "the slow batch still arrives"
+    );
+    assert_eq!(pool.reap(), vec![Some(0)]);
 }
