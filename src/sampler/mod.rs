@@ -13,7 +13,9 @@ mod distributed;
 mod mt19937;
 mod ops;
 mod random;
+pub mod seeds;
 mod sequential;
+pub mod shards;
 mod subset_random;
 #[cfg(test)]
 mod vectors_test;

@@ -7,7 +7,8 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::pool::{Event, WorkerPool};
-use super::protocol::{TaskIndices, ToWorker};
+use super::protocol::{LanePos, TaskIndices, ToWorker, Work};
+use super::shards::ShardQueue;
 use super::transport::Blocking;
 use super::{Next, Scheduler};
 use crate::error::{Error, Result};
@@ -54,6 +55,56 @@ pub struct Loader {
     delivered: Vec<u64>,
     states: Vec<VecDeque<Vec<u8>>>,
     last_state: Vec<Option<Vec<u8>>>,
+    prefetch_factor: usize,
+    in_order: bool,
+    /// A sharded epoch's lanes (`None`: tasks go to workers as in torch).
+    lanes: Option<Lanes>,
+}
+
+/// How a sharded epoch starts ([`Loader::start_lanes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LanePlan {
+    /// Number of lanes; lane `l` runs on worker `l % num_workers`.
+    pub lanes: usize,
+    pub shuffle: bool,
+    pub block: u64,
+    pub root: u64,
+    /// Static: every lane's works, given up front. Dynamic: `None`.
+    pub works: Option<Vec<Vec<Work>>>,
+    /// Dynamic: the shards to hand out as lanes ask.
+    pub queue: Vec<Work>,
+    /// The round-robin starts at this lane.
+    pub next_lane: usize,
+    /// Batches already handed over this epoch (a resumed epoch).
+    pub handed: u64,
+    /// The epoch ends after this many batches (ranks kept in step).
+    pub budget: Option<u64>,
+}
+
+/// A sharded epoch as the loader drives it.
+struct Lanes {
+    worker_of: Vec<usize>,
+    queue: Option<ShardQueue>,
+    /// Per worker: the lane positions that came with its batches not yet
+    /// handed over, in its order.
+    pending: Vec<VecDeque<(u32, LanePos)>>,
+    /// Each lane's position after its last handed-over batch.
+    positions: Vec<Option<LanePos>>,
+    handed: u64,
+    budget: Option<u64>,
+}
+
+/// Where a sharded epoch stands, for a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneSnapshot {
+    /// Each lane's position after its last handed-over batch.
+    pub positions: Vec<Option<LanePos>>,
+    /// The lane whose batch comes next.
+    pub next_lane: usize,
+    /// Batches handed over this epoch.
+    pub handed: u64,
+    /// Dynamic: what is left to read from the positions on.
+    pub rest: Option<Vec<Work>>,
 }
 
 /// Where each worker of an iterable epoch stands, for a snapshot.
@@ -83,7 +134,80 @@ impl Loader {
             delivered: vec![0; n],
             states: vec![VecDeque::new(); n],
             last_state: vec![None; n],
+            prefetch_factor,
+            in_order,
+            lanes: None,
         }
+    }
+
+    /// A sharded epoch: tasks cycle over `plan.lanes` lanes instead of the
+    /// workers. Sends each worker its lanes (and static lanes their works,
+    /// dynamic ones a first shard). Call before the first task of the
+    /// epoch (after [`Loader::restart_epoch`] for persistent workers).
+    pub fn start_lanes(&mut self, plan: LanePlan) -> Result<()> {
+        let n = self.pool.len();
+        let max_tasks = self.prefetch_factor * n;
+        self.sched = Scheduler::with_lanes(plan.lanes, max_tasks, self.in_order);
+        self.sched.restore_cycle(plan.next_lane);
+        let worker_of: Vec<usize> = (0..plan.lanes).map(|l| l % n).collect();
+        for w in 0..n {
+            let lanes = (0..plan.lanes as u32)
+                .filter(|&l| worker_of[l as usize] == w)
+                .collect();
+            let msg = ToWorker::Lanes {
+                lanes,
+                shuffle: plan.shuffle,
+                block: plan.block,
+                root: plan.root,
+            };
+            self.pool.send(w, &msg)?;
+        }
+        let mut queue = None;
+        match plan.works {
+            Some(works) => {
+                for (lane, works) in works.into_iter().enumerate() {
+                    let msg = ToWorker::Assign {
+                        lane: lane as u32,
+                        works,
+                        last: true,
+                    };
+                    self.pool.send(worker_of[lane], &msg)?;
+                }
+            }
+            None => {
+                let mut q = ShardQueue::new(plan.queue, plan.lanes);
+                for (lane, &worker) in worker_of.iter().enumerate() {
+                    let first = q.assign(lane);
+                    let msg = ToWorker::Assign {
+                        lane: lane as u32,
+                        last: first.is_none(),
+                        works: first.into_iter().collect(),
+                    };
+                    self.pool.send(worker, &msg)?;
+                }
+                queue = Some(q);
+            }
+        }
+        self.lanes = Some(Lanes {
+            worker_of,
+            queue,
+            pending: vec![VecDeque::new(); n],
+            positions: vec![None; plan.lanes],
+            handed: plan.handed,
+            budget: plan.budget,
+        });
+        Ok(())
+    }
+
+    /// Where a sharded epoch stands; `None` for other epochs.
+    pub fn lane_snapshot(&self) -> Option<LaneSnapshot> {
+        let lanes = self.lanes.as_ref()?;
+        Some(LaneSnapshot {
+            positions: lanes.positions.clone(),
+            next_lane: self.sched.next_worker(),
+            handed: lanes.handed,
+            rest: lanes.queue.as_ref().map(|q| q.rest(&lanes.positions)),
+        })
     }
 
     pub fn pool(&self) -> &WorkerPool {
@@ -108,6 +232,17 @@ impl Loader {
     ) -> Result<(), E> {
         if !self.sched.can_dispatch() {
             return Ok(());
+        }
+        if let Some(lanes) = &self.lanes {
+            // a lane's task is "your next batch": nothing to draw
+            let Some(d) = self.sched.dispatch() else {
+                return Ok(());
+            };
+            let task = ToWorker::Task {
+                seq: d.seq,
+                indices: TaskIndices::Lane(d.worker as u32),
+            };
+            return Ok(self.pool.send(lanes.worker_of[d.worker], &task)?);
         }
         let Some(indices) = draw()? else {
             return Ok(());
@@ -136,9 +271,25 @@ impl Loader {
     /// The next answer to hand over, `Wait`, or `Stop` at the epoch's end
     /// (closing the workers unless they persist).
     pub fn step(&mut self) -> Next<Payload> {
-        let next = match self.early.pop_front() {
-            Some((_, worker, data)) => Next::Yield { worker, data },
-            None => self.sched.next_step(),
+        let spent = self
+            .lanes
+            .as_ref()
+            .is_some_and(|l| l.budget.is_some_and(|b| l.handed >= b));
+        let next = if spent {
+            Next::Stop
+        } else {
+            let next = match self.early.pop_front() {
+                Some((_, worker, data)) => Next::Yield { worker, data },
+                None => self.sched.next_step(),
+            };
+            match (next, &self.lanes) {
+                // the scheduler's units are lanes: name the worker that ran it
+                (Next::Yield { worker: lane, data }, Some(lanes)) => Next::Yield {
+                    worker: lanes.worker_of[lane],
+                    data,
+                },
+                (next, _) => next,
+            }
         };
         match &next {
             Next::Yield {
@@ -148,6 +299,12 @@ impl Loader {
                 // a worker's batches are handed over in the order it made them
                 self.delivered[*worker] += 1;
                 self.last_state[*worker] = self.states[*worker].pop_front();
+                if let Some(lanes) = &mut self.lanes {
+                    lanes.handed += 1;
+                    if let Some((lane, pos)) = lanes.pending[*worker].pop_front() {
+                        lanes.positions[lane as usize] = Some(pos);
+                    }
+                }
             }
             Next::Stop if !self.persistent => self.close(),
             _ => {}
@@ -222,6 +379,26 @@ impl Loader {
                 self.close();
                 return Err(Error::WorkerDied { worker, pid, exit }.into());
             }
+            Event::LanePos { .. } | Event::NeedWork { .. } if self.awaiting_resume > 0 => {
+                return Ok(0)
+            }
+            Event::LanePos {
+                worker, lane, pos, ..
+            } => {
+                if let Some(lanes) = &mut self.lanes {
+                    lanes.pending[worker].push_back((lane, pos));
+                }
+                return Ok(0);
+            }
+            Event::NeedWork {
+                worker,
+                seq,
+                lane,
+                given,
+            } => {
+                self.give_work(worker, seq, lane, given)?;
+                return Ok(0);
+            }
             Event::Resumed { .. } if self.awaiting_resume > 0 => {
                 self.awaiting_resume -= 1;
                 return Ok(1);
@@ -241,11 +418,25 @@ impl Loader {
                 }
                 return Ok(0);
             }
-            Event::Exhausted { worker, .. } => {
-                self.sched.on_exhausted(worker);
-                if !self.persistent {
-                    // `_mark_worker_as_unavailable`: this replica is done.
-                    self.pool.stop(worker)?;
+            Event::Exhausted { worker, seq } => {
+                if let Some(lanes) = &self.lanes {
+                    // a lane ran out; its worker stops once all its lanes have
+                    let Some(lane) = self.sched.owner(seq) else {
+                        return Ok(0);
+                    };
+                    self.sched.on_exhausted(lane);
+                    let done = (0..lanes.worker_of.len())
+                        .filter(|&l| lanes.worker_of[l] == worker)
+                        .all(|l| !self.sched.is_active(l));
+                    if done && !self.persistent {
+                        self.pool.stop(worker)?;
+                    }
+                } else {
+                    self.sched.on_exhausted(worker);
+                    if !self.persistent {
+                        // `_mark_worker_as_unavailable`: this replica is done.
+                        self.pool.stop(worker)?;
+                    }
                 }
                 self.put_task(draw)?;
                 return Ok(1);
@@ -266,6 +457,41 @@ impl Loader {
             self.early.push_back((seq, worker, data));
         }
         Ok(1)
+    }
+
+    /// A dynamic lane ran out of shards on task `seq`: give it the next one
+    /// (or tell it none are left) unless that is already on its way, then
+    /// send the task again; it keeps its place in the sequence.
+    fn give_work(&mut self, worker: usize, seq: u64, lane: u32, given: u32) -> Result<()> {
+        let queue = self
+            .lanes
+            .as_mut()
+            .and_then(|l| l.queue.as_mut())
+            .ok_or(Error::Corrupt {
+                worker,
+                what: crate::record::DecodeError("a static lane asked for work"),
+            })?;
+        let l = lane as usize;
+        if l >= queue.lanes() {
+            return Err(Error::Corrupt {
+                worker,
+                what: crate::record::DecodeError("lane number"),
+            });
+        }
+        if queue.given(l) <= given {
+            let next = queue.assign(l);
+            let msg = ToWorker::Assign {
+                lane,
+                last: next.is_none(),
+                works: next.into_iter().collect(),
+            };
+            self.pool.send(worker, &msg)?;
+        }
+        let task = ToWorker::Task {
+            seq,
+            indices: TaskIndices::Lane(lane),
+        };
+        self.pool.send(worker, &task)
     }
 
     /// Blocks until at least one answer arrives (or a worker fails, or
@@ -313,6 +539,10 @@ impl Loader {
     /// until every worker has acknowledged ([`Loader::resuming`]).
     fn begin_epoch(&mut self) -> Result<()> {
         self.early.clear();
+        if self.lanes.take().is_some() {
+            // the next epoch may not be sharded the same way (start_lanes)
+            self.sched = Scheduler::new(self.pool.len(), self.prefetch_factor, self.in_order);
+        }
         self.sched.reset();
         let n = self.pool.len();
         self.delivered = vec![0; n];

@@ -18,16 +18,22 @@
 //! ```
 //! With `in_order=False` a result that is not next in sequence is yielded
 //! as soon as it arrives.
+//!
+//! A sharded dataset's lanes ([`shards`]) take the workers' place in this
+//! bookkeeping ([`Scheduler::with_lanes`]): tasks cycle over lanes, each
+//! lane runs on one worker, and the prefetch window stays
+//! `prefetch_factor * num_workers`.
 
 mod loader;
 pub mod pool;
 pub mod protocol;
+pub mod shards;
 pub mod transport;
 
 #[cfg(test)]
 mod pool_tests;
 
-pub use loader::{IterablePosition, Loader, Payload, Waiter};
+pub use loader::{IterablePosition, LanePlan, LaneSnapshot, Loader, Payload, Waiter};
 pub use pool::{Event, WorkerPool};
 
 use std::collections::HashMap;
@@ -56,8 +62,9 @@ struct TaskInfo<T> {
 }
 
 pub struct Scheduler<T> {
+    /// Workers, or lanes when a sharded dataset's lanes are scheduled.
     num_workers: usize,
-    prefetch_factor: usize,
+    max_tasks: usize,
     in_order: bool,
     send_idx: u64,
     rcvd_idx: u64,
@@ -71,9 +78,17 @@ pub struct Scheduler<T> {
 impl<T> Scheduler<T> {
     pub fn new(num_workers: usize, prefetch_factor: usize, in_order: bool) -> Self {
         assert!(num_workers > 0 && prefetch_factor > 0);
+        Self::with_lanes(num_workers, prefetch_factor * num_workers, in_order)
+    }
+
+    /// Tasks cycle over `lanes` (each with its own status, as a worker
+    /// has), with at most `max_tasks` outstanding.
+    pub fn with_lanes(lanes: usize, max_tasks: usize, in_order: bool) -> Self {
+        assert!(lanes > 0 && max_tasks > 0);
+        let num_workers = lanes;
         Scheduler {
             num_workers,
-            prefetch_factor,
+            max_tasks,
             in_order,
             send_idx: 0,
             rcvd_idx: 0,
@@ -87,11 +102,16 @@ impl<T> Scheduler<T> {
 
     /// `_reset`: a new epoch over the same workers.
     pub fn reset(&mut self) {
-        *self = Scheduler::new(self.num_workers, self.prefetch_factor, self.in_order);
+        *self = Scheduler::with_lanes(self.num_workers, self.max_tasks, self.in_order);
     }
 
     pub fn max_tasks(&self) -> usize {
-        self.prefetch_factor * self.num_workers
+        self.max_tasks
+    }
+
+    /// The worker (or lane) that task `seq` went to, while it is pending.
+    pub fn owner(&self, seq: u64) -> Option<usize> {
+        self.task_info.get(&seq).map(|i| i.worker)
     }
 
     /// `_try_put_index` once the caller has drawn an index from the sampler
@@ -108,7 +128,8 @@ impl<T> Scheduler<T> {
             let w = self.cycle;
             self.cycle = (self.cycle + 1) % self.num_workers;
             if self.workers_status[w]
-                && (self.in_order || self.workers_num_tasks[w] < self.max_tasks() / active.max(1))
+                && (self.in_order
+                    || self.workers_num_tasks[w] < (self.max_tasks() / active.max(1)).max(1))
             {
                 chosen = Some(w);
                 break;

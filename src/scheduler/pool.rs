@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags};
 
-use super::protocol::{FromWorker, ToWorker, ON_SOCKET};
+use super::protocol::{FromWorker, LanePos, ToWorker, ON_SOCKET};
 use super::transport::{poll_fds, spin_wait, Blocking, Conn, Exit, ReadState, Watched};
 use crate::error::{Error, Result};
 use crate::record::DecodeError;
@@ -44,6 +44,20 @@ pub enum Event {
         worker: usize,
         seq: u64,
         payload: Vec<u8>,
+    },
+    /// Task `seq` found `lane` out of shards after the `given` it had.
+    NeedWork {
+        worker: usize,
+        seq: u64,
+        lane: u32,
+        given: u32,
+    },
+    /// Where `lane` stands after task `seq`'s batch.
+    LanePos {
+        worker: usize,
+        seq: u64,
+        lane: u32,
+        pos: LanePos,
     },
     /// The worker ended while still expected to answer (reported once).
     Died { worker: usize, pid: i32, exit: Exit },
@@ -264,6 +278,18 @@ impl WorkerPool {
                     worker: w,
                     seq,
                     payload,
+                },
+                FromWorker::NeedWork { seq, lane, given } => Event::NeedWork {
+                    worker: w,
+                    seq,
+                    lane,
+                    given,
+                },
+                FromWorker::LanePos { seq, lane, pos } => Event::LanePos {
+                    worker: w,
+                    seq,
+                    lane,
+                    pos,
                 },
             };
             self.events.push_back(event);

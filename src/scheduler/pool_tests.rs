@@ -13,11 +13,14 @@ use std::time::{Duration, Instant};
 
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 
-use super::loader::Waiter;
-use super::protocol::TaskIndices;
+use super::loader::{LanePlan, Waiter};
+use super::protocol::{LanePos, TaskIndices, Work};
+use super::shards::{rank_shards, resume_static, static_lanes};
 use super::transport::Exit;
 use super::{Loader, Next, Payload, WorkerPool};
 use crate::error::Error;
+use crate::sampler::shards::{shard_order, Blocks};
+use crate::worker::lanes::{Lane, LaneConfig, Pull, ShardSource};
 use crate::worker::{serve, Blocking, Config, Host, Records, Reply};
 
 const CHILD_ENV: &str = "FERROLOADER_POOL_TEST_CHILD";
@@ -29,6 +32,28 @@ struct TestHost {
     produced: usize,
     /// The last task was an iterable's: its state follows the batch.
     iterable: bool,
+    /// Sharded epochs: this worker's lanes, and the last batch's lane.
+    lanes: std::collections::HashMap<u32, Lane<TestShards>>,
+    last_lane: Option<(u32, LanePos)>,
+}
+
+/// Items of the test's sharded dataset: shard `s` holds `SHARD_LENS[s]`
+/// items, item `o` being `1000 * s + o`.
+const SHARD_LENS: [u64; 8] = [7, 1, 12, 3, 0, 5, 9, 2];
+const LANE_BATCH: usize = 3;
+
+struct TestShards;
+
+impl ShardSource for TestShards {
+    type Item = i64;
+    type Iter = ();
+    type Error = Error;
+    fn open(&mut self, _shard: u32, _start: u64) -> Result<(), Error> {
+        Ok(())
+    }
+    fn next(&mut self, _: &mut (), shard: u32, offset: u64) -> Result<Option<i64>, Error> {
+        Ok((offset < SHARD_LENS[shard as usize]).then(|| 1000 * shard as i64 + offset as i64))
+    }
 }
 
 impl Blocking for TestHost {}
@@ -38,6 +63,26 @@ impl Host for TestHost {
 
     fn start_epoch(&mut self) {
         self.produced = 0;
+    }
+
+    fn lanes(&mut self, lanes: Vec<u32>, shuffle: bool, block: u64, root: u64) {
+        let config = LaneConfig {
+            batch: Some(LANE_BATCH),
+            drop_last: false,
+            blocks: shuffle.then_some(Blocks { root, size: block }),
+        };
+        self.lanes = lanes.into_iter().map(|l| (l, Lane::new(config))).collect();
+    }
+
+    fn assign(&mut self, lane: u32, works: Vec<Work>, last: bool) {
+        self.lanes
+            .get_mut(&lane)
+            .expect("a lane of this worker")
+            .assign(works, last);
+    }
+
+    fn lane_after_batch(&mut self) -> Option<(u32, LanePos)> {
+        self.last_lane.take()
     }
 
     fn state_after_batch(&mut self) -> Result<Option<Vec<u8>>, Error> {
@@ -51,6 +96,22 @@ impl Host for TestHost {
         self.iterable = matches!(indices, TaskIndices::Iterable(_));
         let v = match indices {
             TaskIndices::Ints(v) => v,
+            TaskIndices::Lane(l) => {
+                let lane = self.lanes.get_mut(&l).expect("a lane of this worker");
+                match lane.pull(&mut TestShards)? {
+                    Pull::Batch(items) => {
+                        self.last_lane = lane.pos().map(|p| (l, p));
+                        items
+                    }
+                    Pull::NeedWork => {
+                        return Ok(Reply::NeedWork {
+                            lane: l,
+                            given: lane.given(),
+                        })
+                    }
+                    Pull::Exhausted => return Ok(Reply::Exhausted),
+                }
+            }
             TaskIndices::Iterable(_) => {
                 if self.produced == self.worker + ITERABLE_BASE {
                     return Ok(Reply::Exhausted);
@@ -102,6 +163,8 @@ fn child_worker_entry() {
         worker: worker.parse().unwrap(),
         produced: 0,
         iterable: false,
+        lanes: Default::default(),
+        last_lane: None,
     };
     let config = Config {
         main_pid: main_pid.parse().unwrap(),
@@ -431,4 +494,126 @@ fn a_wait_past_its_timeout_is_a_timeout_error_and_the_epoch_can_go_on() {
         "the slow batch still arrives"
     );
     assert_eq!(pool.reap(), vec![Some(0)]);
+}
+
+/// Runs one sharded epoch to its end; the batches' items.
+fn lane_epoch(pool: &mut Pool, plan: LanePlan) -> Vec<Vec<i64>> {
+    pool.loader.start_lanes(plan).unwrap();
+    let mut draw = batches(0, |_| vec![]);
+    pool.loader.prime(&mut draw).unwrap();
+    let mut got = Vec::new();
+    while let Some((w, payload)) = pool.next(&mut draw).unwrap() {
+        got.push(pool.indices(w, payload));
+    }
+    got
+}
+
+fn static_plan(order: &[u32], lanes: usize) -> LanePlan {
+    LanePlan {
+        lanes,
+        shuffle: true,
+        block: 4,
+        root: 99,
+        works: Some(static_lanes(order, lanes)),
+        queue: Vec::new(),
+        next_lane: 0,
+        handed: 0,
+        budget: None,
+    }
+}
+
+fn all_items() -> Vec<i64> {
+    let mut v: Vec<i64> = (0..SHARD_LENS.len())
+        .flat_map(|s| (0..SHARD_LENS[s] as i64).map(move |o| 1000 * s as i64 + o))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn static_lanes_give_the_same_batches_for_any_number_of_workers() {
+    let order = shard_order(SHARD_LENS.len(), Some(5));
+    let mut seqs = Vec::new();
+    for workers in [1, 2, 3] {
+        let mut pool = start(workers, 2, true, false);
+        seqs.push(lane_epoch(&mut pool, static_plan(&order, 4)));
+        pool.reap();
+    }
+    assert_eq!(seqs[0], seqs[1]);
+    assert_eq!(seqs[0], seqs[2]);
+    let mut items = seqs[0].concat();
+    items.sort_unstable();
+    assert_eq!(items, all_items(), "every item exactly once");
+}
+
+#[test]
+fn dynamic_lanes_read_every_item_once_asking_for_shards() {
+    for workers in [1, 3] {
+        let mut pool = start(workers, 2, true, true);
+        let queue = (0..SHARD_LENS.len() as u32)
+            .map(|shard| Work { shard, emitted: 0 })
+            .collect();
+        let plan = LanePlan {
+            lanes: workers,
+            shuffle: false,
+            block: 4,
+            root: 0,
+            works: None,
+            queue,
+            next_lane: 0,
+            handed: 0,
+            budget: None,
+        };
+        let got = lane_epoch(&mut pool, plan);
+        assert!(got.iter().all(|b| b.len() <= LANE_BATCH));
+        let mut items = got.concat();
+        items.sort_unstable();
+        assert_eq!(items, all_items(), "{workers} workers");
+        pool.loader.close();
+        pool.reap();
+    }
+}
+
+#[test]
+fn a_budget_ends_the_epoch_after_that_many_batches() {
+    let order = shard_order(SHARD_LENS.len(), None);
+    let mut pool = start(2, 2, true, false);
+    let mut plan = static_plan(&order, 3);
+    plan.budget = Some(4);
+    assert_eq!(lane_epoch(&mut pool, plan).len(), 4);
+    pool.reap();
+}
+
+#[test]
+fn a_static_epoch_resumes_from_its_snapshot_on_other_workers() {
+    let order = shard_order(SHARD_LENS.len(), Some(11));
+    let mine = rank_shards(&order, 0, 1);
+    let mut pool = start(2, 2, true, false);
+    let whole = lane_epoch(&mut pool, static_plan(&mine, 3));
+    pool.reap();
+    for stop in [0, 1, 4, whole.len() - 1] {
+        let mut pool = start(2, 2, true, false);
+        pool.loader.start_lanes(static_plan(&mine, 3)).unwrap();
+        let mut draw = batches(0, |_| vec![]);
+        pool.loader.prime(&mut draw).unwrap();
+        for b in &whole[..stop] {
+            let (w, p) = pool.next(&mut draw).unwrap().unwrap();
+            assert_eq!(&pool.indices(w, p), b);
+        }
+        let snap = pool.loader.lane_snapshot().unwrap();
+        assert_eq!(snap.handed, stop as u64);
+        pool.loader.close();
+        pool.reap();
+        let mut plan = static_plan(&mine, 3);
+        plan.works = Some(resume_static(&static_lanes(&mine, 3), &snap.positions));
+        plan.next_lane = snap.next_lane;
+        plan.handed = snap.handed;
+        let mut resumed = start(3, 1, true, false);
+        assert_eq!(
+            lane_epoch(&mut resumed, plan),
+            whole[stop..].to_vec(),
+            "stop {stop}"
+        );
+        resumed.reap();
+    }
 }

@@ -23,12 +23,20 @@ pub mod to_worker {
     pub const RESUME: u8 = 2;
     pub const SHUTDOWN: u8 = 3;
     pub const MAILBOX: u8 = 4;
+    /// `u8` shuffle, `u64` block, `u64` root, `u64` n, n `u32` lane ids.
+    pub const LANES: u8 = 5;
+    /// `u32` lane, `u8` last, `u64` n, n works (`u32` shard, `u64` emitted).
+    pub const ASSIGN: u8 = 6;
 
     /// Index kinds of a `TASK`.
     pub const INDICES_INTS: u8 = 0;
     pub const INDICES_INT: u8 = 1;
     pub const INDICES_PICKLED: u8 = 2;
     pub const INDICES_ITERABLE: u8 = 3;
+    /// `u32` lane: that lane's next batch.
+    pub const INDICES_LANE: u8 = 4;
+    /// `u64` n, n (`u32` shard, `u64` offset): a batch of shard items.
+    pub const INDICES_ADDRESSES: u8 = 5;
     /// `INDICES_ITERABLE` without batching (`batch_size=None`).
     pub const UNBATCHED: u64 = u64::MAX;
 }
@@ -47,6 +55,28 @@ pub mod from_worker {
     /// `u64` seq, `u64` n, n bytes: the replica's state after the batch of
     /// task `seq` (sent just before that `BATCH`, for snapshots).
     pub const STATE: u8 = 6;
+    /// `u64` seq, `u32` lane, `u32` given: the lane ran out of shards.
+    pub const NEED_WORK: u8 = 7;
+    /// `u64` seq, `u32` lane, `u32` started, `u32` shard, `u64` emitted:
+    /// where the lane stands after task `seq`'s batch (sent just before it).
+    pub const LANE_POS: u8 = 8;
+}
+
+/// A shard for a lane to read, from position `emitted` of its shard order
+/// on (`crate::sampler::shards`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Work {
+    pub shard: u32,
+    pub emitted: u64,
+}
+
+/// Where a lane stands after a batch: it had begun `started` works, and has
+/// read `emitted` items of the last one, `shard`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LanePos {
+    pub started: u32,
+    pub shard: u32,
+    pub emitted: u64,
 }
 
 /// The indices of one task.
@@ -60,6 +90,10 @@ pub enum TaskIndices {
     Pickled(Vec<u8>),
     /// An `IterableDataset` task: `Some(n)` samples batched, `None` one sample.
     Iterable(Option<u32>),
+    /// A sharded dataset: the next batch of this lane.
+    Lane(u32),
+    /// A sharded dataset read by address: these `(shard, offset)` items.
+    Addresses(Vec<(u32, u64)>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +107,20 @@ pub enum ToWorker {
     Shutdown,
     /// The mailbox segment (its fd rides with the frame); the first frame.
     Mailbox,
+    /// A sharded epoch begins: the lanes this worker runs, and how shards
+    /// are read (`block`-item blocks, permuted from `root` when `shuffle`).
+    Lanes {
+        lanes: Vec<u32>,
+        shuffle: bool,
+        block: u64,
+        root: u64,
+    },
+    /// Shards for `lane` to read next; `last`: no more will come.
+    Assign {
+        lane: u32,
+        works: Vec<Work>,
+        last: bool,
+    },
 }
 
 /// A mailbox message standing for "the next message is on the socket"
@@ -105,6 +153,18 @@ pub enum FromWorker {
         seq: u64,
         payload: Vec<u8>,
     },
+    /// Task `seq` found `lane` out of shards after the `given` it had.
+    NeedWork {
+        seq: u64,
+        lane: u32,
+        given: u32,
+    },
+    /// Where `lane` stands after task `seq`'s batch.
+    LanePos {
+        seq: u64,
+        lane: u32,
+        pos: LanePos,
+    },
 }
 
 impl ToWorker {
@@ -134,11 +194,48 @@ impl ToWorker {
                         out.push(INDICES_ITERABLE);
                         out.extend_from_slice(&n.map_or(UNBATCHED, u64::from).to_le_bytes());
                     }
+                    TaskIndices::Lane(lane) => {
+                        out.push(INDICES_LANE);
+                        out.extend_from_slice(&lane.to_le_bytes());
+                    }
+                    TaskIndices::Addresses(v) => {
+                        out.push(INDICES_ADDRESSES);
+                        out.extend_from_slice(&(v.len() as u64).to_le_bytes());
+                        for (shard, offset) in v {
+                            out.extend_from_slice(&shard.to_le_bytes());
+                            out.extend_from_slice(&offset.to_le_bytes());
+                        }
+                    }
                 }
             }
             ToWorker::Resume => out.push(RESUME),
             ToWorker::Shutdown => out.push(SHUTDOWN),
             ToWorker::Mailbox => out.push(MAILBOX),
+            ToWorker::Lanes {
+                lanes,
+                shuffle,
+                block,
+                root,
+            } => {
+                out.push(LANES);
+                out.push(u8::from(*shuffle));
+                out.extend_from_slice(&block.to_le_bytes());
+                out.extend_from_slice(&root.to_le_bytes());
+                out.extend_from_slice(&(lanes.len() as u64).to_le_bytes());
+                for l in lanes {
+                    out.extend_from_slice(&l.to_le_bytes());
+                }
+            }
+            ToWorker::Assign { lane, works, last } => {
+                out.push(ASSIGN);
+                out.extend_from_slice(&lane.to_le_bytes());
+                out.push(u8::from(*last));
+                out.extend_from_slice(&(works.len() as u64).to_le_bytes());
+                for w in works {
+                    out.extend_from_slice(&w.shard.to_le_bytes());
+                    out.extend_from_slice(&w.emitted.to_le_bytes());
+                }
+            }
         }
     }
 
@@ -166,6 +263,18 @@ impl ToWorker {
                             Some(u32::try_from(n).map_err(|_| DecodeError("batch size"))?)
                         })
                     }
+                    INDICES_LANE => TaskIndices::Lane(r.u32()?),
+                    INDICES_ADDRESSES => {
+                        let n = r.u64()? as usize;
+                        if n > r.remaining() / 12 {
+                            return Err(DecodeError("address count"));
+                        }
+                        TaskIndices::Addresses(
+                            (0..n)
+                                .map(|_| Ok((r.u32()?, r.u64()?)))
+                                .collect::<Result<_, DecodeError>>()?,
+                        )
+                    }
                     _ => return Err(DecodeError("index kind")),
                 };
                 ToWorker::Task { seq, indices }
@@ -173,6 +282,38 @@ impl ToWorker {
             RESUME => ToWorker::Resume,
             SHUTDOWN => ToWorker::Shutdown,
             MAILBOX => ToWorker::Mailbox,
+            LANES => {
+                let shuffle = flag(r.u8()?)?;
+                let block = r.u64()?;
+                let root = r.u64()?;
+                let n = r.u64()? as usize;
+                if n > r.remaining() / 4 {
+                    return Err(DecodeError("lane count"));
+                }
+                ToWorker::Lanes {
+                    lanes: (0..n).map(|_| r.u32()).collect::<Result<_, _>>()?,
+                    shuffle,
+                    block,
+                    root,
+                }
+            }
+            ASSIGN => {
+                let lane = r.u32()?;
+                let last = flag(r.u8()?)?;
+                let n = r.u64()? as usize;
+                if n > r.remaining() / 12 {
+                    return Err(DecodeError("work count"));
+                }
+                let works = (0..n)
+                    .map(|_| {
+                        Ok(Work {
+                            shard: r.u32()?,
+                            emitted: r.u64()?,
+                        })
+                    })
+                    .collect::<Result<_, DecodeError>>()?;
+                ToWorker::Assign { lane, works, last }
+            }
             _ => return Err(DecodeError("message tag")),
         };
         r.end()?;
@@ -210,6 +351,20 @@ impl FromWorker {
                 out.extend_from_slice(&seq.to_le_bytes());
                 put_bytes(out, payload);
             }
+            FromWorker::NeedWork { seq, lane, given } => {
+                out.push(NEED_WORK);
+                out.extend_from_slice(&seq.to_le_bytes());
+                out.extend_from_slice(&lane.to_le_bytes());
+                out.extend_from_slice(&given.to_le_bytes());
+            }
+            FromWorker::LanePos { seq, lane, pos } => {
+                out.push(LANE_POS);
+                out.extend_from_slice(&seq.to_le_bytes());
+                out.extend_from_slice(&lane.to_le_bytes());
+                out.extend_from_slice(&pos.started.to_le_bytes());
+                out.extend_from_slice(&pos.shard.to_le_bytes());
+                out.extend_from_slice(&pos.emitted.to_le_bytes());
+            }
         }
     }
 
@@ -236,10 +391,33 @@ impl FromWorker {
                 seq: r.u64()?,
                 payload: r.bytes()?.to_vec(),
             },
+            NEED_WORK => FromWorker::NeedWork {
+                seq: r.u64()?,
+                lane: r.u32()?,
+                given: r.u32()?,
+            },
+            LANE_POS => FromWorker::LanePos {
+                seq: r.u64()?,
+                lane: r.u32()?,
+                pos: LanePos {
+                    started: r.u32()?,
+                    shard: r.u32()?,
+                    emitted: r.u64()?,
+                },
+            },
             _ => return Err(DecodeError("message tag")),
         };
         r.end()?;
         Ok(msg)
+    }
+}
+
+/// A one-byte boolean: 0 or 1, nothing else.
+fn flag(b: u8) -> Result<bool, DecodeError> {
+    match b {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(DecodeError("flag")),
     }
 }
 
@@ -269,12 +447,35 @@ mod tests {
             any::<i64>().prop_map(TaskIndices::Int),
             proptest::collection::vec(any::<u8>(), 0..50).prop_map(TaskIndices::Pickled),
             proptest::option::of(any::<u32>()).prop_map(TaskIndices::Iterable),
+            any::<u32>().prop_map(TaskIndices::Lane),
+            proptest::collection::vec((any::<u32>(), any::<u64>()), 0..20)
+                .prop_map(TaskIndices::Addresses),
         ];
+        let work =
+            (any::<u32>(), any::<u64>()).prop_map(|(shard, emitted)| Work { shard, emitted });
         prop_oneof![
             (any::<u64>(), indices).prop_map(|(seq, indices)| ToWorker::Task { seq, indices }),
             Just(ToWorker::Resume),
             Just(ToWorker::Shutdown),
             Just(ToWorker::Mailbox),
+            (
+                proptest::collection::vec(any::<u32>(), 0..10),
+                any::<bool>(),
+                any::<u64>(),
+                any::<u64>()
+            )
+                .prop_map(|(lanes, shuffle, block, root)| ToWorker::Lanes {
+                    lanes,
+                    shuffle,
+                    block,
+                    root
+                }),
+            (
+                any::<u32>(),
+                proptest::collection::vec(work, 0..10),
+                any::<bool>()
+            )
+                .prop_map(|(lane, works, last)| ToWorker::Assign { lane, works, last }),
         ]
     }
 
@@ -297,6 +498,24 @@ mod tests {
             any::<u32>().prop_map(|id| FromWorker::Segment { id }),
             (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..50))
                 .prop_map(|(seq, payload)| FromWorker::State { seq, payload }),
+            (any::<u64>(), any::<u32>(), any::<u32>())
+                .prop_map(|(seq, lane, given)| FromWorker::NeedWork { seq, lane, given }),
+            (
+                any::<u64>(),
+                any::<u32>(),
+                any::<u32>(),
+                any::<u32>(),
+                any::<u64>()
+            )
+                .prop_map(|(seq, lane, started, shard, emitted)| FromWorker::LanePos {
+                    seq,
+                    lane,
+                    pos: LanePos {
+                        started,
+                        shard,
+                        emitted
+                    }
+                }),
         ]
     }
 

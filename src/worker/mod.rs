@@ -27,6 +27,12 @@
 //!                                 | Exhausted{seq} (then Drained: later tasks ignored)
 //!   Resume (persistent workers, next epoch) ─────▶ Idle | Drained ──▶ Idle
 //!                           ◀──── Resumed           (host.start_epoch again)
+//!   Lanes{lanes, shuffle, block, root}  (sharded datasets, each epoch) ──▶ Idle
+//!   Assign{lane, works, last} ───────────────────▶ Idle (the lane queues the shards)
+//!   Task{seq, Lane(l)} ──────────────────────────▶ Working: the lane's next batch
+//!                           ◀──── LanePos{seq, lane, pos}, before the batch
+//!                           ◀──── NeedWork{seq, lane, given}: out of shards (dynamic);
+//!                                 the main process assigns and sends the task again
 //!   Shutdown, or socket closed ──────────────────▶ any ──▶ Exited (returns Ok)
 //!   main process dies ───── watchdog ────────────▶ any ──▶ SIGKILL
 //! ```
@@ -57,6 +63,7 @@
 //! `prefetch_factor` large records live while the loop drops its batches.
 
 mod channel;
+pub mod lanes;
 mod watchdog;
 
 use std::os::fd::OwnedFd;
@@ -68,7 +75,7 @@ pub use watchdog::start as start_watchdog;
 use crate::error::{Error, Result};
 use crate::record::DecodeError;
 use crate::ring::{ArenaWriter, RecordBudget, RecordRef};
-use crate::scheduler::protocol::{FromWorker, TaskIndices, ToWorker};
+use crate::scheduler::protocol::{FromWorker, LanePos, TaskIndices, ToWorker, Work};
 pub use crate::scheduler::transport::Blocking;
 
 /// What a task produced.
@@ -81,6 +88,9 @@ pub enum Reply {
     /// The user's code raised: the serialised exception, for the main
     /// process to re-raise.
     Failed(Vec<u8>),
+    /// A sharded lane ran out of shards after the `given` it had; the
+    /// task is to be sent again once the main process assigned more.
+    NeedWork { lane: u32, given: u32 },
 }
 
 /// The worker's computation: everything that is not protocol.
@@ -96,6 +106,16 @@ pub trait Host: Blocking {
     /// it has one (an iterable with state methods); sent before the batch.
     fn state_after_batch(&mut self) -> Result<Option<Vec<u8>>, Self::Error> {
         Ok(None)
+    }
+    /// A sharded epoch begins: the lanes this worker runs and how shards
+    /// are read (see `ToWorker::Lanes`).
+    fn lanes(&mut self, _lanes: Vec<u32>, _shuffle: bool, _block: u64, _root: u64) {}
+    /// More shards for `lane`.
+    fn assign(&mut self, _lane: u32, _works: Vec<Work>, _last: bool) {}
+    /// Where the lane of the batch just produced stands, when it was a
+    /// lane's; sent before the batch.
+    fn lane_after_batch(&mut self) -> Option<(u32, LanePos)> {
+        None
     }
 }
 
@@ -205,11 +225,18 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                 if drained {
                     continue;
                 }
+                let lane_task = matches!(indices, TaskIndices::Lane(_));
                 let msg = match host.run(indices, &mut records)? {
                     Reply::Batch(record) => {
+                        let mut before = Vec::new();
                         if let Some(payload) = host.state_after_batch()? {
-                            let state = FromWorker::State { seq, payload };
-                            if let Err(e) = chan.send(&mut records.arena, &state) {
+                            before.push(FromWorker::State { seq, payload });
+                        }
+                        if let Some((lane, pos)) = host.lane_after_batch() {
+                            before.push(FromWorker::LanePos { seq, lane, pos });
+                        }
+                        for m in &before {
+                            if let Err(e) = chan.send(&mut records.arena, m) {
                                 if e.is_peer_gone() {
                                     return Ok(());
                                 }
@@ -219,6 +246,9 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                         FromWorker::Batch { seq, record }
                     }
                     Reply::Failed(payload) => FromWorker::Error { seq, payload },
+                    Reply::NeedWork { lane, given } => FromWorker::NeedWork { seq, lane, given },
+                    // A lane's end is not the worker's: its other lanes go on.
+                    Reply::Exhausted if lane_task => FromWorker::Exhausted { seq },
                     Reply::Exhausted => {
                         drained = true;
                         FromWorker::Exhausted { seq }
@@ -234,6 +264,19 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                 }),
             ToWorker::Shutdown => return Ok(()),
             ToWorker::Mailbox => Err(DecodeError("a second mailbox").into()),
+            ToWorker::Lanes {
+                lanes,
+                shuffle,
+                block,
+                root,
+            } => {
+                host.lanes(lanes, shuffle, block, root);
+                Ok(())
+            }
+            ToWorker::Assign { lane, works, last } => {
+                host.assign(lane, works, last);
+                Ok(())
+            }
         };
         match sent {
             Ok(()) => {}

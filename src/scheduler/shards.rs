@@ -1,0 +1,266 @@
+//! Shard assignment: the main process's part of sharded loading.
+//!
+//! A rank reads the shards at positions `rank, rank + world, ...` of the
+//! epoch's shard order. Within a rank, shards are read by *lanes* (logical
+//! readers): each lane reads its shards one after the other, in shard order
+//! (`crate::sampler::shards`), and makes batches of its own items; the rank
+//! yields the lanes' batches round-robin, skipping lanes that ran out, as
+//! torch yields an `IterableDataset`'s workers' batches.
+//!
+//! - **static**: a fixed number of lanes, independent of `num_workers`; lane
+//!   `l` reads the rank's shards at positions `l, l + lanes, ...`. Workers
+//!   only execute lanes (lane `l` runs on worker `l % num_workers`), so the
+//!   batch sequence is the same for any `num_workers`.
+//! - **dynamic**: one lane per worker; a lane that finishes a shard gets the
+//!   next unread shard of its rank from the main process ([`ShardQueue`]),
+//!   so uneven shards keep every worker busy. The order then depends on
+//!   timing; the set of items does not.
+//!
+//! Lanes report, with every batch, where they stand ([`LanePos`]); the
+//! positions of the batches handed over are the epoch's snapshot, from
+//! which any number of lanes can continue ([`ShardQueue::rest`]).
+
+pub use super::protocol::{LanePos, Work};
+
+/// The shards of rank `rank` of `world`, in reading order.
+pub fn rank_shards(order: &[u32], rank: usize, world: usize) -> Vec<u32> {
+    assert!(world > 0 && rank < world);
+    order.iter().skip(rank).step_by(world).copied().collect()
+}
+
+/// Static lanes: lane `l` reads `shards[l], shards[l + lanes], ...`.
+pub fn static_lanes(shards: &[u32], lanes: usize) -> Vec<Vec<Work>> {
+    assert!(lanes > 0);
+    (0..lanes)
+        .map(|l| {
+            shards
+                .iter()
+                .skip(l)
+                .step_by(lanes)
+                .map(|&shard| Work { shard, emitted: 0 })
+                .collect()
+        })
+        .collect()
+}
+
+/// The batches a lane makes from `items` items (`batch: None`: one per item).
+pub fn batches_of(items: u64, batch: Option<u64>, drop_last: bool) -> u64 {
+    match batch {
+        None => items,
+        Some(b) if drop_last => items / b,
+        Some(b) => items.div_ceil(b),
+    }
+}
+
+/// How a rank's lanes are formed, for counting its batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// This many lanes, assigned statically.
+    Static(usize),
+    /// This many lanes, assigned on demand.
+    Dynamic(usize),
+}
+
+/// The number of batches every rank can yield in an epoch, so that ranks
+/// stay in step (`lens[s]`: items of shard `s`). Static lanes are counted
+/// exactly; dynamic ones by the least any assignment can give (a partial
+/// batch per lane when `drop_last` drops them).
+pub fn even_batches(
+    order: &[u32],
+    lens: &[u64],
+    world: usize,
+    mode: Mode,
+    batch: Option<u64>,
+    drop_last: bool,
+) -> u64 {
+    (0..world)
+        .map(|r| {
+            let shards = rank_shards(order, r, world);
+            match mode {
+                Mode::Static(lanes) => static_lanes(&shards, lanes)
+                    .iter()
+                    .map(|works| {
+                        let items = works.iter().map(|w| lens[w.shard as usize]).sum();
+                        batches_of(items, batch, drop_last)
+                    })
+                    .sum(),
+                Mode::Dynamic(lanes) => {
+                    let items: u64 = shards.iter().map(|&s| lens[s as usize]).sum();
+                    let whole = batches_of(items, batch, drop_last);
+                    if drop_last {
+                        whole.saturating_sub(lanes as u64 - 1)
+                    } else {
+                        whole
+                    }
+                }
+            }
+        })
+        .min()
+        .unwrap_or(0)
+}
+
+/// Dynamic assignment: the rank's unread shards, handed to lanes as they
+/// ask, and what each lane was given.
+#[derive(Debug, Clone)]
+pub struct ShardQueue {
+    todo: Vec<Work>,
+    next: usize,
+    given: Vec<Vec<Work>>,
+}
+
+impl ShardQueue {
+    pub fn new(todo: Vec<Work>, lanes: usize) -> Self {
+        ShardQueue {
+            todo,
+            next: 0,
+            given: vec![Vec::new(); lanes],
+        }
+    }
+
+    pub fn lanes(&self) -> usize {
+        self.given.len()
+    }
+
+    /// How many works `lane` has been given.
+    pub fn given(&self, lane: usize) -> u32 {
+        self.given[lane].len() as u32
+    }
+
+    /// The next work for `lane`, recorded as its; `None` when all are out.
+    pub fn assign(&mut self, lane: usize) -> Option<Work> {
+        let w = *self.todo.get(self.next)?;
+        self.next += 1;
+        self.given[lane].push(w);
+        Some(w)
+    }
+
+    /// Everything not yet read as of `positions` (each lane's position
+    /// after its last handed-over batch): each lane's current shard from
+    /// where it stands, then what lanes were given but had not begun, then
+    /// the shards never given out. Any number of lanes can go on from it.
+    pub fn rest(&self, positions: &[Option<LanePos>]) -> Vec<Work> {
+        let mut current = Vec::new();
+        let mut unbegun = Vec::new();
+        for (lane, given) in self.given.iter().enumerate() {
+            let started = positions.get(lane).copied().flatten();
+            let begun = started.map_or(0, |p| p.started as usize);
+            if let Some(p) = started {
+                current.push(Work {
+                    shard: p.shard,
+                    emitted: p.emitted,
+                });
+            }
+            unbegun.extend(given.iter().skip(begun).copied());
+        }
+        current.extend(unbegun);
+        current.extend(self.todo[self.next..].iter().copied());
+        current
+    }
+}
+
+/// Static lanes resumed at `positions`: lane `l` goes on with its current
+/// shard from where it stood, then the rest of its plan.
+pub fn resume_static(plans: &[Vec<Work>], positions: &[Option<LanePos>]) -> Vec<Vec<Work>> {
+    plans
+        .iter()
+        .enumerate()
+        .map(|(l, plan)| match positions.get(l).copied().flatten() {
+            None => plan.clone(),
+            Some(p) => {
+                let begun = p.started as usize;
+                let mut works = vec![Work {
+                    shard: p.shard,
+                    emitted: p.emitted,
+                }];
+                works.extend(plan.iter().skip(begun).copied());
+                works
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(shard: u32, emitted: u64) -> Work {
+        Work { shard, emitted }
+    }
+
+    #[test]
+    fn ranks_and_static_lanes_take_positions_in_turn() {
+        let order = [5, 3, 8, 1, 0, 2, 7];
+        assert_eq!(rank_shards(&order, 0, 2), vec![5, 8, 0, 7]);
+        assert_eq!(rank_shards(&order, 1, 2), vec![3, 1, 2]);
+        let lanes = static_lanes(&[5, 8, 0, 7], 3);
+        assert_eq!(
+            lanes,
+            vec![vec![w(5, 0), w(7, 0)], vec![w(8, 0)], vec![w(0, 0)]]
+        );
+    }
+
+    #[test]
+    fn even_batches_is_the_least_over_ranks() {
+        // shards 0..4 with 10, 1, 1, 1 items; two ranks, batch 2
+        let lens = [10, 1, 1, 1];
+        let order = [0, 1, 2, 3];
+        // rank 0: shards 0, 2 -> one lane each: 5 + 1 batches; rank 1: 1 + 1
+        assert_eq!(
+            even_batches(&order, &lens, 2, Mode::Static(2), Some(2), false),
+            2
+        );
+        assert_eq!(
+            even_batches(&order, &lens, 2, Mode::Static(2), Some(2), true),
+            0
+        );
+        // dynamic: rank 1 has 2 items -> 1 batch at least
+        assert_eq!(
+            even_batches(&order, &lens, 2, Mode::Dynamic(2), Some(2), false),
+            1
+        );
+        assert_eq!(
+            even_batches(&order, &lens, 1, Mode::Static(1), None, false),
+            13
+        );
+    }
+
+    #[test]
+    fn queue_rest_continues_current_shards_then_unbegun_then_unassigned() {
+        let mut q = ShardQueue::new((0..6).map(|s| w(s, 0)).collect(), 2);
+        assert_eq!(q.assign(0), Some(w(0, 0)));
+        assert_eq!(q.assign(1), Some(w(1, 0)));
+        assert_eq!(q.assign(0), Some(w(2, 0)));
+        assert_eq!(q.given(0), 2);
+        // lane 0 handed over a batch from its first shard, 4 items in;
+        // lane 1 has handed over nothing yet
+        let pos = [
+            Some(LanePos {
+                started: 1,
+                shard: 0,
+                emitted: 4,
+            }),
+            None,
+        ];
+        assert_eq!(
+            q.rest(&pos),
+            vec![w(0, 4), w(2, 0), w(1, 0), w(3, 0), w(4, 0), w(5, 0)]
+        );
+    }
+
+    #[test]
+    fn static_resume_keeps_each_lane_on_its_plan() {
+        let plans = static_lanes(&[4, 5, 6, 7, 8], 2);
+        let pos = [
+            Some(LanePos {
+                started: 2,
+                shard: 6,
+                emitted: 3,
+            }),
+            None,
+        ];
+        assert_eq!(
+            resume_static(&plans, &pos),
+            vec![vec![w(6, 3), w(8, 0)], vec![w(5, 0), w(7, 0)]]
+        );
+    }
+}
