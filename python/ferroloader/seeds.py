@@ -7,7 +7,14 @@ every process, for every ``num_workers``, and after a resume:
   of each epoch (0-based): it decides the shuffle order and the workers'
   base seed, and nothing else draws from it.
 - ``sample_seed(S, epoch, index)`` seeds torch's CPU generator, ``random``
-  and ``numpy`` right before ``dataset[index]`` when ``per_sample_seed=True``.
+  and ``numpy`` right before ``dataset[index]`` when ``per_sample_seed=True``;
+  for item ``offset`` of shard ``s`` of a sharded dataset, ``index`` is
+  ``shard_item_index(s, offset) = s * 2**40 + offset``.
+- A sharded epoch's shard order is ``torch.randperm(n_shards,
+  generator=torch.Generator().manual_seed(shard_order_seed(root)))`` and
+  block ``b`` of shard ``s`` is read in the order of ``torch.randperm(len,
+  generator=...manual_seed(block_seed(root, s, b)))``, where ``root`` is
+  ``epoch_seed(S, epoch)`` (``S`` is 0 when the loader has no ``seed=``).
 
 Both mix their inputs with SplitMix64's finaliser (Steele, Lea and Flood,
 2014) and keep 63 bits, a valid seed for all three generators (``numpy``
@@ -52,6 +59,34 @@ def sample_seed(seed: int, epoch: int, index: Any) -> int:
     """The seed set before ``dataset[index]`` in ``epoch`` with
     ``per_sample_seed=True``."""
     return _mix(epoch_seed(seed, epoch) ^ _mix(_as_int(index) & _MASK)) >> 1
+
+
+def derive(root: int, *parts: int) -> int:
+    """Folds each part into ``root`` (``_mix(h ^ _mix(part))``), 63 bits."""
+    h = root & _MASK
+    for p in parts:
+        h = _mix(h ^ _mix(p & _MASK))
+    return h >> 1
+
+
+_SHARD_ORDER = 1
+_SHARD_BLOCK = 2
+
+
+def shard_order_seed(root: int) -> int:
+    """The seed of a sharded epoch's shard order, from the epoch's root."""
+    return derive(root, _SHARD_ORDER)
+
+
+def block_seed(root: int, shard: int, block: int) -> int:
+    """The seed of the order of block ``block`` of shard ``shard``."""
+    return derive(root, _SHARD_BLOCK, shard, block)
+
+
+def shard_item_index(shard: int, offset: int) -> int:
+    """The index that stands for item ``offset`` of shard ``shard`` in
+    ``sample_seed``."""
+    return (shard << 40) + offset
 
 
 def seed_everything(s: int) -> None:
@@ -119,4 +154,41 @@ class SeededDataset(_tud.Dataset):
         self._started = True
 
 
-__all__ = ["epoch_seed", "sample_seed", "seed_everything"]
+class ShardSeeder:
+    """``per_sample_seed=True`` for a sharded dataset: called with
+    ``(shard, offset)`` right before each item is drawn. ``save()`` and
+    ``restore()`` keep the global generators untouched in the main process;
+    ``start_epoch()`` counts a persistent worker's epochs."""
+
+    def __init__(self, seed: int, epoch: int) -> None:
+        self.seed = seed
+        self.epoch = epoch
+        self._started = False
+        self._saved: Optional[tuple[Any, ...]] = None
+
+    def __call__(self, shard: int, offset: int) -> None:
+        seed_everything(sample_seed(self.seed, self.epoch, shard_item_index(shard, offset)))
+
+    def save(self) -> None:
+        self._saved = _rng_states()
+
+    def restore(self) -> None:
+        if self._saved is not None:
+            _set_rng_states(self._saved)
+            self._saved = None
+
+    def start_epoch(self) -> None:
+        if self._started:
+            self.epoch += 1
+        self._started = True
+
+
+__all__ = [
+    "block_seed",
+    "derive",
+    "epoch_seed",
+    "sample_seed",
+    "seed_everything",
+    "shard_item_index",
+    "shard_order_seed",
+]

@@ -17,6 +17,7 @@ pub enum Class {
     WorkerDied,
     WorkerTimeout,
     Protocol,
+    Config,
     Internal,
 }
 
@@ -28,6 +29,7 @@ impl Class {
             Class::WorkerDied => "WorkerDiedError",
             Class::WorkerTimeout => "WorkerTimeoutError",
             Class::Protocol => "ProtocolError",
+            Class::Config => "ConfigError",
             Class::Internal => "InternalError",
         }
     }

@@ -140,7 +140,8 @@ impl Fetcher {
         self.collate(py, samples.into_any()).map(Some)
     }
 
-    fn collate<'py>(
+    /// `collate_fn(data)`, natively when it is torch's default.
+    pub fn collate<'py>(
         &self,
         py: Python<'py>,
         data: Bound<'py, PyAny>,

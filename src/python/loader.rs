@@ -5,9 +5,13 @@ use pyo3::exceptions::PyUserWarning;
 use pyo3::prelude::*;
 use pyo3::{PyTraverseError, PyVisit};
 
+use pyo3::types::PyList;
+
 use super::collate::Sink;
 use super::fetch::Fetcher;
 use super::indices::{Indices, Item};
+use super::shards::{missing, snapshot_to_py, AddressBatches, PyShards, ShardPlan, ShardsArg};
+use crate::worker::lanes::{BlockReader, LaneSet};
 
 /// Where the next batch's indices (or samples) come from.
 enum Source {
@@ -16,6 +20,17 @@ enum Source {
     Iterable {
         iter: Py<PyAny>,
         ended: bool,
+    },
+    /// A sharded dataset's lanes, round-robin.
+    Lanes {
+        set: Box<LaneSet<PyShards>>,
+        src: PyShards,
+    },
+    /// A sharded dataset read by address (elastic sharding).
+    Addresses {
+        batches: Py<AddressBatches>,
+        reader: BlockReader<PyShards>,
+        src: PyShards,
     },
 }
 
@@ -44,7 +59,7 @@ pub struct SingleProcessIter {
 #[pymethods]
 impl SingleProcessIter {
     #[new]
-    #[pyo3(signature = (source, dataset, *, iterable, getitems, tensors, auto_collation, batch_size, drop_last, collate_fn, pin, index_sampler, len_called, rng_guard=None))]
+    #[pyo3(signature = (source, dataset, *, iterable, getitems, tensors, auto_collation, batch_size, drop_last, collate_fn, pin, index_sampler, len_called, rng_guard=None, sharded=None, plan=None, block=1))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         source: &Bound<'_, PyAny>,
@@ -60,15 +75,28 @@ impl SingleProcessIter {
         index_sampler: Py<PyAny>,
         len_called: Option<usize>,
         rng_guard: Option<Py<PyAny>>,
+        sharded: Option<ShardsArg>,
+        plan: Option<PyRef<'_, ShardPlan>>,
+        block: u64,
     ) -> PyResult<Self> {
         let py = source.py();
-        let source = if iterable {
-            Source::Iterable {
+        let shards = sharded.map(|(f, shards, seed)| PyShards::new(f, shards, seed));
+        let batch = auto_collation.then_some(batch_size);
+        let source = match (shards, plan) {
+            (Some(src), Some(plan)) => Source::Lanes {
+                set: Box::new(LaneSet::new(plan.plan.clone(), batch, drop_last)),
+                src,
+            },
+            (Some(src), None) => Source::Addresses {
+                batches: source.cast::<AddressBatches>()?.clone().unbind(),
+                reader: BlockReader::new(block),
+                src,
+            },
+            _ if iterable => Source::Iterable {
                 iter: source.clone().unbind(),
                 ended: false,
-            }
-        } else {
-            Source::Indices(Indices::of(source))
+            },
+            _ => Source::Indices(Indices::of(source)),
         };
         let fetcher = Fetcher::new(py, dataset, getitems, tensors, collate_fn, Sink::InProcess)?;
         Ok(SingleProcessIter {
@@ -91,6 +119,27 @@ impl SingleProcessIter {
         match &self.source {
             Source::Indices(i) => i.traverse(&visit)?,
             Source::Iterable { iter, .. } => visit.call(iter)?,
+            Source::Lanes { set, src } => {
+                src.traverse(&visit)?;
+                let held = std::cell::RefCell::new(Vec::new());
+                set.held(&mut |o| held.borrow_mut().push(o), &mut |o| {
+                    held.borrow_mut().push(o)
+                });
+                for o in held.into_inner() {
+                    visit.call(o)?;
+                }
+            }
+            Source::Addresses {
+                batches,
+                reader,
+                src,
+            } => {
+                visit.call(batches)?;
+                src.traverse(&visit)?;
+                for o in reader.cached() {
+                    visit.call(o)?;
+                }
+            }
         }
         self.fetcher.traverse(&visit)?;
         if let Some((f, d)) = &self.pin {
@@ -137,6 +186,24 @@ impl SingleProcessIter {
         let exhausted = matches!(self.source, Source::Iterable { ended: true, .. });
         (self.num_drawn, self.num_yielded, self.ended, exhausted)
     }
+
+    /// A sharded epoch's position: `(positions, next_lane, handed, rest)`
+    /// (see `crate::scheduler::shards::LaneSnapshot`); `None` otherwise.
+    #[getter]
+    #[allow(clippy::type_complexity)]
+    fn _lane_snapshot(
+        &self,
+    ) -> Option<(
+        Vec<Option<(u32, u32, u64)>>,
+        usize,
+        u64,
+        Option<Vec<(u32, u64)>>,
+    )> {
+        match &self.source {
+            Source::Lanes { set, .. } => Some(snapshot_to_py(set.snapshot())),
+            _ => None,
+        }
+    }
 }
 
 impl SingleProcessIter {
@@ -173,6 +240,37 @@ impl SingleProcessIter {
     }
 
     fn next_data<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let items = match &mut self.source {
+            Source::Lanes { set, src } => set.next_batch(src)?,
+            Source::Addresses {
+                batches,
+                reader,
+                src,
+            } => {
+                let next = batches.bind(py).borrow_mut().next_batch();
+                match next {
+                    Some(a) => Some(reader.read(src, &a, missing)?),
+                    None => None,
+                }
+            }
+            _ => return self.next_indexed(py),
+        };
+        let Some(items) = items else {
+            return Ok(None);
+        };
+        self.num_drawn += 1;
+        if self.auto_collation {
+            let list = PyList::new(py, items)?.into_any();
+            return self.fetcher.collate(py, list).map(Some);
+        }
+        let item = items.into_iter().next().map(|i| i.into_bound(py));
+        match item {
+            Some(item) => self.fetcher.collate(py, item).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn next_indexed<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let indices = match &mut self.source {
             Source::Iterable { iter, ended } => {
                 let batch = self.auto_collation.then_some(self.batch_size);
@@ -185,6 +283,7 @@ impl SingleProcessIter {
                 );
             }
             Source::Indices(indices) => indices,
+            Source::Lanes { .. } | Source::Addresses { .. } => unreachable!("next_data"),
         };
         let Some(item) = indices.next(py)? else {
             return Ok(None);

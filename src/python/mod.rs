@@ -14,6 +14,7 @@ mod indices;
 mod loader;
 mod multiproc;
 mod sampler;
+mod shards;
 mod torch;
 mod worker;
 
@@ -23,6 +24,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(collate::collate, m)?)?;
     m.add_function(wrap_pyfunction!(sampler::randperm_list, m)?)?;
     m.add_function(wrap_pyfunction!(worker::worker_loop, m)?)?;
+    m.add_function(wrap_pyfunction!(shards::shard_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(shards::elastic_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(shards::_seeds, m)?)?;
+    m.add_class::<shards::ShardPlan>()?;
+    m.add_class::<shards::AddressBatches>()?;
     m.add_class::<sampler::SamplerIter>()?;
     m.add_class::<sampler::BatchSamplerIter>()?;
     m.add_class::<loader::SingleProcessIter>()?;

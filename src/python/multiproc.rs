@@ -16,6 +16,7 @@ use super::error::Class;
 use super::ffi::adopt_fd;
 use super::indices::{Indices, Item};
 use super::loader::warn_past_reported_len;
+use super::shards::{snapshot_to_py, AddressBatches, ShardPlan};
 use super::torch::torch;
 use crate::scheduler::protocol::TaskIndices;
 use crate::scheduler::transport::Blocking;
@@ -41,12 +42,18 @@ impl Waiter for Gil<'_> {
 enum Source {
     Indices(Indices),
     /// An `IterableDataset`: every task is "the next batch of this size"
-    /// (`None`: one sample) from the worker's own replica.
+    /// (`None`: one sample) from the worker's own replica. (A sharded
+    /// epoch's lanes draw nothing: the engine makes their tasks.)
     Iterable(Option<u32>),
+    /// Elastic sharding: batches of shard addresses.
+    Addresses(Py<AddressBatches>),
 }
 
 impl Source {
     fn new(source: &Bound<'_, PyAny>, iterable: Option<Option<u32>>) -> Source {
+        if let Ok(batches) = source.cast::<AddressBatches>() {
+            return Source::Addresses(batches.clone().unbind());
+        }
         match iterable {
             Some(n) => Source::Iterable(n),
             None => Source::Indices(Indices::of(source)),
@@ -57,6 +64,10 @@ impl Source {
     fn draw(&self, py: Python<'_>) -> PyResult<Option<TaskIndices>> {
         Ok(Some(match self {
             Source::Iterable(n) => TaskIndices::Iterable(*n),
+            Source::Addresses(batches) => match batches.bind(py).borrow_mut().next_batch() {
+                Some(a) => TaskIndices::Addresses(a),
+                None => return Ok(None),
+            },
             Source::Indices(indices) => match indices.next(py)? {
                 None => return Ok(None),
                 Some(Item::Batch(v)) => TaskIndices::Ints(v),
@@ -132,16 +143,19 @@ impl MultiProcessIter {
         self.core.prime(&mut || source.draw(py))
     }
 
-    /// Persistent workers: a new epoch over `source` (torch's `_reset`).
+    /// Persistent workers: a new epoch over `source` (torch's `_reset`);
+    /// a sharded one over `plan`'s lanes.
+    #[pyo3(signature = (source, len_called, plan=None))]
     fn _reset_epoch(
         &mut self,
         py: Python<'_>,
         source: &Bound<'_, PyAny>,
         len_called: Option<usize>,
+        plan: Option<PyRef<'_, ShardPlan>>,
     ) -> PyResult<()> {
         let iterable_batch = match self.source {
             Source::Iterable(n) => Some(n),
-            Source::Indices(_) => None,
+            Source::Indices(_) | Source::Addresses(_) => None,
         };
         self.source = Source::new(source, iterable_batch);
         self.len_called = len_called;
@@ -150,12 +164,17 @@ impl MultiProcessIter {
         let source = &self.source;
         self.core
             .restart_epoch(&mut Gil(py), &mut || source.draw(py))?;
+        if let Some(plan) = plan {
+            self.core.start_lanes(plan.plan.clone())?;
+        }
         self._prime(py)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        if let Source::Indices(i) = &self.source {
-            i.traverse(&visit)?;
+        match &self.source {
+            Source::Indices(i) => i.traverse(&visit)?,
+            Source::Addresses(b) => visit.call(b)?,
+            Source::Iterable(_) => {}
         }
         if let Some((f, d)) = &self.pin {
             visit.call(f)?;
@@ -211,6 +230,27 @@ impl MultiProcessIter {
             .map(|s| s.as_ref().map(|b| PyBytes::new(py, b)))
             .collect();
         (p.delivered, states, p.exhausted, p.next_worker)
+    }
+
+    /// A sharded epoch: tasks go to `plan`'s lanes. Before the first task
+    /// (after `_reset_epoch`'s restart for persistent workers).
+    fn _start_lanes(&mut self, plan: PyRef<'_, ShardPlan>) -> PyResult<()> {
+        Ok(self.core.start_lanes(plan.plan.clone())?)
+    }
+
+    /// A sharded epoch's position: `(positions, next_lane, handed, rest)`;
+    /// `None` for other epochs.
+    #[getter]
+    #[allow(clippy::type_complexity)]
+    fn _lane_snapshot(
+        &self,
+    ) -> Option<(
+        Vec<Option<(u32, u32, u64)>>,
+        usize,
+        u64,
+        Option<Vec<(u32, u64)>>,
+    )> {
+        self.core.lane_snapshot().map(snapshot_to_py)
     }
 
     /// Before the first task of a resumed iterable epoch: the round-robin

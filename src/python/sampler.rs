@@ -271,6 +271,12 @@ impl SamplerIter {
         }))
     }
 
+    /// A fixed list of indices (a sampler whose epoch was drawn up front).
+    #[staticmethod]
+    fn list(indices: Vec<i64>) -> Self {
+        SamplerIter::of(NativeSampler::List(indices.into_iter()))
+    }
+
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
     fn distributed(

@@ -2,18 +2,43 @@
 //! collate and encodes batches; the protocol around it is
 //! `crate::worker::serve` (the lifecycle is drawn there).
 
+use std::collections::HashMap;
+
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList};
 
 use super::codec::encode_batch;
 use super::collate::Sink;
 use super::error::Class;
 use super::fetch::Fetcher;
 use super::ffi::adopt_fd;
+use super::shards::{missing, PyShards, ShardsArg};
 use super::torch::torch;
-use crate::scheduler::protocol::TaskIndices;
+use crate::sampler::shards::Blocks;
+use crate::scheduler::protocol::{LanePos, TaskIndices, Work};
+use crate::worker::lanes::{BlockReader, Lane, LaneConfig, Pull};
 use crate::worker::{serve, Blocking, Config, Host, Records, Reply};
+
+/// A sharded dataset in this worker: its shards, this epoch's lanes, and
+/// the reader of elastic sharding's addresses.
+struct Sharded {
+    src: PyShards,
+    /// Items per batch (`None`: not batched).
+    batch: Option<usize>,
+    drop_last: bool,
+    lanes: HashMap<u32, Lane<PyShards>>,
+    reader: BlockReader<PyShards>,
+    /// The lane of the batch just made, and where it stands.
+    last: Option<(u32, LanePos)>,
+}
+
+/// What a lane's task produced.
+enum LaneOut<'py> {
+    Batch(Bound<'py, PyAny>),
+    NeedWork(u32),
+    Exhausted,
+}
 
 struct PyHost<'py> {
     py: Python<'py>,
@@ -33,6 +58,7 @@ struct PyHost<'py> {
     /// An iterable replica with state methods: returns its pickled state
     /// (sent with each batch, for snapshots).
     state_fn: Option<Py<PyAny>>,
+    sharded: Option<Sharded>,
 }
 
 impl Blocking for PyHost<'_> {
@@ -68,6 +94,9 @@ impl<'py> PyHost<'py> {
                     self.fetcher.sample(py, obj).map(Some)
                 }
             }
+            TaskIndices::Lane(_) | TaskIndices::Addresses(_) => {
+                Err(Class::Internal.err("shard tasks are not fetched here"))
+            }
             TaskIndices::Iterable(n) => {
                 let it = self
                     .iterator
@@ -90,12 +119,88 @@ impl<'py> PyHost<'py> {
     }
 }
 
+impl<'py> PyHost<'py> {
+    fn sharded(&mut self) -> PyResult<&mut Sharded> {
+        self.sharded
+            .as_mut()
+            .ok_or_else(|| Class::Protocol.err("a shard task for a dataset that is not sharded"))
+    }
+
+    /// The batch of `items`: collated as a list, or the one item as is.
+    fn collate_items(&self, items: Vec<Py<PyAny>>, batched: bool) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.py;
+        if batched {
+            return self.fetcher.collate(py, PyList::new(py, items)?.into_any());
+        }
+        let item = items
+            .into_iter()
+            .next()
+            .ok_or_else(|| Class::Internal.err("an empty unbatched pull"))?;
+        self.fetcher.collate(py, item.into_bound(py))
+    }
+
+    /// Lane `l`'s next batch.
+    fn lane_batch(&mut self, l: u32) -> PyResult<LaneOut<'py>> {
+        let sh = self.sharded()?;
+        let batched = sh.batch.is_some();
+        let lane = sh
+            .lanes
+            .get_mut(&l)
+            .ok_or_else(|| Class::Protocol.err(format!("lane {l} is not this worker's")))?;
+        match lane.pull(&mut sh.src)? {
+            Pull::Batch(items) => {
+                sh.last = lane.pos().map(|p| (l, p));
+                self.collate_items(items, batched).map(LaneOut::Batch)
+            }
+            Pull::NeedWork => Ok(LaneOut::NeedWork(lane.given())),
+            Pull::Exhausted => Ok(LaneOut::Exhausted),
+        }
+    }
+
+    /// The items at `addresses` (elastic sharding), collated.
+    fn address_batch(&mut self, addresses: &[(u32, u64)]) -> PyResult<Bound<'py, PyAny>> {
+        let sh = self.sharded()?;
+        let batched = sh.batch.is_some();
+        let items = sh.reader.read(&mut sh.src, addresses, missing)?;
+        self.collate_items(items, batched)
+    }
+}
+
 impl Host for PyHost<'_> {
     type Error = PyErr;
+
+    fn lanes(&mut self, lanes: Vec<u32>, shuffle: bool, block: u64, root: u64) {
+        if let Some(sh) = &mut self.sharded {
+            let config = LaneConfig {
+                batch: sh.batch,
+                drop_last: sh.drop_last,
+                blocks: shuffle.then_some(Blocks { root, size: block }),
+            };
+            sh.lanes = lanes.into_iter().map(|l| (l, Lane::new(config))).collect();
+            sh.reader = BlockReader::new(block);
+        }
+    }
+
+    fn assign(&mut self, lane: u32, works: Vec<Work>, last: bool) {
+        // a lane that is not this worker's fails its first task instead
+        if let Some(lane) = self.sharded.as_mut().and_then(|s| s.lanes.get_mut(&lane)) {
+            lane.assign(works, last);
+        }
+    }
+
+    fn lane_after_batch(&mut self) -> Option<(u32, LanePos)> {
+        self.sharded.as_mut().and_then(|s| s.last.take())
+    }
 
     fn start_epoch(&mut self) {
         let first = self.epochs == 0;
         self.epochs += 1;
+        if let Some(sh) = &mut self.sharded {
+            // the epoch's lanes arrive in a `Lanes` message
+            sh.lanes.clear();
+            sh.reader.clear();
+            sh.last = None;
+        }
         if let Some(f) = &self.on_epoch {
             if let Err(e) = f.bind(self.py).call0() {
                 self.init_exception = self.wrap(e).ok();
@@ -103,7 +208,7 @@ impl Host for PyHost<'_> {
             }
         }
         // A failed `worker_init_fn` is reported by the first task instead.
-        if !self.iterable || (first && self.init_exception.is_some()) {
+        if !self.iterable || self.sharded.is_some() || (first && self.init_exception.is_some()) {
             return;
         }
         self.ended = false;
@@ -126,9 +231,17 @@ impl Host for PyHost<'_> {
             return Ok(Reply::Failed(payload));
         }
         let py = self.py;
-        let outcome = self
-            .fetch(indices)
-            .and_then(|b| b.map(|b| encode_batch(py, &b, records)).transpose());
+        let fetched = match indices {
+            TaskIndices::Lane(l) => match self.lane_batch(l) {
+                Ok(LaneOut::NeedWork(given)) => return Ok(Reply::NeedWork { lane: l, given }),
+                Ok(LaneOut::Batch(b)) => Ok(Some(b)),
+                Ok(LaneOut::Exhausted) => Ok(None),
+                Err(e) => Err(e),
+            },
+            TaskIndices::Addresses(a) => self.address_batch(&a).map(Some),
+            other => self.fetch(other),
+        };
+        let outcome = fetched.and_then(|b| b.map(|b| encode_batch(py, &b, records)).transpose());
         match outcome {
             Ok(Some(record)) => Ok(Reply::Batch(record)),
             Ok(None) if self.iterable => Ok(Reply::Exhausted),
@@ -147,7 +260,7 @@ impl Host for PyHost<'_> {
 
 /// Serves tasks until the main process says stop or goes away.
 #[pyfunction]
-#[pyo3(signature = (fd, *, dataset, iterable, auto_collation, drop_last, collate_fn, getitems, tensors, main_pid, shm_initial, shm_limit, prefetch_factor, make_iter, wrap_exception, init_exception, on_epoch=None, state_fn=None))]
+#[pyo3(signature = (fd, *, dataset, iterable, auto_collation, drop_last, collate_fn, getitems, tensors, main_pid, shm_initial, shm_limit, prefetch_factor, make_iter, wrap_exception, init_exception, on_epoch=None, state_fn=None, sharded=None, batch_size=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn worker_loop(
     py: Python<'_>,
@@ -168,6 +281,8 @@ pub fn worker_loop(
     init_exception: Option<Vec<u8>>,
     on_epoch: Option<Py<PyAny>>,
     state_fn: Option<Py<PyAny>>,
+    sharded: Option<ShardsArg>,
+    batch_size: Option<usize>,
 ) -> PyResult<()> {
     let fd = adopt_fd(fd)?;
     let fetcher = Fetcher::new(py, dataset, getitems, tensors, collate_fn, Sink::Deferred)?;
@@ -185,6 +300,14 @@ pub fn worker_loop(
         epochs: 0,
         on_epoch,
         state_fn,
+        sharded: sharded.map(|(iter_shard, shards, seed)| Sharded {
+            src: PyShards::new(iter_shard, shards, seed),
+            batch: batch_size.filter(|_| auto_collation),
+            drop_last,
+            lanes: HashMap::new(),
+            reader: BlockReader::new(1),
+            last: None,
+        }),
     };
     let config = Config {
         main_pid,

@@ -7,8 +7,8 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::pool::{Event, WorkerPool};
-use super::protocol::{LanePos, TaskIndices, ToWorker, Work};
-use super::shards::ShardQueue;
+use super::protocol::{LanePos, TaskIndices, ToWorker};
+use super::shards::{LanePlan, LaneSnapshot, ShardQueue};
 use super::transport::Blocking;
 use super::{Next, Scheduler};
 use crate::error::{Error, Result};
@@ -61,28 +61,9 @@ pub struct Loader {
     lanes: Option<Lanes>,
 }
 
-/// How a sharded epoch starts ([`Loader::start_lanes`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LanePlan {
-    /// Number of lanes; lane `l` runs on worker `l % num_workers`.
-    pub lanes: usize,
-    pub shuffle: bool,
-    pub block: u64,
-    pub root: u64,
-    /// Static: every lane's works, given up front. Dynamic: `None`.
-    pub works: Option<Vec<Vec<Work>>>,
-    /// Dynamic: the shards to hand out as lanes ask.
-    pub queue: Vec<Work>,
-    /// The round-robin starts at this lane.
-    pub next_lane: usize,
-    /// Batches already handed over this epoch (a resumed epoch).
-    pub handed: u64,
-    /// The epoch ends after this many batches (ranks kept in step).
-    pub budget: Option<u64>,
-}
-
 /// A sharded epoch as the loader drives it.
 struct Lanes {
+    plan: LanePlan,
     worker_of: Vec<usize>,
     queue: Option<ShardQueue>,
     /// Per worker: the lane positions that came with its batches not yet
@@ -92,19 +73,6 @@ struct Lanes {
     positions: Vec<Option<LanePos>>,
     handed: u64,
     budget: Option<u64>,
-}
-
-/// Where a sharded epoch stands, for a snapshot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LaneSnapshot {
-    /// Each lane's position after its last handed-over batch.
-    pub positions: Vec<Option<LanePos>>,
-    /// The lane whose batch comes next.
-    pub next_lane: usize,
-    /// Batches handed over this epoch.
-    pub handed: u64,
-    /// Dynamic: what is left to read from the positions on.
-    pub rest: Option<Vec<Work>>,
 }
 
 /// Where each worker of an iterable epoch stands, for a snapshot.
@@ -163,9 +131,9 @@ impl Loader {
             self.pool.send(w, &msg)?;
         }
         let mut queue = None;
-        match plan.works {
+        match &plan.works {
             Some(works) => {
-                for (lane, works) in works.into_iter().enumerate() {
+                for (lane, works) in works.iter().cloned().enumerate() {
                     let msg = ToWorker::Assign {
                         lane: lane as u32,
                         works,
@@ -175,7 +143,7 @@ impl Loader {
                 }
             }
             None => {
-                let mut q = ShardQueue::new(plan.queue, plan.lanes);
+                let mut q = ShardQueue::new(plan.queue.clone(), plan.lanes);
                 for (lane, &worker) in worker_of.iter().enumerate() {
                     let first = q.assign(lane);
                     let msg = ToWorker::Assign {
@@ -192,9 +160,10 @@ impl Loader {
             worker_of,
             queue,
             pending: vec![VecDeque::new(); n],
-            positions: vec![None; plan.lanes],
+            positions: plan.positions.clone(),
             handed: plan.handed,
             budget: plan.budget,
+            plan,
         });
         Ok(())
     }
@@ -302,7 +271,10 @@ impl Loader {
                 if let Some(lanes) = &mut self.lanes {
                     lanes.handed += 1;
                     if let Some((lane, pos)) = lanes.pending[*worker].pop_front() {
-                        lanes.positions[lane as usize] = Some(pos);
+                        let lane = lane as usize;
+                        if lane < lanes.positions.len() {
+                            lanes.positions[lane] = Some(lanes.plan.absolute(lane, pos));
+                        }
                     }
                 }
             }

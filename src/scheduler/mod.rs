@@ -33,8 +33,9 @@ pub mod transport;
 #[cfg(test)]
 mod pool_tests;
 
-pub use loader::{IterablePosition, LanePlan, LaneSnapshot, Loader, Payload, Waiter};
+pub use loader::{IterablePosition, Loader, Payload, Waiter};
 pub use pool::{Event, WorkerPool};
+pub use shards::{LanePlan, LaneSnapshot};
 
 use std::collections::HashMap;
 

@@ -13,14 +13,14 @@ use std::time::{Duration, Instant};
 
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 
-use super::loader::{LanePlan, Waiter};
+use super::loader::Waiter;
 use super::protocol::{LanePos, TaskIndices, Work};
-use super::shards::{rank_shards, resume_static, static_lanes};
+use super::shards::{rank_shards, resume_static, static_lanes, LanePlan, Mode, ShardSpec};
 use super::transport::Exit;
 use super::{Loader, Next, Payload, WorkerPool};
 use crate::error::Error;
 use crate::sampler::shards::{shard_order, Blocks};
-use crate::worker::lanes::{Lane, LaneConfig, Pull, ShardSource};
+use crate::worker::lanes::{Lane, LaneConfig, LaneSet, Pull, ShardSource};
 use crate::worker::{serve, Blocking, Config, Host, Records, Reply};
 
 const CHILD_ENV: &str = "FERROLOADER_POOL_TEST_CHILD";
@@ -53,6 +53,9 @@ impl ShardSource for TestShards {
     }
     fn next(&mut self, _: &mut (), shard: u32, offset: u64) -> Result<Option<i64>, Error> {
         Ok((offset < SHARD_LENS[shard as usize]).then(|| 1000 * shard as i64 + offset as i64))
+    }
+    fn share(&mut self, item: &i64) -> i64 {
+        *item
     }
 }
 
@@ -519,6 +522,8 @@ fn static_plan(order: &[u32], lanes: usize) -> LanePlan {
         next_lane: 0,
         handed: 0,
         budget: None,
+        bases: vec![0; lanes],
+        positions: vec![None; lanes],
     }
 }
 
@@ -563,6 +568,8 @@ fn dynamic_lanes_read_every_item_once_asking_for_shards() {
             next_lane: 0,
             handed: 0,
             budget: None,
+            bases: vec![0; workers],
+            positions: vec![None; workers],
         };
         let got = lane_epoch(&mut pool, plan);
         assert!(got.iter().all(|b| b.len() <= LANE_BATCH));
@@ -604,10 +611,21 @@ fn a_static_epoch_resumes_from_its_snapshot_on_other_workers() {
         assert_eq!(snap.handed, stop as u64);
         pool.loader.close();
         pool.reap();
-        let mut plan = static_plan(&mine, 3);
-        plan.works = Some(resume_static(&static_lanes(&mine, 3), &snap.positions));
-        plan.next_lane = snap.next_lane;
-        plan.handed = snap.handed;
+        let spec = ShardSpec {
+            n_shards: SHARD_LENS.len(),
+            lens: None,
+            order_seed: Some(11),
+            blocks: Some(Blocks { root: 99, size: 4 }),
+            rank: 0,
+            world: 1,
+            mode: Mode::Static(3),
+            batch: Some(LANE_BATCH as u64),
+            drop_last: false,
+            even: false,
+        };
+        let plan = spec.plan(Some(&snap)).unwrap();
+        let by_hand = resume_static(&static_lanes(&mine, 3), &snap.positions);
+        assert_eq!(plan.works.as_ref(), Some(&by_hand));
         let mut resumed = start(3, 1, true, false);
         assert_eq!(
             lane_epoch(&mut resumed, plan),
@@ -616,4 +634,19 @@ fn a_static_epoch_resumes_from_its_snapshot_on_other_workers() {
         );
         resumed.reap();
     }
+}
+
+#[test]
+fn lanes_in_one_process_give_the_pools_sequence() {
+    let order = shard_order(SHARD_LENS.len(), Some(23));
+    let mut pool = start(2, 2, true, false);
+    let pooled = lane_epoch(&mut pool, static_plan(&order, 3));
+    pool.reap();
+    let mut set: LaneSet<TestShards> =
+        LaneSet::new(static_plan(&order, 3), Some(LANE_BATCH), false);
+    let mut local = Vec::new();
+    while let Some(b) = set.next_batch(&mut TestShards).unwrap() {
+        local.push(b);
+    }
+    assert_eq!(local, pooled);
 }

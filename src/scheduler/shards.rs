@@ -21,6 +21,145 @@
 //! which any number of lanes can continue ([`ShardQueue::rest`]).
 
 pub use super::protocol::{LanePos, Work};
+use crate::sampler::shards::{shard_order, Blocks};
+
+/// How a sharded epoch starts (`Loader::start_lanes`, `LaneSet::new`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LanePlan {
+    /// Number of lanes; lane `l` runs on worker `l % num_workers`.
+    pub lanes: usize,
+    pub shuffle: bool,
+    pub block: u64,
+    pub root: u64,
+    /// Static: every lane's works, given up front. Dynamic: `None`.
+    pub works: Option<Vec<Vec<Work>>>,
+    /// Dynamic: the shards to hand out as lanes ask.
+    pub queue: Vec<Work>,
+    /// The round-robin starts at this lane.
+    pub next_lane: usize,
+    /// Batches already handed over this epoch (a resumed epoch).
+    pub handed: u64,
+    /// The epoch ends after this many batches (ranks kept in step).
+    pub budget: Option<u64>,
+    /// Per lane, works of its plan begun before the first one it is given
+    /// (a resumed static lane): added to the `started` it reports.
+    pub bases: Vec<u32>,
+    /// Per lane, the position it resumes from (until it hands over a batch).
+    pub positions: Vec<Option<LanePos>>,
+}
+
+impl LanePlan {
+    /// A lane's position as it reports it, in its plan's numbering.
+    pub fn absolute(&self, lane: usize, mut pos: LanePos) -> LanePos {
+        pos.started += self.bases.get(lane).copied().unwrap_or(0);
+        pos
+    }
+}
+
+/// Where a sharded epoch stands, for a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneSnapshot {
+    /// Each lane's position after its last handed-over batch.
+    pub positions: Vec<Option<LanePos>>,
+    /// The lane whose batch comes next.
+    pub next_lane: usize,
+    /// Batches handed over this epoch.
+    pub handed: u64,
+    /// Dynamic: what is left to read from the positions on.
+    pub rest: Option<Vec<Work>>,
+}
+
+/// What decides a rank's lanes in an epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardSpec {
+    pub n_shards: usize,
+    /// Items per shard, when the dataset knows them.
+    pub lens: Option<Vec<u64>>,
+    /// Shuffle the shard order with this seed.
+    pub order_seed: Option<u64>,
+    /// Shuffle within shards.
+    pub blocks: Option<Blocks>,
+    pub rank: usize,
+    pub world: usize,
+    pub mode: Mode,
+    pub batch: Option<u64>,
+    pub drop_last: bool,
+    /// Every rank yields the same number of batches.
+    pub even: bool,
+}
+
+impl ShardSpec {
+    /// The epoch's plan, or the plan that continues it from `resume`.
+    pub fn plan(&self, resume: Option<&LaneSnapshot>) -> Result<LanePlan, String> {
+        let order = shard_order(self.n_shards, self.order_seed);
+        let mine = rank_shards(&order, self.rank, self.world);
+        let budget = if self.even && self.world > 1 {
+            let lens = self.lens.as_ref().ok_or_else(|| {
+                "every rank must yield the same number of batches (even=True with more than \
+                 one rank), which needs the length of every shard: define shard_len() on the \
+                 dataset, or pass even=False to read every item exactly once with uneven \
+                 batch counts"
+                    .to_string()
+            })?;
+            Some(even_batches(
+                &order,
+                lens,
+                self.world,
+                self.mode,
+                self.batch,
+                self.drop_last,
+            ))
+        } else {
+            None
+        };
+        let mut bases = Vec::new();
+        let mut positions = Vec::new();
+        let (lanes, works, queue) = match self.mode {
+            Mode::Static(lanes) => {
+                let plans = static_lanes(&mine, lanes);
+                let works = match resume {
+                    Some(s) => {
+                        positions = s.positions.clone();
+                        positions.resize(lanes, None);
+                        bases = positions
+                            .iter()
+                            .map(|p| p.map_or(0, |p| p.started.saturating_sub(1)))
+                            .collect();
+                        resume_static(&plans, &s.positions)
+                    }
+                    None => plans,
+                };
+                (lanes, Some(works), Vec::new())
+            }
+            Mode::Dynamic(lanes) => {
+                let queue = match resume.and_then(|s| s.rest.clone()) {
+                    Some(rest) => rest,
+                    None => mine
+                        .iter()
+                        .map(|&shard| Work { shard, emitted: 0 })
+                        .collect(),
+                };
+                (lanes, None, queue)
+            }
+        };
+        bases.resize(lanes, 0);
+        positions.resize(lanes, None);
+        let blocks = self.blocks.unwrap_or(Blocks { root: 0, size: 1 });
+        Ok(LanePlan {
+            lanes,
+            shuffle: self.blocks.is_some(),
+            block: blocks.size,
+            root: blocks.root,
+            works,
+            queue,
+            next_lane: resume.map_or(0, |s| s.next_lane % lanes),
+            handed: resume.map_or(0, |s| s.handed),
+            budget,
+            bases,
+            positions,
+        })
+    }
+}
 
 /// The shards of rank `rank` of `world`, in reading order.
 pub fn rank_shards(order: &[u32], rank: usize, world: usize) -> Vec<u32> {

@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 
 use crate::sampler::shards::Blocks;
 use crate::scheduler::protocol::{LanePos, Work};
+use crate::scheduler::shards::{LanePlan, LaneSnapshot, ShardQueue};
 
 /// Opens and reads shards: the dataset's side of a lane.
 pub trait ShardSource {
@@ -29,6 +30,8 @@ pub trait ShardSource {
         shard: u32,
         offset: u64,
     ) -> Result<Option<Self::Item>, Self::Error>;
+    /// Another reference to `item` (reads by address may repeat an item).
+    fn share(&mut self, item: &Self::Item) -> Self::Item;
 }
 
 /// What a lane gave for a task.
@@ -101,6 +104,20 @@ impl<S: ShardSource> Lane<S> {
         self.works.extend(works);
         if last {
             self.more = false;
+        }
+    }
+
+    /// Calls `item` and `iter` on every item and iterator the lane holds
+    /// (for a garbage collector that must see them).
+    pub fn held<'a>(
+        &'a self,
+        item: &mut impl FnMut(&'a S::Item),
+        iter: &mut impl FnMut(&'a S::Iter),
+    ) {
+        self.partial.iter().for_each(&mut *item);
+        if let Some(r) = &self.reading {
+            r.block.iter().for_each(&mut *item);
+            iter(&r.iter);
         }
     }
 
@@ -205,6 +222,173 @@ impl<S: ShardSource> Lane<S> {
     }
 }
 
+/// Lanes run in one process, round-robin, skipping lanes that ran out:
+/// the one-process loader's sharded epoch, the same batch sequence a pool
+/// gives for the same plan.
+pub struct LaneSet<S: ShardSource> {
+    plan: LanePlan,
+    lanes: Vec<Lane<S>>,
+    queue: Option<ShardQueue>,
+    active: Vec<bool>,
+    cycle: usize,
+    positions: Vec<Option<LanePos>>,
+    handed: u64,
+    budget: Option<u64>,
+}
+
+impl<S: ShardSource> LaneSet<S> {
+    pub fn new(plan: LanePlan, batch: Option<usize>, drop_last: bool) -> Self {
+        let config = LaneConfig {
+            batch,
+            drop_last,
+            blocks: plan.shuffle.then_some(Blocks {
+                root: plan.root,
+                size: plan.block,
+            }),
+        };
+        let mut lanes: Vec<Lane<S>> = (0..plan.lanes).map(|_| Lane::new(config)).collect();
+        let queue = match &plan.works {
+            Some(works) => {
+                for (lane, works) in lanes.iter_mut().zip(works) {
+                    lane.assign(works.iter().copied(), true);
+                }
+                None
+            }
+            None => Some(ShardQueue::new(plan.queue.clone(), plan.lanes)),
+        };
+        LaneSet {
+            active: vec![true; plan.lanes],
+            cycle: plan.next_lane % plan.lanes.max(1),
+            positions: plan.positions.clone(),
+            handed: plan.handed,
+            budget: plan.budget,
+            lanes,
+            queue,
+            plan,
+        }
+    }
+
+    /// The next batch of the round-robin; `None` at the epoch's end.
+    pub fn next_batch(&mut self, src: &mut S) -> Result<Option<Vec<S::Item>>, S::Error> {
+        if self.budget.is_some_and(|b| self.handed >= b) {
+            return Ok(None);
+        }
+        let n = self.lanes.len();
+        loop {
+            let Some(l) = (0..n)
+                .map(|k| (self.cycle + k) % n)
+                .find(|&l| self.active[l])
+            else {
+                return Ok(None);
+            };
+            self.cycle = l;
+            let pulled = self.lanes[l].pull(src);
+            if !matches!(pulled, Ok(Pull::NeedWork)) {
+                // a batch, an end or an error: each takes the lane's turn
+                self.cycle = (l + 1) % n;
+            }
+            match pulled? {
+                Pull::Batch(items) => {
+                    self.positions[l] = self.lanes[l].pos().map(|p| self.plan.absolute(l, p));
+                    self.handed += 1;
+                    return Ok(Some(items));
+                }
+                Pull::NeedWork => {
+                    let next = self.queue.as_mut().and_then(|q| q.assign(l));
+                    let last = next.is_none();
+                    self.lanes[l].assign(next, last);
+                }
+                Pull::Exhausted => self.active[l] = false,
+            }
+        }
+    }
+
+    /// See [`Lane::held`].
+    pub fn held<'a>(
+        &'a self,
+        item: &mut impl FnMut(&'a S::Item),
+        iter: &mut impl FnMut(&'a S::Iter),
+    ) {
+        for lane in &self.lanes {
+            lane.held(item, iter);
+        }
+    }
+
+    /// Where the epoch stands (after the last batch handed over).
+    pub fn snapshot(&self) -> LaneSnapshot {
+        LaneSnapshot {
+            positions: self.positions.clone(),
+            next_lane: self.cycle,
+            handed: self.handed,
+            rest: self.queue.as_ref().map(|q| q.rest(&self.positions)),
+        }
+    }
+}
+
+/// Reads items by address (`(shard, offset)`, elastic sharding): each
+/// shard is read in blocks of `block` items from block-aligned starts, and
+/// the last block read is kept, so a batch whose items lie in one block
+/// opens its shard once.
+pub struct BlockReader<S: ShardSource> {
+    block: u64,
+    cached: Option<(u32, u64, Vec<S::Item>)>,
+}
+
+impl<S: ShardSource> BlockReader<S> {
+    pub fn new(block: u64) -> Self {
+        BlockReader {
+            block: block.max(1),
+            cached: None,
+        }
+    }
+
+    /// The items at `addresses`, in that order. An address past its
+    /// shard's end is an error of the caller's making: `missing` builds it.
+    pub fn read(
+        &mut self,
+        src: &mut S,
+        addresses: &[(u32, u64)],
+        missing: impl Fn(u32, u64) -> S::Error,
+    ) -> Result<Vec<S::Item>, S::Error> {
+        let mut out = Vec::with_capacity(addresses.len());
+        for &(shard, offset) in addresses {
+            let block = offset / self.block;
+            let hit = matches!(&self.cached, Some((s, b, _)) if *s == shard && *b == block);
+            if !hit {
+                self.cached = None;
+                let start = block * self.block;
+                let mut it = src.open(shard, start)?;
+                let mut items = Vec::new();
+                while (items.len() as u64) < self.block {
+                    match src.next(&mut it, shard, start + items.len() as u64)? {
+                        Some(item) => items.push(item),
+                        None => break,
+                    }
+                }
+                self.cached = Some((shard, block, items));
+            }
+            let items = &self.cached.as_ref().expect("set above").2;
+            match items.get((offset % self.block) as usize) {
+                Some(item) => {
+                    let item = src.share(item);
+                    out.push(item);
+                }
+                None => return Err(missing(shard, offset)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Drops the cached block (a new epoch).
+    pub fn clear(&mut self) {
+        self.cached = None;
+    }
+
+    pub fn cached(&self) -> impl Iterator<Item = &S::Item> {
+        self.cached.iter().flat_map(|(_, _, items)| items.iter())
+    }
+}
+
 /// Reads the next block of `r`'s shard and puts it in shard order, minus
 /// the items a resume skips.
 fn fill_block<S: ShardSource>(
@@ -239,7 +423,8 @@ fn fill_block<S: ShardSource>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::shards::ShardAddresses;
+    use crate::sampler::shards::{shard_order, ShardAddresses};
+    use crate::scheduler::shards::{Mode, ShardSpec};
     use proptest::prelude::*;
 
     /// Shard `s` holds `lens[s]` items `(s, 0), (s, 1), ...`; `fail` makes
@@ -268,6 +453,9 @@ mod tests {
                 return Err(format!("item {shard}/{offset}"));
             }
             Ok((offset < self.lens[shard as usize]).then_some((shard, offset)))
+        }
+        fn share(&mut self, item: &(u32, u64)) -> (u32, u64) {
+            *item
         }
     }
 
@@ -349,6 +537,23 @@ mod tests {
     }
 
     #[test]
+    fn a_block_reader_opens_each_block_once_per_batch() {
+        let mut s = src(&[10, 3]);
+        let mut r: BlockReader<Shards> = BlockReader::new(4);
+        let got = r
+            .read(&mut s, &[(0, 5), (0, 4), (0, 7), (1, 2)], |sh, o| {
+                format!("{sh}/{o}")
+            })
+            .unwrap();
+        assert_eq!(got, vec![(0, 5), (0, 4), (0, 7), (1, 2)]);
+        assert_eq!(s.opens, 2);
+        assert_eq!(
+            r.read(&mut s, &[(1, 3)], |sh, o| format!("{sh}/{o}")),
+            Err("1/3".into())
+        );
+    }
+
+    #[test]
     fn an_error_drops_the_batch_and_ends_that_shard() {
         let mut s = src(&[4, 2]);
         s.fail = Some((0, 1));
@@ -406,6 +611,64 @@ mod tests {
                 }
             }
             prop_assert_eq!(drain(&mut resumed, &mut s), all[stop..].to_vec());
+        }
+
+        /// A `LaneSet` stopped after any batch and resumed, from its
+        /// snapshot, with another number of dynamic lanes (or the same
+        /// static lanes) reads exactly the items that were left; static
+        /// lanes also keep their order.
+        #[test]
+        fn lane_sets_resume_from_their_snapshot(lens in proptest::collection::vec(0u64..20, 1..7), seed in any::<u64>(), batch in 1usize..4, dynamic in any::<bool>(), lanes in 1usize..4, lanes_after in 1usize..4, stop in 0usize..40, rank in 0usize..2) {
+            let spec = |lanes: usize| ShardSpec {
+                n_shards: lens.len(),
+                lens: Some(lens.clone()),
+                order_seed: Some(seed),
+                blocks: Some(Blocks { root: seed, size: 3 }),
+                rank,
+                world: 2,
+                mode: if dynamic { Mode::Dynamic(lanes) } else { Mode::Static(lanes) },
+                batch: Some(batch as u64),
+                drop_last: false,
+                even: false,
+            };
+            let run = |set: &mut LaneSet<Shards>, s: &mut Shards, limit: usize| {
+                let mut out = Vec::new();
+                while out.len() < limit {
+                    match set.next_batch(s).unwrap() {
+                        Some(b) => out.push(b),
+                        None => break,
+                    }
+                }
+                out
+            };
+            let mut s = src(&lens);
+            let mut whole = LaneSet::new(spec(lanes).plan(None).unwrap(), Some(batch), false);
+            let all = run(&mut whole, &mut s, usize::MAX);
+            let stop = stop.min(all.len());
+            let mut first = LaneSet::new(spec(lanes).plan(None).unwrap(), Some(batch), false);
+            let head = run(&mut first, &mut s, stop);
+            let snap = first.snapshot();
+            let after = if dynamic { lanes_after } else { lanes };
+            // resume, take a second snapshot a batch or two in, resume again
+            let mut resumed = LaneSet::new(spec(after).plan(Some(&snap)).unwrap(), Some(batch), false);
+            let mut tail = run(&mut resumed, &mut s, stop % 3);
+            let snap2 = resumed.snapshot();
+            let mut again = LaneSet::new(spec(after).plan(Some(&snap2)).unwrap(), Some(batch), false);
+            tail.extend(run(&mut again, &mut s, usize::MAX));
+            if !dynamic {
+                prop_assert_eq!(&head, &all[..stop].to_vec());
+                prop_assert_eq!(&tail, &all[stop..].to_vec());
+            }
+            let mut got: Vec<(u32, u64)> = head.concat();
+            got.extend(tail.concat());
+            got.sort_unstable();
+            let mut want: Vec<(u32, u64)> = all.concat();
+            want.sort_unstable();
+            prop_assert_eq!(&got, &want);
+            // the rank reads only its own shards
+            let order = shard_order(lens.len(), Some(seed));
+            let mine: Vec<u32> = order.iter().skip(rank).step_by(2).copied().collect();
+            prop_assert!(want.iter().all(|(sh, _)| mine.contains(sh)));
         }
     }
 }

@@ -1,0 +1,331 @@
+//! Sharded datasets: the dataset's `iter_shard` as the engine's shard
+//! source, the epoch's lane plan, and the address batches of elastic
+//! sharding. Assignment and reading order are the engine's
+//! (`crate::scheduler::shards`, `crate::worker::lanes`).
+
+use pyo3::prelude::*;
+use pyo3::{PyTraverseError, PyVisit};
+
+use super::error::Class;
+use super::fetch::next;
+use crate::sampler::seeds::shard_order_seed;
+use crate::sampler::shards::{elastic_positions, shard_order, Blocks, ShardAddresses, Tail};
+use crate::sampler::{randperm, Mt19937};
+use crate::scheduler::shards::{LanePlan, LanePos, LaneSnapshot, Mode, ShardSpec, Work};
+
+/// A `ShardedDataset` as the engine reads it: `iter_shard(shards[s],
+/// start)` opens shard `s`; `seed(s, offset)`, when per-sample seeding is
+/// on, runs before each item is drawn.
+pub struct PyShards {
+    iter_shard: Py<PyAny>,
+    shards: Vec<Py<PyAny>>,
+    seed: Option<Py<PyAny>>,
+}
+
+/// How Python hands a sharded dataset over: `(iter_shard, shards, seed)`.
+pub type ShardsArg = (Py<PyAny>, Vec<Py<PyAny>>, Option<Py<PyAny>>);
+
+impl PyShards {
+    pub fn new(iter_shard: Py<PyAny>, shards: Vec<Py<PyAny>>, seed: Option<Py<PyAny>>) -> Self {
+        PyShards {
+            iter_shard,
+            shards,
+            seed,
+        }
+    }
+
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.iter_shard)?;
+        visit.call(&self.seed)?;
+        for s in &self.shards {
+            visit.call(s)?;
+        }
+        Ok(())
+    }
+}
+
+impl crate::worker::lanes::ShardSource for PyShards {
+    type Item = Py<PyAny>;
+    type Iter = Py<PyAny>;
+    type Error = PyErr;
+
+    fn open(&mut self, shard: u32, start: u64) -> PyResult<Py<PyAny>> {
+        Python::attach(|py| {
+            let desc = self
+                .shards
+                .get(shard as usize)
+                .ok_or_else(|| Class::Internal.err(format!("no shard {shard}")))?;
+            let items = self.iter_shard.bind(py).call1((desc.bind(py), start))?;
+            Ok(items.try_iter()?.into_any().unbind())
+        })
+    }
+
+    fn next(&mut self, it: &mut Py<PyAny>, shard: u32, offset: u64) -> PyResult<Option<Py<PyAny>>> {
+        Python::attach(|py| {
+            if let Some(seed) = &self.seed {
+                seed.bind(py).call1((shard, offset))?;
+            }
+            Ok(next(it.bind(py))?.map(Bound::unbind))
+        })
+    }
+
+    fn share(&mut self, item: &Py<PyAny>) -> Py<PyAny> {
+        Python::attach(|py| item.clone_ref(py))
+    }
+}
+
+/// An address past its shard's end: the shard is shorter than its
+/// `shard_len()` said.
+pub fn missing(shard: u32, offset: u64) -> PyErr {
+    pyo3::exceptions::PyIndexError::new_err(format!(
+        "shard {shard} has no item {offset}: it is shorter than its shard_len()"
+    ))
+}
+
+/// A sharded epoch's plan for one rank (opaque to Python).
+#[pyclass(module = "ferroloader._core", frozen)]
+pub struct ShardPlan {
+    pub plan: LanePlan,
+}
+
+#[pymethods]
+impl ShardPlan {
+    /// Batches every rank yields this epoch (`None`: not kept even).
+    #[getter]
+    fn budget(&self) -> Option<u64> {
+        self.plan.budget
+    }
+
+    #[getter]
+    fn lanes(&self) -> usize {
+        self.plan.lanes
+    }
+}
+
+/// A saved position: `(positions, next_lane, handed, rest)`.
+type Snapshot = (
+    Vec<Option<(u32, u32, u64)>>,
+    usize,
+    u64,
+    Option<Vec<(u32, u64)>>,
+);
+
+pub fn snapshot_to_py(s: LaneSnapshot) -> Snapshot {
+    (
+        s.positions
+            .iter()
+            .map(|p| p.map(|p| (p.started, p.shard, p.emitted)))
+            .collect(),
+        s.next_lane,
+        s.handed,
+        s.rest
+            .map(|r| r.iter().map(|w| (w.shard, w.emitted)).collect()),
+    )
+}
+
+fn snapshot_from_py(s: Snapshot) -> LaneSnapshot {
+    LaneSnapshot {
+        positions: s
+            .0
+            .into_iter()
+            .map(|p| {
+                p.map(|(started, shard, emitted)| LanePos {
+                    started,
+                    shard,
+                    emitted,
+                })
+            })
+            .collect(),
+        next_lane: s.1,
+        handed: s.2,
+        rest: s.3.map(|r| {
+            r.into_iter()
+                .map(|(shard, emitted)| Work { shard, emitted })
+                .collect()
+        }),
+    }
+}
+
+/// The epoch's lane plan for one rank (see `crate::scheduler::shards`),
+/// or the plan that continues a saved position.
+#[pyfunction]
+#[pyo3(signature = (*, n_shards, lens, block, root, shuffle, rank, world, dynamic, lanes, batch, drop_last, even, resume=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn shard_plan(
+    n_shards: usize,
+    lens: Option<Vec<u64>>,
+    block: u64,
+    root: u64,
+    shuffle: bool,
+    rank: usize,
+    world: usize,
+    dynamic: bool,
+    lanes: usize,
+    batch: Option<u64>,
+    drop_last: bool,
+    even: bool,
+    resume: Option<Snapshot>,
+) -> PyResult<ShardPlan> {
+    if lanes == 0 || world == 0 || rank >= world || block == 0 {
+        return Err(Class::Config.err(format!(
+            "sharding needs lanes >= 1, shuffle_block >= 1 and 0 <= rank < world_size \
+             (got lanes={lanes}, shuffle_block={block}, rank={rank}, world_size={world})"
+        )));
+    }
+    let spec = ShardSpec {
+        n_shards,
+        lens,
+        order_seed: shuffle.then(|| shard_order_seed(root)),
+        blocks: shuffle.then_some(Blocks { root, size: block }),
+        rank,
+        world,
+        mode: if dynamic {
+            Mode::Dynamic(lanes)
+        } else {
+            Mode::Static(lanes)
+        },
+        batch,
+        drop_last,
+        even,
+    };
+    let resume = resume.map(snapshot_from_py);
+    let plan = spec
+        .plan(resume.as_ref())
+        .map_err(|e| Class::Config.err(e))?;
+    Ok(ShardPlan { plan })
+}
+
+/// Elastic sharding's batches of one rank: the global sequence of the
+/// epoch's items (shards in order, each in shard order) from position
+/// `start`, cut into global batches of `batch * world` items, this rank
+/// taking its slice of each; every batch a list of `(shard, offset)`.
+#[pyclass(module = "ferroloader._core")]
+pub struct AddressBatches {
+    addresses: ShardAddresses,
+    positions: std::vec::IntoIter<u64>,
+    batch: usize,
+}
+
+impl AddressBatches {
+    /// The next batch's addresses; `None` at the end.
+    pub fn next_batch(&mut self) -> Option<Vec<(u32, u64)>> {
+        let mut out = Vec::with_capacity(self.batch);
+        for p in self.positions.by_ref().take(self.batch) {
+            out.push(self.addresses.address(p));
+        }
+        (!out.is_empty()).then_some(out)
+    }
+}
+
+#[pymethods]
+impl AddressBatches {
+    #[new]
+    #[pyo3(signature = (*, lens, block, root, shuffle, start, batch, world, rank, tail))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        lens: Vec<u64>,
+        block: u64,
+        root: u64,
+        shuffle: bool,
+        start: u64,
+        batch: u64,
+        world: u64,
+        rank: u64,
+        tail: &str,
+    ) -> PyResult<Self> {
+        let tail = parse_tail(tail)?;
+        if batch == 0 || world == 0 || rank >= world || block == 0 {
+            return Err(Class::Config.err(format!(
+                "elastic sharding needs batch_size >= 1, shuffle_block >= 1 and \
+                 0 <= rank < world_size (got {batch}, {block}, {rank}, {world})"
+            )));
+        }
+        let order = shard_order(lens.len(), shuffle.then(|| shard_order_seed(root)));
+        let blocks = shuffle.then_some(Blocks { root, size: block });
+        let addresses = ShardAddresses::new(order, &lens, blocks);
+        let n = addresses.len();
+        Ok(AddressBatches {
+            addresses,
+            positions: elastic_positions(n, start, batch, world, rank, tail).into_iter(),
+            batch: batch as usize,
+        })
+    }
+
+    /// Items in the whole global sequence of the epoch.
+    #[getter]
+    fn total(&self) -> u64 {
+        self.addresses.len()
+    }
+
+    /// Batches left.
+    fn __len__(&self) -> usize {
+        self.positions.len().div_ceil(self.batch)
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self) -> Option<Vec<(u32, u64)>> {
+        self.next_batch()
+    }
+
+    /// Draws and drops `n` batches; how many there were.
+    fn _skip(&mut self, n: usize) -> usize {
+        (0..n).take_while(|_| self.next_batch().is_some()).count()
+    }
+}
+
+fn parse_tail(tail: &str) -> PyResult<Tail> {
+    match tail {
+        "pad" => Ok(Tail::Pad),
+        "drop" => Ok(Tail::Drop),
+        "split" => Ok(Tail::Split),
+        other => Err(Class::Internal.err(format!("tail {other:?}"))),
+    }
+}
+
+/// `ElasticBatchSampler`'s indices for one rank: positions of the global
+/// sequence (`torch.randperm(n, generator=torch.Generator().manual_seed(seed))`,
+/// or `range(n)` without a seed) from `start`, cut into global batches of
+/// `batch * world`, this rank's slice of each, concatenated.
+#[pyfunction]
+#[pyo3(signature = (n, *, start, batch, world, rank, tail, seed=None))]
+pub fn elastic_indices(
+    n: usize,
+    start: u64,
+    batch: u64,
+    world: u64,
+    rank: u64,
+    tail: &str,
+    seed: Option<u64>,
+) -> PyResult<Vec<i64>> {
+    let tail = parse_tail(tail)?;
+    if batch == 0 || world == 0 || rank >= world {
+        return Err(Class::Config.err(format!(
+            "ElasticBatchSampler needs batch_size >= 1 and 0 <= rank < world_size \
+             (got {batch}, {rank}, {world})"
+        )));
+    }
+    let positions = elastic_positions(n as u64, start, batch, world, rank, tail);
+    Ok(match seed {
+        None => positions.into_iter().map(|p| p as i64).collect(),
+        Some(s) => {
+            let perm = randperm(n, &mut Mt19937::new(s));
+            positions.into_iter().map(|p| perm[p as usize]).collect()
+        }
+    })
+}
+
+/// The seeds of `ferroloader.seeds` computed by the engine, for the test
+/// that the Python definitions are the engine's: `(epoch_seed(seed, epoch),
+/// shard_order_seed(root), block_seed(root, shard, block))`.
+#[pyfunction]
+pub fn _seeds(seed: u64, epoch: u64, root: u64, shard: u32, block: u64) -> (u64, u64, u64) {
+    use crate::sampler::seeds::{block_seed, epoch_seed};
+    (
+        epoch_seed(seed, epoch),
+        shard_order_seed(root),
+        block_seed(root, shard, block),
+    )
+}
