@@ -41,6 +41,7 @@ from ferroloader.sampler import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
+from ferroloader.shards import ElasticBatchSampler, FileShards, ShardedDataset, Sharding
 from ferroloader.worker import get_worker_info
 
 __all__ = [
@@ -51,13 +52,17 @@ __all__ = [
     "DataLoader",
     "Dataset",
     "DistributedSampler",
+    "ElasticBatchSampler",
     "FerroloaderError",
+    "FileShards",
     "InternalError",
     "IterableDataset",
     "ProtocolError",
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
+    "ShardedDataset",
+    "Sharding",
     "SharedMemoryError",
     "SharedMemoryLimitError",
     "StackDataset",

@@ -11,15 +11,28 @@ from typing_extensions import Self, disjoint_base
 __version__: str
 
 __all__ = [
+    "AddressBatches",
     "BatchSamplerIter",
     "MultiProcessIter",
     "SamplerIter",
+    "ShardPlan",
     "SingleProcessIter",
     "__version__",
+    "_seeds",
     "collate",
+    "elastic_indices",
     "randperm",
+    "shard_plan",
     "worker_loop",
 ]
+
+# A sharded epoch's saved position: (positions, next_lane, handed, rest),
+# positions per lane (started, shard, emitted) or None, rest (shard, emitted).
+_LaneSnapshot = tuple[
+    list[Optional[tuple[int, int, int]]], int, int, Optional[list[tuple[int, int]]]
+]
+# (iter_shard, shard descriptors, per-item seed hook or None)
+_ShardsArg = tuple[Any, list[Any], Optional[Any]]
 
 def collate(batch: Any, collate_fn_map: Optional[dict[Any, Any]] = None) -> Any:
     """torch's ``collate`` with native paths for its default functions."""
@@ -50,6 +63,8 @@ class SamplerIter(Iterator[int]):
         replacement: bool,
         generator: Optional[torch.Generator] = None,
     ) -> SamplerIter: ...
+    @staticmethod
+    def from_list(indices: list[int]) -> SamplerIter: ...
     @staticmethod
     def distributed(
         n: int,
@@ -103,6 +118,9 @@ class SingleProcessIter(Iterator[Any]):
         index_sampler: Any,
         len_called: Optional[int],
         rng_guard: Optional[Any] = None,
+        sharded: Optional[_ShardsArg] = None,
+        plan: Optional[ShardPlan] = None,
+        block: int = 1,
     ) -> Self: ...
     def __iter__(self) -> SingleProcessIter: ...
     def __next__(self) -> Any: ...
@@ -110,6 +128,9 @@ class SingleProcessIter(Iterator[Any]):
     @property
     def _position(self) -> tuple[int, int, bool, bool]:
         """``(drawn, yielded, ended, exhausted)`` of the current epoch."""
+    @property
+    def _lane_snapshot(self) -> Optional[_LaneSnapshot]:
+        """A sharded epoch's position; ``None`` for other epochs."""
 
 @disjoint_base
 class MultiProcessIter(Iterator[Any]):
@@ -134,7 +155,14 @@ class MultiProcessIter(Iterator[Any]):
         len_called: Optional[int],
     ) -> Self: ...
     def _prime(self) -> None: ...
-    def _reset_epoch(self, source: Any, len_called: Optional[int]) -> None: ...
+    def _reset_epoch(
+        self, source: Any, len_called: Optional[int], plan: Optional[ShardPlan] = None
+    ) -> None: ...
+    def _start_lanes(self, plan: ShardPlan) -> None:
+        """A sharded epoch: tasks go to the plan's lanes (before the first task)."""
+    @property
+    def _lane_snapshot(self) -> Optional[_LaneSnapshot]:
+        """A sharded epoch's position; ``None`` for other epochs."""
     def _close(self) -> None: ...
     @property
     def _position(self) -> tuple[int, list[int], bool]:
@@ -171,5 +199,78 @@ def worker_loop(
     init_exception: Optional[bytes],
     on_epoch: Optional[Any] = None,
     state_fn: Optional[Any] = None,
+    sharded: Optional[_ShardsArg] = None,
+    batch_size: Optional[int] = None,
 ) -> None:
     """Serve tasks from the main process until it stops or goes away."""
+
+@final
+class ShardPlan:
+    """A sharded epoch's lane plan for one rank (opaque)."""
+
+    @property
+    def budget(self) -> Optional[int]:
+        """Batches every rank yields (``None``: counts not kept even)."""
+    @property
+    def lanes(self) -> int: ...
+    @property
+    def batches(self) -> Optional[int]:
+        """Batches this rank yields in the epoch, when shard lengths are known."""
+
+def shard_plan(
+    *,
+    n_shards: int,
+    lens: Optional[list[int]],
+    block: int,
+    root: int,
+    shuffle: bool,
+    rank: int,
+    world: int,
+    dynamic: bool,
+    lanes: int,
+    batch: Optional[int],
+    drop_last: bool,
+    even: bool,
+    resume: Optional[_LaneSnapshot] = None,
+) -> ShardPlan:
+    """The epoch's lane plan for one rank, or the plan continuing ``resume``."""
+
+@final
+class AddressBatches(Iterator[list[tuple[int, int]]]):
+    """Elastic sharding: one rank's batches of ``(shard, offset)``."""
+
+    def __new__(
+        cls,
+        *,
+        lens: list[int],
+        block: int,
+        root: int,
+        shuffle: bool,
+        start: int,
+        batch: int,
+        world: int,
+        rank: int,
+        tail: str,
+    ) -> Self: ...
+    @property
+    def total(self) -> int:
+        """Items in the epoch's whole global sequence."""
+    def __len__(self) -> int: ...
+    def __iter__(self) -> AddressBatches: ...
+    def __next__(self) -> list[tuple[int, int]]: ...
+    def _skip(self, n: int) -> int: ...
+
+def elastic_indices(
+    n: int,
+    *,
+    start: int,
+    batch: int,
+    world: int,
+    rank: int,
+    tail: str,
+    seed: Optional[int] = None,
+) -> list[int]:
+    """One rank's indices of an elastic split of a global sequence."""
+
+def _seeds(seed: int, epoch: int, root: int, shard: int, block: int) -> tuple[int, int, int]:
+    """``(epoch_seed, shard_order_seed, block_seed)`` as the engine computes them."""

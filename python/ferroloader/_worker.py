@@ -82,6 +82,8 @@ def worker_entry(
     close_fds: list[int],
     sample_seeds: Optional[tuple[int, int]] = None,
     resume: Optional[dict[str, Any]] = None,
+    shards: Optional[tuple[list[Any], Any]] = None,
+    batch_size: Optional[int] = None,
 ) -> None:
     dataset = dataset_holder.pop()
     # Forked workers inherit the main process's ends of earlier workers'
@@ -122,6 +124,13 @@ def worker_entry(
             # the epochs it serves after that
             dataset = SeededDataset(dataset, *sample_seeds)
             on_epoch = dataset.start_epoch
+        sharded = None
+        if shards is not None:
+            # a sharded dataset: the engine's lanes read it through iter_shard
+            descriptors, seeder = shards
+            sharded = (dataset.iter_shard, descriptors, seeder)
+            if seeder is not None:
+                on_epoch = seeder.start_epoch
         getitems, tensors = fetch_plan(dataset, iterable)
         make_iter, state_fn = _iterable_hooks(dataset, iterable, resume)
         _core.worker_loop(
@@ -141,7 +150,9 @@ def worker_entry(
             wrap_exception=wrap,
             init_exception=init_exception,
             on_epoch=on_epoch,
-            state_fn=state_fn,
+            state_fn=None if sharded is not None else state_fn,
+            sharded=sharded,
+            batch_size=batch_size,
         )
     except KeyboardInterrupt:
         pass

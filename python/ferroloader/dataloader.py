@@ -24,7 +24,8 @@ from ferroloader import _core, _worker, state
 from ferroloader._fetch import fetch_plan
 from ferroloader.errors import ConfigError
 from ferroloader.sampler import native_batch_iter, native_iter
-from ferroloader.seeds import SeededDataset
+from ferroloader.seeds import SeededDataset, ShardSeeder
+from ferroloader.shards import ElasticBatchSampler, ShardedDataset, ShardEpoch, Sharding
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -54,6 +55,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         in_order: bool = True,
         seed: Optional[int] = None,
         per_sample_seed: bool = False,
+        sharding: Optional[Sharding] = None,
     ) -> None:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"seed should be an int or None, but got seed={seed!r}")
@@ -64,13 +66,26 @@ class DataLoader(_tdl.DataLoader[_T_co]):
                 "per_sample_seed=True seeds each __getitem__ call, but this dataset fetches "
                 "whole batches with __getitems__"
             )
+        sharded = isinstance(dataset, ShardedDataset)
+        if sharding is not None and not isinstance(sharding, Sharding):
+            raise ConfigError(
+                f"sharding should be a ferroloader.Sharding or None, but got sharding={sharding!r}"
+            )
+        if sharding is not None and not sharded:
+            raise ConfigError(
+                "sharding= shards a ferroloader.ShardedDataset; for map-style data pass "
+                "batch_sampler=ferroloader.ElasticBatchSampler(...) (elastic) or a "
+                "DistributedSampler"
+            )
         # seed=: a private generator, reseeded per epoch, decides the order
         # and the workers' base seed; generator= keeps priority
         own = torch.Generator() if seed is not None and generator is None else None
         super().__init__(
             dataset,
             batch_size,
-            shuffle,
+            # torch refuses shuffle for an IterableDataset; a sharded one
+            # is shuffled by the loader (shard order and blocks)
+            None if sharded else shuffle,
             sampler,
             batch_sampler,
             num_workers,
@@ -93,7 +108,39 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         self.seed = seed
         self.per_sample_seed = bool(per_sample_seed)
         self._seeded_generator = own
+        self.sharding: Optional[Sharding] = (
+            sharding if sharding is not None else (Sharding() if sharded else None)
+        )
+        self._shard_shuffle = bool(shuffle) if sharded else False
+        self._shards_read: Optional[tuple[list[Any], Optional[list[int]]]] = None
 
+    def _shard_info(self) -> tuple[list[Any], Optional[list[int]]]:
+        """The sharded dataset's shards and their lengths (``None`` unless
+        every length is known), read once per loader."""
+        if self._shards_read is None:
+            dataset: Any = self.dataset
+            shards = list(dataset.shards())
+            lens = [dataset.shard_len(s) for s in shards]
+            known = None if any(n is None for n in lens) else [int(n) for n in lens]
+            self._shards_read = (shards, known)
+        return self._shards_read
+
+    def _sharded(self) -> bool:
+        return self.sharding is not None
+
+    def __len__(self) -> int:
+        if not self._sharded():
+            return super().__len__()
+        epoch = self._epochs_started
+        if self._epoch is not None and not self._epoch.position()["ended"]:
+            epoch = self._epoch.number
+        batches = ShardEpoch(self, epoch, None).batches()
+        if batches is None:
+            raise TypeError(
+                f"object of type '{type(self.dataset).__name__}' has no len(): the loader knows "
+                "a sharded dataset's length from shard_len()"
+            )
+        return int(batches)
     def _sample_seeds(self) -> Optional[tuple[int, int]]:
         """``(seed, epoch)`` for per-sample seeding of a map-style dataset
         in the current epoch, else ``None``."""
@@ -101,6 +148,13 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             return None
         assert self.seed is not None
         return (self.seed, self._epochs_started - 1)
+
+    def _shard_seeder(self, epoch: int) -> Optional[ShardSeeder]:
+        """Per-item seeding of a sharded dataset in ``epoch``, else ``None``."""
+        if not self.per_sample_seed or not self._sharded():
+            return None
+        assert self.seed is not None
+        return ShardSeeder(self.seed, epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position as plain, picklable data: taken between
@@ -174,6 +228,13 @@ def _index_source(loader: DataLoader[Any]) -> Any:
         return None
     index_sampler = loader._index_sampler
     auto = loader._auto_collation
+    if isinstance(index_sampler, ElasticBatchSampler) and not loader.in_order:
+        raise ConfigError(
+            "ElasticBatchSampler hands batches over in order (a snapshot counts a prefix of the "
+            "global sequence); in_order=False is not supported with it"
+        )
+    if auto and type(index_sampler).__iter__ is ElasticBatchSampler.__iter__:
+        return index_sampler.native()
     native = native_batch_iter(index_sampler) if auto else native_iter(index_sampler)
     return native if native is not None else iter(index_sampler)
 
@@ -193,6 +254,8 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
     pin = _pin_settings(loader)
     iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
     rec, resume, now = state.open_epoch(loader)
+    if loader._sharded():
+        return _single_process_sharded(loader, rec, resume, now, pin)
     source = _index_source(loader)
     _draw_base_seed(loader)
     if loader.timeout != 0:
@@ -222,6 +285,42 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
         len_called=loader._IterableDataset_len_called,
         rng_guard=guard,
     )
+    rec.attach(it, multiprocess=False)
+    return it
+
+
+def _single_process_sharded(
+    loader: DataLoader[Any], rec: state.Epoch, resume: Any, now: Any, pin: Any
+) -> Any:
+    """A sharded epoch in this process: the engine's lanes (or address
+    batches) over ``iter_shard``."""
+    _draw_base_seed(loader)
+    if loader.timeout != 0:
+        raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
+    try:
+        ep = ShardEpoch(loader, rec.number, state.shard_resume(resume))
+    finally:
+        state.restore_generators(rec, now)
+    seeder = loader._shard_seeder(rec.number)
+    it = _SingleProcessIter(
+        ep.addresses,
+        loader.dataset,
+        iterable=True,
+        getitems=None,
+        tensors=None,
+        auto_collation=loader._auto_collation,
+        batch_size=loader.batch_size or 0,
+        drop_last=loader.drop_last,
+        collate_fn=loader.collate_fn,
+        pin=pin,
+        index_sampler=loader._index_sampler,
+        len_called=None,
+        rng_guard=seeder,
+        sharded=ep.source(seeder),
+        plan=ep.plan,
+        block=ep.sharding.shuffle_block,
+    )
+    rec.shards = ep
     rec.attach(it, multiprocess=False)
     return it
 
@@ -272,10 +371,20 @@ class _MultiProcessIter(_core.MultiProcessIter):
         pin = _pin_settings(loader)
         iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
         rec, resume, now = state.open_epoch(loader)
-        source = _index_source(loader)
-        base_seed = _draw_base_seed(loader)
-        window = (loader.prefetch_factor or 2) * loader.num_workers
-        source = state.resume_source(rec, source, resume, now, window)
+        ep: Optional[ShardEpoch] = None
+        if loader._sharded():
+            base_seed = _draw_base_seed(loader)
+            try:
+                ep = ShardEpoch(loader, rec.number, state.shard_resume(resume))
+            finally:
+                state.restore_generators(rec, now)
+            source: Any = ep.addresses
+            resume = None  # the plan carries the position
+        else:
+            source = _index_source(loader)
+            base_seed = _draw_base_seed(loader)
+            window = (loader.prefetch_factor or 2) * loader.num_workers
+            source = state.resume_source(rec, source, resume, now, window)
         ctx = loader.multiprocessing_context or torch.multiprocessing
         fork = ctx.get_start_method() == "fork"
         n = loader.num_workers
@@ -308,6 +417,10 @@ class _MultiProcessIter(_core.MultiProcessIter):
                         close_fds,
                         loader._sample_seeds(),
                         state.worker_resume(resume, i, per_batch),
+                        None
+                        if ep is None
+                        else (list(ep.descriptors), loader._shard_seeder(rec.number)),
+                        loader.batch_size,
                     ),
                 )
                 w.daemon = True
@@ -336,8 +449,10 @@ class _MultiProcessIter(_core.MultiProcessIter):
                 timeout_text=str(loader.timeout),
                 pin=pin,
                 index_sampler=loader._index_sampler,
-                len_called=loader._IterableDataset_len_called,
+                len_called=None if ep is not None else loader._IterableDataset_len_called,
             )
+            if ep is not None and ep.plan is not None:
+                it._start_lanes(ep.plan)
         except BaseException:
             # a failed start (e.g. EMFILE) leaves nothing behind: the sockets
             # are closed and the workers started so far are ended
@@ -346,6 +461,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
             _stop_processes(procs, grace=1.0)
             raise
         it._procs = procs
+        rec.shards = ep
         rec.attach(it, multiprocess=True)
         if resume is not None and "workers" in resume:
             it._restore_round_robin(int(resume["next_worker"]), [False] * n)
@@ -358,6 +474,15 @@ class _MultiProcessIter(_core.MultiProcessIter):
     def _reset(self, loader: DataLoader[Any], first_iter: bool = False) -> None:
         """A new epoch on persistent workers (``DataLoader.__iter__``)."""
         rec, resume, now = state.open_epoch(loader)
+        if loader._sharded():
+            try:
+                ep = ShardEpoch(loader, rec.number, state.shard_resume(resume))
+            finally:
+                state.restore_generators(rec, now)
+            rec.shards = ep
+            rec.attach(self, multiprocess=True)
+            self._reset_epoch(ep.addresses, None, ep.plan)
+            return
         window = (loader.prefetch_factor or 2) * loader.num_workers
         source = state.resume_source(rec, _index_source(loader), resume, now, window)
         rec.attach(self, multiprocess=True)

@@ -39,6 +39,7 @@ import torch.utils.data.sampler as _ts
 from ferroloader import _core
 from ferroloader.errors import ConfigError
 from ferroloader.seeds import epoch_seed
+from ferroloader.shards import ElasticBatchSampler
 
 FORMAT = 1
 """Version of the state's layout; a state of another version is refused."""
@@ -94,8 +95,19 @@ def _fingerprint(loader: Any) -> dict[str, Any]:
         length = None
     sampler = None if iterable else type(loader._index_sampler)
     inner = getattr(loader._index_sampler, "sampler", None) if sampler else None
+    sharding = getattr(loader, "sharding", None)
+    sharded = None
+    if sharding is not None:
+        sharded = {
+            "mode": sharding.mode,
+            "lanes": sharding.lanes if sharding.mode == "static" else None,
+            "shuffle_block": sharding.shuffle_block,
+            "even": sharding.even,
+            "shuffle": loader._shard_shuffle,
+        }
     return {
         "dataset kind": "iterable" if iterable else "map",
+        "sharding": sharded,
         "dataset length": length,
         "batch size": loader.batch_size,
         "drop_last": bool(loader.drop_last),
@@ -157,6 +169,9 @@ class Epoch:
         # the sampler state loaded for a resumed epoch: a sampler not yet
         # iterated since may not report it (torchdata's do not)
         self.loaded_sampler_state: Any = None
+        # a sharded epoch (ferroloader.shards.ShardEpoch): its position is
+        # the lanes' (or the elastic sequence's), in absolute terms
+        self.shards: Optional[Any] = None
 
     def attach(self, iterator: Any, multiprocess: bool) -> None:
         self.iterator = weakref.ref(iterator)
@@ -209,6 +224,14 @@ class Epoch:
         self.last = self.read(iterator)
 
     def read(self, it: Any) -> dict[str, Any]:
+        if self.shards is not None:
+            ended = bool(it._position[2])
+            return {
+                "drawn": 0,
+                "pending": [],
+                "ended": ended,
+                "shards": self.shards.snapshot(it, self.multiprocess),
+            }
         if not self.multiprocess:
             drawn, yielded, ended, exhausted = it._position
             # an iterable's position is counted in batches handed over
@@ -272,6 +295,13 @@ def snapshot(loader: Any) -> dict[str, Any]:
     pos = rec.position()
     if pos["ended"]:
         return state
+    if "shards" in pos:
+        # the lanes' positions (or the elastic sequence's) say it all
+        state["epoch"] = {
+            "shards": pos["shards"],
+            "generators_at_start": [bytes(s.numpy()) for s in rec.start],
+        }
+        return state
     pending = pos["pending"]
     epoch: dict[str, Any] = {
         "drawn": pos["drawn"],
@@ -284,6 +314,14 @@ def snapshot(loader: Any) -> dict[str, Any]:
         # came with its last one (when the dataset has state methods)
         epoch["workers"] = pos["workers"]
         epoch["next_worker"] = pos["next_worker"]
+    sampler = loader._index_sampler
+    if isinstance(sampler, ElasticBatchSampler):
+        # the global position after the batches handed over (in order)
+        handed = min(pending) if pending else pos["drawn"]
+        epoch["elastic_sampler"] = {
+            "epoch": sampler.epoch,
+            "consumed": sampler.consumed(int(handed)),
+        }
     if rec.sampler is not None:
         untouched = rec.recorder is not None and not rec.recorder.pulled
         if untouched and rec.loaded_sampler_state is not None:
@@ -344,14 +382,22 @@ def load(loader: Any, state: dict[str, Any]) -> None:
     and leave the epoch to resume for the next ``iter()``."""
     validate(loader, state)
     epoch = state["epoch"]
-    if epoch is not None and loader._dataset_kind == _tdl._DatasetKind.Iterable:
+    sharded = epoch is not None and "shards" in epoch
+    if epoch is not None and "elastic_sampler" in epoch:
+        # the global position decides; any number of ranks continues it
+        e = epoch["elastic_sampler"]
+        loader._index_sampler.resume_at(e["epoch"], e["consumed"])
+        epoch = dict(epoch, drawn=0, pending=[], elastic=True)
+        state = dict(state, epoch=epoch)
+    if epoch is not None and not sharded and loader._dataset_kind == _tdl._DatasetKind.Iterable:
         saved = len(epoch["workers"]) if "workers" in epoch else 0
         if saved != loader.num_workers:
             raise ConfigError(
                 f"load_state_dict(): an IterableDataset saved mid-epoch with num_workers={saved} "
                 f"resumes only with num_workers={saved} (each worker iterates its own replica "
                 f"of the dataset); this loader has num_workers={loader.num_workers}. Resume "
-                "with the same num_workers, or save at an epoch boundary"
+                "with the same num_workers, save at an epoch boundary, or make the dataset a "
+                "ferroloader.ShardedDataset (its position does not depend on num_workers)"
             )
     groups = _generators(loader)
     _set(groups, [_tensor(g["state"]) for g in state["generators"]])
@@ -399,6 +445,19 @@ def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
     return rec, resume, now
 
 
+def shard_resume(resume: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The sharded position a resumed epoch continues from."""
+    if resume is None:
+        return None
+    return resume.get("shards")
+
+
+def restore_generators(rec: Epoch, now: Any) -> None:
+    """Puts the generators back after a resumed epoch was opened."""
+    if now is not None:
+        _set(rec.groups, now)
+
+
 def _is_native(source: Any) -> bool:
     if isinstance(source, _core.BatchSamplerIter):
         return source.is_native
@@ -419,6 +478,9 @@ def resume_source(
         if rec.iterable:
             # each worker resumes its replica (worker_resume)
             rec.base = {"drawn": 0, "kept": [], "workers": resume.get("workers")}
+            return source
+        if resume.get("elastic"):
+            # the sampler starts at the saved global position itself
             return source
         pending: list[int] = list(resume["pending"])
         drawn = int(resume["drawn"])

@@ -273,7 +273,7 @@ impl SamplerIter {
 
     /// A fixed list of indices (a sampler whose epoch was drawn up front).
     #[staticmethod]
-    fn list(indices: Vec<i64>) -> Self {
+    fn from_list(indices: Vec<i64>) -> Self {
         SamplerIter::of(NativeSampler::List(indices.into_iter()))
     }
 

@@ -86,6 +86,7 @@ pub fn missing(shard: u32, offset: u64) -> PyErr {
 #[pyclass(module = "ferroloader._core", frozen)]
 pub struct ShardPlan {
     pub plan: LanePlan,
+    batches: Option<u64>,
 }
 
 #[pymethods]
@@ -99,6 +100,13 @@ impl ShardPlan {
     #[getter]
     fn lanes(&self) -> usize {
         self.plan.lanes
+    }
+
+    /// Batches this rank yields in the whole epoch, when the shard lengths
+    /// are known (dynamic lanes without even counts: the least it can be).
+    #[getter]
+    fn batches(&self) -> Option<u64> {
+        self.batches
     }
 }
 
@@ -192,7 +200,10 @@ pub fn shard_plan(
     let plan = spec
         .plan(resume.as_ref())
         .map_err(|e| Class::Config.err(e))?;
-    Ok(ShardPlan { plan })
+    Ok(ShardPlan {
+        plan,
+        batches: spec.batches(),
+    })
 }
 
 /// Elastic sharding's batches of one rank: the global sequence of the

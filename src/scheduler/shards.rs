@@ -89,6 +89,32 @@ pub struct ShardSpec {
 }
 
 impl ShardSpec {
+    /// The batches this rank yields in a whole epoch, when the shard lengths
+    /// are known: exact for static lanes and for even counts, the least any
+    /// assignment gives for dynamic lanes otherwise.
+    pub fn batches(&self) -> Option<u64> {
+        let lens = self.lens.as_ref()?;
+        let order = shard_order(self.n_shards, self.order_seed);
+        if self.even && self.world > 1 {
+            return Some(even_batches(
+                &order,
+                lens,
+                self.world,
+                self.mode,
+                self.batch,
+                self.drop_last,
+            ));
+        }
+        Some(even_batches(
+            &rank_shards(&order, self.rank, self.world),
+            lens,
+            1,
+            self.mode,
+            self.batch,
+            self.drop_last,
+        ))
+    }
+
     /// The epoch's plan, or the plan that continues it from `resume`.
     pub fn plan(&self, resume: Option<&LaneSnapshot>) -> Result<LanePlan, String> {
         let order = shard_order(self.n_shards, self.order_seed);

@@ -1,0 +1,441 @@
+"""Sharding done by the loader: static, dynamic and elastic, across workers
+and ranks.
+
+A :class:`ShardedDataset` is a list of shards (``shards()``) and a way to
+read one from an item on (``iter_shard(shard, start)``); optionally each
+shard's length (``shard_len(shard)``). Which rank, worker and reader reads
+which shard is the loader's business (``DataLoader(..., sharding=...)``),
+decided in the main process by the engine; no user code calls
+``get_worker_info()``.
+
+- **static** (default): each epoch the shards are put in an order (with
+  ``shuffle=True`` a permutation from the loader's seed and the epoch); rank
+  ``r`` of ``W`` takes the shards at positions ``r, r + W, ...``. Within a
+  rank, ``lanes`` logical readers (default 8) take those shards in turn;
+  each lane reads its shards one after another and makes batches of its
+  own items; the rank yields the lanes' batches round-robin. Workers only
+  execute lanes (lane ``l`` runs on worker ``l % num_workers``), so a rank's
+  batches are the same for any ``num_workers``.
+- **dynamic**: one lane per worker; a worker that finishes a shard gets the
+  rank's next unread shard from the main process, so uneven shards keep
+  every worker busy. The batch order then depends on timing; the items
+  read do not.
+- **elastic**: the epoch's items form one global sequence (shards in
+  order, each in shard order) that depends only on (seed, epoch); each
+  global batch of ``batch_size * world_size`` items is split across ranks.
+  A job saved on N ranks resumes on M and reads exactly the rest of the
+  sequence. Needs every ``shard_len``; reads by address (see the README).
+
+With ``shuffle=True`` items are also shuffled within each shard in blocks of
+``shuffle_block`` items (a permutation per block from the seed), so at most
+``shuffle_block`` items per lane are held in memory and a resume re-reads at
+most one block.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
+
+import torch
+import torch.utils.data.sampler as _ts
+
+from ferroloader import _core
+from ferroloader.dataset import IterableDataset
+from ferroloader.errors import ConfigError
+from ferroloader.seeds import epoch_seed
+
+_T_co = TypeVar("_T_co", covariant=True)
+
+_MODES = ("static", "dynamic", "elastic")
+
+
+def distributed_rank() -> tuple[int, int]:
+    """``(rank, world_size)`` from ``torch.distributed`` when it is
+    initialised, else ``(0, 1)``. Nothing here joins a collective."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class ShardedDataset(IterableDataset[_T_co]):
+    """An iterable dataset made of shards, which the loader assigns to
+    ranks, workers and readers itself.
+
+    Subclasses define ``shards()`` (picklable shard descriptors: paths,
+    row-group ids, ranges), ``iter_shard(shard, start=0)`` (the items of one
+    shard from item ``start`` on) and, when they know it, ``shard_len(shard)``
+    (needed for even batch counts across ranks and for elastic sharding).
+    ``shards()`` is read once per loader, in the main process.
+
+    Iterated on its own or by ``torch.utils.data.DataLoader``, it reads the
+    shards at its rank's and worker's positions, in order, so each item is
+    read once there too (without shuffling or lanes).
+    """
+
+    def shards(self) -> Sequence[Any]:
+        raise NotImplementedError(f"{type(self).__name__} must define shards()")
+
+    def iter_shard(self, shard: Any, start: int = 0) -> Iterable[_T_co]:
+        raise NotImplementedError(f"{type(self).__name__} must define iter_shard(shard, start)")
+
+    def shard_len(self, shard: Any) -> Optional[int]:
+        """The number of items of ``shard``; ``None`` when unknown."""
+        return None
+
+    def __iter__(self) -> Iterator[_T_co]:
+        rank, world = distributed_rank()
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        for shard in list(self.shards())[rank * nw + wid :: world * nw]:
+            yield from self.iter_shard(shard, 0)
+
+    def __len__(self) -> int:
+        total = 0
+        for s in self.shards():
+            n = self.shard_len(s)
+            if n is None:
+                raise TypeError(
+                    f"{type(self).__name__} has no len(): shard_len() does not know every shard"
+                )
+            total += int(n)
+        return total
+
+
+def _takes_start(reader: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(reader).parameters
+    except (TypeError, ValueError):
+        return False
+    return "start" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
+class FileShards(ShardedDataset[_T_co]):
+    """A sharded dataset over files: one shard per path, read by
+    ``reader(path)`` (an iterable of items), or ``reader(path, start=k)``
+    when the reader takes a ``start`` argument (it should then skip the
+    first ``k`` items cheaply). ``lengths``: each file's item count, as a
+    sequence in the order of ``paths`` or a function of the path.
+    """
+
+    def __init__(
+        self,
+        paths: Iterable[Union[str, os.PathLike[str]]],
+        reader: Callable[..., Iterable[_T_co]],
+        *,
+        lengths: Union[Sequence[int], Callable[[str], int], None] = None,
+    ) -> None:
+        self.paths = [os.fspath(p) for p in paths]
+        self.reader = reader
+        self.lengths = lengths
+        if lengths is not None and not callable(lengths) and len(lengths) != len(self.paths):
+            raise ConfigError(
+                f"FileShards: {len(lengths)} lengths for {len(self.paths)} paths"
+            )
+        self._seeks = _takes_start(reader)
+
+    def shards(self) -> list[str]:
+        return self.paths
+
+    def iter_shard(self, shard: Any, start: int = 0) -> Iterable[_T_co]:
+        if self._seeks:
+            return self.reader(shard, start=start)
+        return itertools.islice(self.reader(shard), start, None)
+
+    def shard_len(self, shard: Any) -> Optional[int]:
+        if self.lengths is None:
+            return None
+        if callable(self.lengths):
+            return int(self.lengths(shard))
+        return int(self.lengths[self.paths.index(shard)])
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How the loader shards a :class:`ShardedDataset` (see the module doc).
+
+    - ``mode``: ``"static"``, ``"dynamic"`` or ``"elastic"``.
+    - ``lanes``: static mode's readers per rank (independent of
+      ``num_workers``; more lanes than workers keep every worker busy).
+    - ``shuffle_block``: with ``shuffle=True``, items are shuffled within
+      blocks of this many items of a shard.
+    - ``even``: every rank yields the same number of batches per epoch, so
+      DDP never waits on a rank that ran out (needs ``shard_len``). Static
+      and dynamic modes stop each rank after the fewest batches any rank can
+      make; elastic mode pads the last global batch by wrapping around, or
+      drops it with ``drop_last=True``. ``even=False`` reads every item
+      exactly once, with uneven batch counts.
+    - ``rank``, ``world_size``: given explicitly, or from ``torch.distributed``
+      when it is initialised, else one rank.
+    """
+
+    mode: str = "static"
+    lanes: int = 8
+    shuffle_block: int = 256
+    even: bool = True
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in _MODES:
+            raise ConfigError(f"Sharding mode should be one of {_MODES}, but got {self.mode!r}")
+        for name in ("lanes", "shuffle_block"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"Sharding {name} should be a positive int, but got {value!r}")
+        if (self.rank is None) != (self.world_size is None):
+            raise ConfigError("Sharding needs both rank and world_size, or neither")
+        if self.rank is not None:
+            assert self.world_size is not None
+            if not 0 <= self.rank < self.world_size:
+                raise ConfigError(
+                    f"Sharding rank should be in [0, {self.world_size - 1}], but got {self.rank}"
+                )
+
+    def ranks(self) -> tuple[int, int]:
+        """``(rank, world_size)`` for this process."""
+        if self.rank is not None and self.world_size is not None:
+            return self.rank, self.world_size
+        return distributed_rank()
+
+
+class ShardEpoch:
+    """One sharded epoch of one loader, as its iterators need it: the lane
+    plan (static, dynamic) or the address batches (elastic)."""
+
+    def __init__(self, loader: Any, epoch: int, resume: Optional[dict[str, Any]]) -> None:
+        dataset = loader.dataset
+        sharding: Sharding = loader.sharding
+        self.sharding = sharding
+        self.descriptors, self.lens = loader._shard_info()
+        self.rank, self.world = sharding.ranks()
+        self.shuffle = bool(loader._shard_shuffle)
+        self.root = epoch_seed(loader.seed if loader.seed is not None else 0, epoch)
+        self.batch = loader.batch_size if loader._auto_collation else None
+        self.drop_last = bool(loader.drop_last)
+        self.iter_shard = dataset.iter_shard
+        self.plan: Optional[Any] = None
+        self.addresses: Optional[Any] = None
+        self.start = 0
+        if resume is not None:
+            _check_resume(self, resume)
+        if sharding.mode == "elastic":
+            if self.lens is None:
+                raise ConfigError(
+                    "elastic sharding reads items by position, so it needs shard_len() for "
+                    "every shard"
+                )
+            if self.batch is None:
+                raise ConfigError("elastic sharding needs a batch_size")
+            if not loader.in_order:
+                raise ConfigError(
+                    "elastic sharding hands batches over in order (a snapshot counts a prefix of "
+                    "the global sequence); in_order=False is not supported with it"
+                )
+            self.start = int(resume["consumed"]) if resume is not None else 0
+            tail = "split" if not sharding.even else ("drop" if self.drop_last else "pad")
+            self.addresses = _core.AddressBatches(
+                lens=self.lens,
+                block=sharding.shuffle_block,
+                root=self.root,
+                shuffle=self.shuffle,
+                start=self.start,
+                batch=self.batch,
+                world=self.world,
+                rank=self.rank,
+                tail=tail,
+            )
+            return
+        dynamic = sharding.mode == "dynamic"
+        lanes = max(loader.num_workers, 1) if dynamic else sharding.lanes
+        saved = None
+        if resume is not None:
+            saved = (
+                [None if p is None else tuple(p) for p in resume["positions"]],
+                int(resume["next_lane"]),
+                int(resume["handed"]),
+                None if resume["rest"] is None else [tuple(w) for w in resume["rest"]],
+            )
+        self.plan = _core.shard_plan(
+            n_shards=len(self.descriptors),
+            lens=self.lens,
+            block=sharding.shuffle_block,
+            root=self.root,
+            shuffle=self.shuffle,
+            rank=self.rank,
+            world=self.world,
+            dynamic=dynamic,
+            lanes=lanes,
+            batch=self.batch,
+            drop_last=self.drop_last,
+            even=sharding.even,
+            resume=saved,
+        )
+
+    def source(self, seeder: Any) -> tuple[Any, Any, Any]:
+        """``(iter_shard, descriptors, seeder)`` for the engine."""
+        return (self.iter_shard, list(self.descriptors), seeder)
+
+    def snapshot(self, it: Any, multiprocess: bool) -> dict[str, Any]:
+        """Where the epoch stands, read from its iterator between batches."""
+        base = {"mode": self.sharding.mode, "rank": self.rank, "world": self.world}
+        if self.addresses is not None:
+            if multiprocess:
+                drawn, pending, _ = it._position
+                handed = min(pending) if pending else drawn
+            else:
+                handed = it._position[1]
+            total = int(self.addresses.total)
+            per_step = int(self.batch or 0) * self.world
+            consumed = min(total, self.start + int(handed) * per_step)
+            return {**base, "consumed": consumed}
+        positions, next_lane, handed, rest = it._lane_snapshot
+        return {
+            **base,
+            "positions": [None if p is None else list(p) for p in positions],
+            "next_lane": int(next_lane),
+            "handed": int(handed),
+            "rest": None if rest is None else [list(w) for w in rest],
+        }
+
+    def batches(self) -> Optional[int]:
+        """Batches this rank yields this epoch, when known."""
+        if self.addresses is not None:
+            return len(self.addresses)
+        assert self.plan is not None
+        return self.plan.batches
+
+
+def _check_resume(ep: ShardEpoch, resume: dict[str, Any]) -> None:
+    mode = ep.sharding.mode
+    if resume.get("mode") != mode:
+        raise ConfigError(
+            f"load_state_dict(): the state was saved with {resume.get('mode')!r} sharding, "
+            f"this loader shards {mode!r}"
+        )
+    if mode == "elastic":
+        return
+    if resume["world"] != ep.world:
+        raise ConfigError(
+            f"load_state_dict(): the state was saved with world_size {resume['world']}, this "
+            f"process has {ep.world}; {mode} sharding resumes on the same number of ranks "
+            "(elastic sharding resumes on any)"
+        )
+    if resume["rank"] != ep.rank:
+        raise ConfigError(
+            f"load_state_dict(): the state was saved by rank {resume['rank']}, this process is "
+            f"rank {ep.rank}; {mode} sharding keeps a state per rank (save each rank's "
+            "state_dict())"
+        )
+
+
+def _tail(drop_last: bool, even: bool) -> str:
+    return "split" if not even else ("drop" if drop_last else "pad")
+
+
+class ElasticBatchSampler(_ts.Sampler[list[int]]):
+    """A batch sampler for map-style data that splits each *global* batch
+    across ranks: the epoch's global sequence (``torch.randperm(n,
+    generator=torch.Generator().manual_seed(epoch_seed(seed, epoch)))`` with
+    ``shuffle=True``, else ``range(n)``) is cut into global batches of
+    ``batch_size * world_size`` indices, and rank ``r`` takes indices
+    ``[r * batch_size, (r + 1) * batch_size)`` of each. The sequence depends
+    only on (seed, epoch), so a job saved on N ranks resumes on M ranks with
+    exactly the rest of it (the loader's ``state_dict()`` records the
+    global position).
+
+    ``drop_last=False`` pads the last global batch by wrapping around (as
+    ``DistributedSampler`` does), ``True`` drops it; ``even=False`` splits it
+    as it falls (every index once, the last batches shorter or missing on
+    some ranks). Call ``set_epoch(epoch)`` before each epoch, as with
+    ``DistributedSampler``.
+    """
+
+    def __init__(
+        self,
+        data_source: Union[int, Any],
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        even: bool = True,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(
+                f"batch_size should be a positive integer value, but got batch_size={batch_size}"
+            )
+        self.n = data_source if isinstance(data_source, int) else len(data_source)
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.even = bool(even)
+        given = Sharding(rank=rank, world_size=world_size)
+        self.rank, self.world_size = given.ranks()
+        self.epoch = 0
+        self._start = 0
+        self._resume: Optional[tuple[int, int]] = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def indices(self) -> list[int]:
+        """This rank's indices of the epoch (from a resumed position once)."""
+        start = 0
+        if self._resume is not None and self._resume[0] == self.epoch:
+            start = self._resume[1]
+        self._resume = None
+        self._start = start
+        return _core.elastic_indices(
+            self.n,
+            start=start,
+            batch=self.batch_size,
+            world=self.world_size,
+            rank=self.rank,
+            tail=_tail(self.drop_last, self.even),
+            seed=epoch_seed(self.seed, self.epoch) if self.shuffle else None,
+        )
+
+    def __iter__(self) -> Iterator[list[int]]:
+        idx = self.indices()
+        for i in range(0, len(idx), self.batch_size):
+            yield idx[i : i + self.batch_size]
+
+    def __len__(self) -> int:
+        step = self.batch_size * self.world_size
+        left = max(self.n - self._start_for_len(), 0)
+        full, rest = divmod(left, step)
+        if rest == 0 or (self.even and self.drop_last):
+            return full
+        if self.even:
+            return full + 1
+        return full + (1 if rest > self.rank * self.batch_size else 0)
+
+    def _start_for_len(self) -> int:
+        if self._resume is not None and self._resume[0] == self.epoch:
+            return self._resume[1]
+        return 0
+
+    def native(self) -> Any:
+        """The epoch's batches as the engine's batch iterator."""
+        source = _core.SamplerIter.from_list(self.indices())
+        return _core.BatchSamplerIter(source, self.batch_size, False)
+
+    def consumed(self, handed: int) -> int:
+        """The global position after ``handed`` of this epoch's batches."""
+        return min(self.n, self._start + handed * self.batch_size * self.world_size)
+
+    def resume_at(self, epoch: int, consumed: int) -> None:
+        """The next iteration of ``epoch`` starts at global position
+        ``consumed``."""
+        self._resume = (int(epoch), int(consumed))
+
+
+__all__ = ["ElasticBatchSampler", "FileShards", "ShardedDataset", "Sharding"]

@@ -1,0 +1,376 @@
+"""Sharding done by the loader: static, dynamic and elastic, across workers
+and ranks (ranks from torch.distributed over gloo, or given explicitly)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pickle
+import socket
+from collections import Counter
+from typing import Any
+
+import ferroloader as fl
+import pytest
+import torch
+import torch.multiprocessing as tmp
+from helpers import time_limit
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from shard_cases import LENS, Counted, Draws, all_items, flat
+
+
+def _loader(mode: str = "static", nw: int = 0, rank: int = 0, world: int = 1, **kw: Any):
+    even = kw.pop("even", False)
+    ds = kw.pop("dataset", None) or Counted(known=kw.pop("known", True))
+    sharding = fl.Sharding(mode=mode, even=even, rank=rank, world_size=world, **kw.pop("sh", {}))
+    kw.setdefault("batch_size", 3)
+    kw.setdefault("shuffle", True)
+    kw.setdefault("seed", 7)
+    return fl.DataLoader(ds, num_workers=nw, sharding=sharding, **kw)
+
+
+def _epoch(loader) -> list[list[int]]:
+    return [[int(x) for x in b] for b in loader]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CONFIGS = [
+    {"mode": m, "even": e, "num_workers": nw}
+    for m in ("static", "dynamic")
+    for e in (False, True)
+    for nw in (0, 1, 3)
+]
+
+
+@time_limit(300)
+def test_two_gloo_ranks_shard_with_ranks_from_torch_distributed(tmp_path):
+    """Two ranks (gloo over loopback) x 0/1/3 workers, static and dynamic,
+    uneven shards: exactly-once mode reads every item once across ranks,
+    even mode gives every rank the same batch count, and a static rank's
+    batches are the same for any num_workers."""
+    port = _free_port()
+    tmp.start_processes(
+        __import__("shard_cases").gloo_rank,
+        args=(2, port, str(tmp_path), CONFIGS),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for i, c in enumerate(CONFIGS):
+        for epoch in range(2):
+            per_rank = [ranks[r][i][epoch] for r in range(2)]
+            if c["even"]:
+                assert len(per_rank[0]) == len(per_rank[1]), (c, epoch)
+                items = flat(per_rank[0] + per_rank[1])
+                assert len(items) == len(set(items)), "even mode truncates, never repeats"
+            else:
+                assert sorted(flat(per_rank[0] + per_rank[1])) == all_items(), (c, epoch)
+    for mode in ("static",):
+        for even in (False, True):
+            same = [
+                i for i, c in enumerate(CONFIGS) if c["mode"] == mode and c["even"] == even
+            ]
+            for r in range(2):
+                first = ranks[r][same[0]]
+                for i in same[1:]:
+                    assert ranks[r][i] == first, f"rank {r}, {CONFIGS[i]}"
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_static_batches_do_not_depend_on_num_workers(world):
+    """A static rank's batch sequence (order and batch boundaries) is the
+    same for 0, 1, 2 and 3 workers, in order or not, persistent or not."""
+    for rank in range(world):
+        want = _epoch(_loader(rank=rank, world=world))
+        for nw, extra in [(1, {}), (2, {"persistent_workers": True}), (3, {})]:
+            assert _epoch(_loader(nw=nw, rank=rank, world=world, **extra)) == want, (rank, nw)
+
+
+def test_shuffled_order_changes_per_epoch_and_repeats_for_the_seed():
+    """With shuffle=True the order differs between epochs, is the same for
+    the same seed, and differs for another seed; without, it is the
+    shards' own order (still in lanes)."""
+    a = _loader(nw=2, persistent_workers=True)
+    b = _loader(nw=0)
+    ea, eb = [_epoch(a) for _ in range(2)], [_epoch(b) for _ in range(2)]
+    assert ea == eb
+    assert ea[0] != ea[1]
+    assert sorted(flat(ea[0])) == sorted(flat(ea[1])) == all_items()
+    assert _epoch(_loader(seed=8)) != ea[0]
+    plain = _epoch(_loader(shuffle=False, sh={"lanes": 1}))
+    assert flat(plain) == all_items()
+
+
+@pytest.mark.parametrize("nw,in_order", [(0, True), (1, True), (3, True), (3, False)])
+def test_dynamic_reads_every_item_once(nw, in_order):
+    """Dynamic assignment, uneven shards, unknown lengths: every item of the
+    rank exactly once per epoch, for two epochs on persistent workers."""
+    extra = {"persistent_workers": True} if nw else {}
+    loader = _loader("dynamic", nw=nw, known=False, in_order=in_order, **extra)
+    for _ in range(2):
+        assert sorted(flat(_epoch(loader))) == all_items()
+
+
+def test_two_ranks_explicit_split_the_shards():
+    """Explicit rank/world_size: the ranks' items are disjoint and cover the
+    dataset (exactly-once mode), each rank reading whole shards."""
+    parts = [flat(_epoch(_loader(rank=r, world=2, nw=1))) for r in range(2)]
+    assert sorted(parts[0] + parts[1]) == all_items()
+    shards = [{x // 1000 for x in p} for p in parts]
+    assert not shards[0] & shards[1]
+
+
+def test_even_counts_are_equal_and_need_shard_len():
+    """even=True: both ranks yield the same number of batches; without
+    shard_len a ConfigError says what to provide."""
+    counts = [len(_epoch(_loader(rank=r, world=2, even=True))) for r in range(2)]
+    assert counts[0] == counts[1] > 0
+    assert len(_loader(rank=0, world=2, even=True)) == counts[0]
+    with pytest.raises(fl.ConfigError, match="shard_len"):
+        list(_loader(rank=0, world=2, even=True, known=False))
+
+
+def test_len_is_the_batches_this_rank_yields():
+    """len(loader) is the number of batches the rank yields (static, exact)."""
+    for rank in range(2):
+        loader = _loader(rank=rank, world=2, nw=2)
+        assert len(loader) == len(_epoch(loader))
+    with pytest.raises(TypeError):
+        len(_loader(known=False))
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+@pytest.mark.parametrize("nw_before,nw_after", [(3, 1), (0, 2), (2, 0)])
+def test_resume_mid_epoch_with_another_num_workers(mode, nw_before, nw_after):
+    """A sharded epoch saved mid-way resumes with another num_workers:
+    static gives exactly the batches that came next (and the next epoch's),
+    dynamic exactly the items that were left."""
+    for stop in (0, 3, 9):
+        whole = _loader(mode, nw=nw_before, known=mode == "static")
+        ref = [_epoch(whole) for _ in range(2)]
+        first = _loader(mode, nw=nw_before, known=mode == "static")
+        it = iter(first)
+        head = [[int(x) for x in next(it)] for _ in range(stop)]
+        sd = pickle.loads(pickle.dumps(first.state_dict()))
+        del it
+        resumed = _loader(mode, nw=nw_after, known=mode == "static")
+        resumed.load_state_dict(sd)
+        tail = _epoch(resumed)
+        nxt = _epoch(resumed)
+        if mode == "static":
+            assert head + tail == ref[0], stop
+            assert nxt == ref[1]
+        else:
+            assert sorted(flat(head + tail)) == all_items(), stop
+            assert sorted(flat(nxt)) == all_items()
+
+
+def test_resume_refuses_another_rank_or_world_size():
+    """A static or dynamic state is per rank: another rank or world size is
+    refused with a ValueError that says so."""
+    a = _loader(rank=0, world=2)
+    it = iter(a)
+    next(it)
+    sd = a.state_dict()
+    with pytest.raises(ValueError, match="rank 0"):
+        b = _loader(rank=1, world=2)
+        b.load_state_dict(sd)
+        next(iter(b))
+    with pytest.raises(ValueError, match="world_size 2"):
+        c = _loader(rank=0, world=1)
+        c.load_state_dict(sd)
+        next(iter(c))
+
+
+def _global_sequence(make, world: int, steps: int) -> tuple[list[int], dict]:
+    """``steps`` global batches on ``world`` simulated ranks, rank by rank
+    within each step, and rank 0's state after them."""
+    loaders = [make(r, world) for r in range(world)]
+    its = [iter(ld) for ld in loaders]
+    seen: list[int] = []
+    for _ in range(steps):
+        for it in its:
+            seen.extend(int(x) for x in next(it))
+    return seen, loaders[0].state_dict()
+
+
+def _rest(make, world: int, sd: dict) -> list[int]:
+    out: list[int] = []
+    for r in range(world):
+        ld = make(r, world)
+        ld.load_state_dict(sd)
+        out.extend(flat(list(ld)))
+    return out
+
+
+@pytest.mark.parametrize("after", [1, 4])
+def test_elastic_sharding_resumes_on_another_number_of_ranks(after):
+    """Elastic sharding: 2 ranks consume some global batches and save; 1 or
+    4 ranks resume and read exactly the rest of the global sequence, none
+    twice, none skipped; the sequence itself does not depend on the world
+    size."""
+
+    def make(r: int, w: int, nw: int = 1):
+        return _loader("elastic", nw=nw, rank=r, world=w, even=False, sh={"shuffle_block": 4})
+
+    one = flat(list(make(0, 1, 0)))
+    assert sorted(one) == all_items()
+    seen, sd = _global_sequence(make, 2, 3)
+    assert seen == one[: len(seen)], "the global sequence is the one-rank order"
+    rest = _rest(make, after, sd)
+    assert sorted(seen + rest) == all_items()
+    assert sorted(rest) == sorted(one[len(seen) :])
+
+
+@pytest.mark.parametrize("after", [1, 4])
+def test_elastic_batch_sampler_resumes_on_another_number_of_ranks(after):
+    """ElasticBatchSampler (map-style): the global sequence is
+    torch.randperm under epoch_seed(seed, epoch) for any world size, and a
+    job saved on 2 ranks resumes on 1 or 4 with exactly the rest."""
+    n = 53
+    data = list(range(n))
+
+    def make(r: int, w: int):
+        s = fl.ElasticBatchSampler(n, 4, seed=5, even=False, rank=r, world_size=w)
+        return fl.DataLoader(data, batch_sampler=s, num_workers=1)
+
+    one = flat(list(make(0, 1)))
+    g = torch.Generator().manual_seed(fl.seeds.epoch_seed(5, 0))
+    assert one == torch.randperm(n, generator=g).tolist()
+    seen, sd = _global_sequence(make, 2, 3)
+    assert seen == one[: len(seen)]
+    rest = _rest(make, after, sd)
+    assert sorted(seen + rest) == data
+
+
+def test_elastic_even_modes_give_every_rank_full_batches():
+    """Elastic even mode pads the last global batch (or drops it with
+    drop_last=True): every rank yields the same number of full batches."""
+    for drop_last in (False, True):
+        counts = []
+        for r in range(3):
+            ld = _loader("elastic", rank=r, world=3, even=True, drop_last=drop_last)
+            batches = list(ld)
+            assert all(len(b) == 3 for b in batches)
+            assert len(ld) == len(batches)
+            counts.append(len(batches))
+        assert len(set(counts)) == 1
+
+
+def test_torch_dataloader_reads_a_sharded_dataset_once():
+    """torch's own DataLoader accepts a ShardedDataset: with 2 workers each
+    item comes once (the dataset splits its shards by worker itself)."""
+    loader = torch.utils.data.DataLoader(Counted(), batch_size=None, num_workers=2)
+    assert sorted(int(x) for x in loader) == all_items()
+    assert len(Counted()) == len(all_items())
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic", "elastic"])
+def test_per_item_seeds_do_not_depend_on_workers(mode):
+    """per_sample_seed=True with a sharded dataset: each item's draws from
+    torch, random and numpy are the same for 0, 2 and 3 workers."""
+    draws: list[dict] = []
+    for nw in (0, 2, 3):
+        ld = _loader(mode, nw=nw, dataset=Draws(), per_sample_seed=True, collate_fn=list)
+        draws.append({x[0]: x[1:] for b in ld for x in b})
+    assert draws[0] == draws[1] == draws[2]
+    assert len(set(draws[0].values())) == len(draws[0]), "items get different draws"
+
+
+def test_file_shards_read_files_with_or_without_start(tmp_path):
+    """FileShards: one shard per file; a reader taking ``start`` is given
+    it, any other is skipped into with islice; lengths enable even mode."""
+    paths = []
+    for i, n in enumerate([3, 5, 2]):
+        p = tmp_path / f"part-{i}.txt"
+        p.write_text("".join(f"{i}:{k}\n" for k in range(n)))
+        paths.append(p)
+
+    def read(path):
+        with open(path) as f:
+            yield from (line.strip() for line in f)
+
+    starts: list[int] = []
+
+    def read_from(path, start=0):
+        starts.append(start)
+        with open(path) as f:
+            yield from (line.strip() for line in list(f)[start:])
+
+    want = sorted(f"{i}:{k}" for i, n in enumerate([3, 5, 2]) for k in range(n))
+    for reader in (read, read_from):
+        ds = fl.FileShards(paths, reader, lengths=[3, 5, 2])
+        got = [x for b in fl.DataLoader(ds, batch_size=2, shuffle=True, seed=1) for x in b]
+        assert sorted(got) == want
+    assert starts and all(s % 256 == 0 for s in starts)
+    ds = fl.FileShards(paths, read)
+    assert sorted(x for b in fl.DataLoader(ds, batch_size=4, num_workers=2) for x in b) == want
+
+
+def test_seeds_are_the_engines():
+    """ferroloader.seeds' Python definitions give the engine's values, and
+    the shard order is torch.randperm under shard_order_seed."""
+    from ferroloader import _core, seeds
+
+    for seed, epoch, root, shard, block in [(0, 0, 1, 2, 3), (2**62, 7, 99, 12, 0)]:
+        assert _core._seeds(seed, epoch, root, shard, block) == (
+            seeds.epoch_seed(seed, epoch),
+            seeds.shard_order_seed(root),
+            seeds.block_seed(root, shard, block),
+        )
+    ld = _loader(shuffle=True, sh={"lanes": 1, "shuffle_block": 10**6})
+    order = [b // 1000 for b in flat(_epoch(ld))]
+    shards = [s for i, s in enumerate(order) if i == 0 or order[i - 1] != s]
+    root = seeds.epoch_seed(7, 0)
+    perm = torch.randperm(
+        len(LENS), generator=torch.Generator().manual_seed(seeds.shard_order_seed(root))
+    ).tolist()
+    assert shards == [s for s in perm if LENS[s]]
+
+
+def test_sharding_arguments_are_checked():
+    """Bad sharding arguments raise ConfigError (a ValueError) naming them."""
+    with pytest.raises(ValueError, match="mode"):
+        fl.Sharding(mode="round")
+    with pytest.raises(ValueError, match="lanes"):
+        fl.Sharding(lanes=0)
+    with pytest.raises(ValueError, match="rank"):
+        fl.Sharding(rank=2, world_size=2)
+    with pytest.raises(ValueError, match="ShardedDataset"):
+        fl.DataLoader(list(range(4)), sharding=fl.Sharding())
+    with pytest.raises(ValueError, match="in_order"):
+        list(_loader("elastic", nw=2, in_order=False))
+    with pytest.raises(ValueError, match="shard_len"):
+        list(_loader("elastic", known=False))
+
+
+@given(
+    mode=st.sampled_from(["static", "dynamic"]),
+    stop=st.integers(0, 20),
+    nw=st.sampled_from([0, 1, 2]),
+    nw_after=st.sampled_from([0, 1, 2]),
+    batch=st.integers(1, 5),
+)
+@settings(max_examples=max(4, settings.default.max_examples // 8))
+def test_hypothesis_sharded_resume(mode, stop, nw, nw_after, batch):
+    """For random stop points, batch sizes and worker counts, a sharded
+    resume loses and repeats no item (static: keeps the order too)."""
+    whole = _epoch(_loader(mode, nw=0, batch_size=batch))
+    first = _loader(mode, nw=nw, batch_size=batch)
+    it = iter(first)
+    head = [[int(x) for x in b] for b in itertools.islice(it, stop)]
+    sd = first.state_dict()
+    del it
+    resumed = _loader(mode, nw=nw_after, batch_size=batch)
+    resumed.load_state_dict(sd)
+    got = head + _epoch(resumed)
+    if mode == "static":
+        assert got == whole
+    assert Counter(flat(got)) == Counter(all_items())
