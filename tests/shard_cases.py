@@ -58,6 +58,54 @@ class Draws(Counted):
             )
 
 
+def read_tar(path: str, start: int = 0) -> Iterator[dict[str, bytes]]:
+    """A webdataset tar shard's samples (members ``key.ext`` grouped by
+    key), from sample ``start`` on: the README's example reader."""
+    import tarfile
+
+    with tarfile.open(path) as tar:
+        sample: dict[str, bytes] = {}
+        key, n = None, 0
+        for m in tar:
+            k, ext = m.name.split(".", 1)
+            if key is not None and k != key:
+                if n >= start:
+                    yield sample
+                n, sample = n + 1, {}
+            f = tar.extractfile(m)
+            assert f is not None
+            key, sample[ext] = k, f.read()
+        if sample and n >= start:
+            yield sample
+
+
+def write_tar_shards(folder: str, sizes: list[int]) -> list[str]:
+    """Tar shards in webdataset layout: sample ``i`` of shard ``s`` has
+    members ``s-i.txt`` (its id) and ``s-i.cls`` (a label)."""
+    import io
+    import tarfile
+
+    paths = []
+    for s, n in enumerate(sizes):
+        path = os.path.join(folder, f"shard-{s:03d}.tar")
+        with tarfile.open(path, "w") as tar:
+            for i in range(n):
+                for ext, data in (("txt", f"{s}-{i}"), ("cls", str(i % 3))):
+                    info = tarfile.TarInfo(f"{s}-{i}.{ext}")
+                    raw = data.encode()
+                    info.size = len(raw)
+                    tar.addfile(info, io.BytesIO(raw))
+        paths.append(path)
+    return paths
+
+
+def decode_samples(batch: list[dict[str, bytes]]) -> dict[str, Any]:
+    return {
+        "id": [s["txt"].decode() for s in batch],
+        "label": torch.tensor([int(s["cls"]) for s in batch]),
+    }
+
+
 def flat(batches: list[Any]) -> list[int]:
     """The items of a list of batches (tensors of ints) as ints."""
     out: list[int] = []

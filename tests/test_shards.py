@@ -17,7 +17,16 @@ import torch.multiprocessing as tmp
 from helpers import time_limit
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shard_cases import LENS, Counted, Draws, all_items, flat
+from shard_cases import (
+    LENS,
+    Counted,
+    Draws,
+    all_items,
+    decode_samples,
+    flat,
+    read_tar,
+    write_tar_shards,
+)
 
 
 def _loader(mode: str = "static", nw: int = 0, rank: int = 0, world: int = 1, **kw: Any):
@@ -264,6 +273,18 @@ def test_elastic_even_modes_give_every_rank_full_batches():
         assert len(set(counts)) == 1
 
 
+@pytest.mark.parametrize("mode", ["static", "dynamic", "elastic"])
+def test_unbatched_sharded_items_are_converted_as_torch_converts_them(mode):
+    """batch_size=None: items come one by one through default_convert, as
+    torch's loader gives an IterableDataset's items (ints stay ints)."""
+    want = sorted(torch.utils.data.DataLoader(Counted(), batch_size=None, num_workers=2))
+    assert type(want[0]) is int
+    for nw in (0, 2):
+        ld = _loader(mode, nw=nw, batch_size=None)
+        got = list(ld)
+        assert sorted(got) == want and all(type(x) is int for x in got), (mode, nw)
+
+
 def test_torch_dataloader_reads_a_sharded_dataset_once():
     """torch's own DataLoader accepts a ShardedDataset: with 2 workers each
     item comes once (the dataset splits its shards by worker itself)."""
@@ -312,6 +333,49 @@ def test_file_shards_read_files_with_or_without_start(tmp_path):
     assert starts and all(s % 256 == 0 for s in starts)
     ds = fl.FileShards(paths, read)
     assert sorted(x for b in fl.DataLoader(ds, batch_size=4, num_workers=2) for x in b) == want
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_webdataset_tar_shards(tmp_path, mode):
+    """Webdataset-layout tar shards read by FileShards with the README's
+    reader: every sample once per epoch with 2 workers, a resume with
+    another num_workers reads exactly the rest, and torch's DataLoader over
+    the same dataset reads the same samples."""
+    sizes = [5, 12, 3, 7]
+    paths = write_tar_shards(str(tmp_path), sizes)
+    want = sorted(f"{s}-{i}" for s, n in enumerate(sizes) for i in range(n))
+    ds = fl.FileShards(paths, read_tar, lengths=sizes)
+
+    def make(nw: int):
+        return fl.DataLoader(
+            ds,
+            batch_size=4,
+            shuffle=True,
+            seed=3,
+            num_workers=nw,
+            collate_fn=decode_samples,
+            sharding=fl.Sharding(mode=mode, shuffle_block=4),
+        )
+
+    ids = [i for b in make(2) for i in b["id"]]
+    assert sorted(ids) == want
+    first = make(2)
+    it = iter(first)
+    head = [i for _ in range(3) for i in next(it)["id"]]
+    sd = first.state_dict()
+    del it
+    resumed = make(0)
+    resumed.load_state_dict(sd)
+    rest = [i for b in resumed for i in b["id"]]
+    assert sorted(head + rest) == want
+    torch_ids = [
+        i
+        for b in torch.utils.data.DataLoader(
+            ds, batch_size=4, num_workers=2, collate_fn=decode_samples
+        )
+        for i in b["id"]
+    ]
+    assert sorted(torch_ids) == want
 
 
 def test_seeds_are_the_engines():

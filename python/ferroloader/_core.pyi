@@ -231,6 +231,7 @@ def shard_plan(
     batch: Optional[int],
     drop_last: bool,
     even: bool,
+    largest_first: bool = True,
     resume: Optional[_LaneSnapshot] = None,
 ) -> ShardPlan:
     """The epoch's lane plan for one rank, or the plan continuing ``resume``."""

@@ -18,8 +18,10 @@ decided in the main process by the engine; no user code calls
   batches are the same for any ``num_workers``.
 - **dynamic**: one lane per worker; a worker that finishes a shard gets the
   rank's next unread shard from the main process, so uneven shards keep
-  every worker busy. The batch order then depends on timing; the items
-  read do not.
+  every worker busy. When every ``shard_len`` is known the longest shards
+  go out first (``largest_first``), so an epoch does not end with one
+  worker reading a large shard alone. The batch order then depends on
+  timing; the items read do not.
 - **elastic**: the epoch's items form one global sequence (shards in
   order, each in shard order) that depends only on (seed, epoch); each
   global batch of ``batch_size * world_size`` items is split across ranks.
@@ -171,6 +173,8 @@ class Sharding:
       exactly once, with uneven batch counts.
     - ``rank``, ``world_size``: given explicitly, or from ``torch.distributed``
       when it is initialised, else one rank.
+    - ``largest_first``: dynamic mode hands out the longest shards first
+      (when every length is known; equal lengths keep the epoch's order).
     """
 
     mode: str = "static"
@@ -179,6 +183,7 @@ class Sharding:
     even: bool = True
     rank: Optional[int] = None
     world_size: Optional[int] = None
+    largest_first: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
@@ -229,8 +234,6 @@ class ShardEpoch:
                     "elastic sharding reads items by position, so it needs shard_len() for "
                     "every shard"
                 )
-            if self.batch is None:
-                raise ConfigError("elastic sharding needs a batch_size")
             if not loader.in_order:
                 raise ConfigError(
                     "elastic sharding hands batches over in order (a snapshot counts a prefix of "
@@ -244,7 +247,8 @@ class ShardEpoch:
                 root=self.root,
                 shuffle=self.shuffle,
                 start=self.start,
-                batch=self.batch,
+                # unbatched: each rank takes one item per global step
+                batch=self.batch or 1,
                 world=self.world,
                 rank=self.rank,
                 tail=tail,
@@ -273,6 +277,7 @@ class ShardEpoch:
             batch=self.batch,
             drop_last=self.drop_last,
             even=sharding.even,
+            largest_first=sharding.largest_first,
             resume=saved,
         )
 
@@ -290,7 +295,7 @@ class ShardEpoch:
             else:
                 handed = it._position[1]
             total = int(self.addresses.total)
-            per_step = int(self.batch or 0) * self.world
+            per_step = int(self.batch or 1) * self.world
             consumed = min(total, self.start + int(handed) * per_step)
             return {**base, "consumed": consumed}
         positions, next_lane, handed, rest = it._lane_snapshot

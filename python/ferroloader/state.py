@@ -104,6 +104,7 @@ def _fingerprint(loader: Any) -> dict[str, Any]:
             "shuffle_block": sharding.shuffle_block,
             "even": sharding.even,
             "shuffle": loader._shard_shuffle,
+            "largest_first": sharding.largest_first if sharding.mode == "dynamic" else None,
         }
     return {
         "dataset kind": "iterable" if iterable else "map",

@@ -157,7 +157,7 @@ fn snapshot_from_py(s: Snapshot) -> LaneSnapshot {
 /// The epoch's lane plan for one rank (see `crate::scheduler::shards`),
 /// or the plan that continues a saved position.
 #[pyfunction]
-#[pyo3(signature = (*, n_shards, lens, block, root, shuffle, rank, world, dynamic, lanes, batch, drop_last, even, resume=None))]
+#[pyo3(signature = (*, n_shards, lens, block, root, shuffle, rank, world, dynamic, lanes, batch, drop_last, even, largest_first=true, resume=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn shard_plan(
     n_shards: usize,
@@ -172,6 +172,7 @@ pub fn shard_plan(
     batch: Option<u64>,
     drop_last: bool,
     even: bool,
+    largest_first: bool,
     resume: Option<Snapshot>,
 ) -> PyResult<ShardPlan> {
     if lanes == 0 || world == 0 || rank >= world || block == 0 {
@@ -195,6 +196,7 @@ pub fn shard_plan(
         batch,
         drop_last,
         even,
+        largest_first,
     };
     let resume = resume.map(snapshot_from_py);
     let plan = spec

@@ -622,6 +622,7 @@ fn a_static_epoch_resumes_from_its_snapshot_on_other_workers() {
             batch: Some(LANE_BATCH as u64),
             drop_last: false,
             even: false,
+            largest_first: false,
         };
         let plan = spec.plan(Some(&snap)).unwrap();
         let by_hand = resume_static(&static_lanes(&mine, 3), &snap.positions);

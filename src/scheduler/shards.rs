@@ -86,6 +86,9 @@ pub struct ShardSpec {
     pub drop_last: bool,
     /// Every rank yields the same number of batches.
     pub even: bool,
+    /// Dynamic lanes get the longest shards first (when lengths are known),
+    /// so an epoch does not end with one worker reading a large shard alone.
+    pub largest_first: bool,
 }
 
 impl ShardSpec {
@@ -160,10 +163,17 @@ impl ShardSpec {
             Mode::Dynamic(lanes) => {
                 let queue = match resume.and_then(|s| s.rest.clone()) {
                     Some(rest) => rest,
-                    None => mine
-                        .iter()
-                        .map(|&shard| Work { shard, emitted: 0 })
-                        .collect(),
+                    None => {
+                        let mut order = mine.clone();
+                        if let (true, Some(lens)) = (self.largest_first, &self.lens) {
+                            // stable: equal lengths keep the epoch's order
+                            order.sort_by_key(|&s| std::cmp::Reverse(lens[s as usize]));
+                        }
+                        order
+                            .into_iter()
+                            .map(|shard| Work { shard, emitted: 0 })
+                            .collect()
+                    }
                 };
                 (lanes, None, queue)
             }

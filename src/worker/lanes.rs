@@ -630,6 +630,7 @@ mod tests {
                 batch: Some(batch as u64),
                 drop_last: false,
                 even: false,
+                largest_first: true,
             };
             let run = |set: &mut LaneSet<Shards>, s: &mut Shards, limit: usize| {
                 let mut out = Vec::new();
