@@ -110,7 +110,9 @@ mod tests {
         }
         use crate::record::{DlDtype, LeafKind, RecordLayout, Token, TreeWriter};
         use crate::ring::RecordRef;
-        use crate::scheduler::protocol::{put_frame, FromWorker, TaskIndices, ToWorker};
+        use crate::scheduler::protocol::{
+            put_frame, FromWorker, LanePos, TaskIndices, ToWorker, Work,
+        };
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
         let write = |target: &str, name: &str, data: &[u8]| {
             let dir = root.join(target);
@@ -164,6 +166,34 @@ mod tests {
             },
             ToWorker::Resume,
             ToWorker::Shutdown,
+            ToWorker::Task {
+                seq: 6,
+                indices: TaskIndices::Lane(2),
+            },
+            ToWorker::Task {
+                seq: 7,
+                indices: TaskIndices::Addresses(vec![(3, 17), (0, 4)]),
+            },
+            ToWorker::Lanes {
+                lanes: vec![0, 2, 4],
+                shuffle: true,
+                block: 256,
+                root: 12345,
+            },
+            ToWorker::Assign {
+                lane: 1,
+                works: vec![
+                    Work {
+                        shard: 5,
+                        emitted: 0,
+                    },
+                    Work {
+                        shard: 9,
+                        emitted: 300,
+                    },
+                ],
+                last: false,
+            },
         ];
         let record_ref = RecordRef {
             segment: 1,
@@ -185,6 +215,20 @@ mod tests {
                 payload: b"state".to_vec(),
             },
             FromWorker::Segment { id: 2 },
+            FromWorker::NeedWork {
+                seq: 11,
+                lane: 1,
+                given: 3,
+            },
+            FromWorker::LanePos {
+                seq: 11,
+                lane: 1,
+                pos: LanePos {
+                    started: 2,
+                    shard: 9,
+                    emitted: 77,
+                },
+            },
         ];
         let mut stream = Vec::new();
         for (i, m) in msgs_to.iter().enumerate() {
