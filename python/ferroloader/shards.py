@@ -179,7 +179,7 @@ class Sharding:
 
     mode: str = "static"
     lanes: int = 8
-    shuffle_block: int = 256
+    shuffle_block: int = 64
     even: bool = True
     rank: Optional[int] = None
     world_size: Optional[int] = None

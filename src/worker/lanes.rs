@@ -3,7 +3,11 @@
 //! shard's items is `crate::sampler::shards`).
 //!
 //! A lane reads the shards it is given one after the other and cuts the
-//! items into batches; a batch may span a shard boundary. After each batch
+//! items into batches; a batch may span a shard boundary. Shuffled, a lane
+//! reads a shard's first block whole, then reads the next block ahead, one
+//! item for each item it emits, so every batch costs about the same (a lane
+//! that stalled for a whole block would hold back every other lane behind
+//! it in the round-robin). After each batch
 //! it can say where it stands ([`Lane::pos`]): a lane given the same works
 //! and that position continues with exactly the items that came next.
 //! Lanes are generic over the dataset ([`ShardSource`]): in a worker they
@@ -56,6 +60,8 @@ struct Reading<I, It> {
     emitted: u64,
     /// Shuffled: the current block's items not yet emitted, next first.
     block: VecDeque<I>,
+    /// Shuffled: the next block's items read so far, in shard order.
+    ahead: Vec<I>,
     /// Items of the first block already emitted before a resume.
     skip: u64,
     /// `iter` has ended.
@@ -117,6 +123,7 @@ impl<S: ShardSource> Lane<S> {
         self.partial.iter().for_each(&mut *item);
         if let Some(r) = &self.reading {
             r.block.iter().for_each(&mut *item);
+            r.ahead.iter().for_each(&mut *item);
             iter(&r.iter);
         }
     }
@@ -189,6 +196,7 @@ impl<S: ShardSource> Lane<S> {
                     raw: start,
                     emitted: work.emitted,
                     block: VecDeque::new(),
+                    ahead: Vec::new(),
                     skip,
                     ended: false,
                 });
@@ -202,8 +210,10 @@ impl<S: ShardSource> Lane<S> {
                     item
                 }
                 Some(b) => {
-                    if r.block.is_empty() && !r.ended {
-                        fill_block(src, r, b)?;
+                    if r.block.is_empty() {
+                        next_block(src, r, b)?;
+                    } else if !r.ended && (r.ahead.len() as u64) < b.size {
+                        read_ahead(src, r)?;
                     }
                     r.block.pop_front()
                 }
@@ -389,27 +399,35 @@ impl<S: ShardSource> BlockReader<S> {
     }
 }
 
-/// Reads the next block of `r`'s shard and puts it in shard order, minus
-/// the items a resume skips.
-fn fill_block<S: ShardSource>(
+/// Reads one item of `r`'s shard into the next block.
+fn read_ahead<S: ShardSource>(
+    src: &mut S,
+    r: &mut Reading<S::Item, S::Iter>,
+) -> Result<(), S::Error> {
+    match src.next(&mut r.iter, r.shard, r.raw)? {
+        Some(item) => {
+            r.ahead.push(item);
+            r.raw += 1;
+        }
+        None => r.ended = true,
+    }
+    Ok(())
+}
+
+/// Makes the block read ahead (completed first) the current one, in shard
+/// order, minus the items a resume skips.
+fn next_block<S: ShardSource>(
     src: &mut S,
     r: &mut Reading<S::Item, S::Iter>,
     b: Blocks,
 ) -> Result<(), S::Error> {
-    let block_no = r.raw / b.size;
-    let mut items = Vec::new();
-    while (items.len() as u64) < b.size {
-        match src.next(&mut r.iter, r.shard, r.raw)? {
-            Some(item) => {
-                items.push(Some(item));
-                r.raw += 1;
-            }
-            None => {
-                r.ended = true;
-                break;
-            }
-        }
+    while !r.ended && (r.ahead.len() as u64) < b.size {
+        read_ahead(src, r)?;
     }
+    // blocks start at multiples of the block size (a resume opens there)
+    let block_no = (r.raw - r.ahead.len() as u64) / b.size;
+    let mut items: Vec<Option<S::Item>> =
+        std::mem::take(&mut r.ahead).into_iter().map(Some).collect();
     let perm = b.perm(r.shard, block_no, items.len());
     r.block = perm
         .iter()
@@ -534,6 +552,55 @@ mod tests {
         lane.assign([], true);
         assert_eq!(lane.pull(&mut s).unwrap(), Pull::Batch(vec![(1, 1)]));
         assert_eq!(lane.pull(&mut s).unwrap(), Pull::Exhausted);
+    }
+
+    /// Counts the items read from the dataset.
+    struct Counting {
+        inner: Shards,
+        reads: usize,
+    }
+
+    impl ShardSource for Counting {
+        type Item = (u32, u64);
+        type Iter = ();
+        type Error = String;
+        fn open(&mut self, shard: u32, start: u64) -> Result<(), String> {
+            self.inner.open(shard, start)
+        }
+        fn next(
+            &mut self,
+            it: &mut (),
+            shard: u32,
+            offset: u64,
+        ) -> Result<Option<(u32, u64)>, String> {
+            self.reads += 1;
+            self.inner.next(it, shard, offset)
+        }
+        fn share(&mut self, item: &(u32, u64)) -> (u32, u64) {
+            *item
+        }
+    }
+
+    #[test]
+    fn a_shuffled_lane_reads_one_item_ahead_per_item_it_emits() {
+        let mut s = Counting {
+            inner: src(&[40]),
+            reads: 0,
+        };
+        let blocks = Some(Blocks { root: 1, size: 8 });
+        let mut lane = Lane::new(config(Some(2), false, blocks));
+        lane.assign(works(&[0]), true);
+        let mut emitted = 0;
+        while let Pull::Batch(b) = lane.pull(&mut s).unwrap() {
+            emitted += b.len();
+            // the first block whole, then one ahead per item emitted
+            assert!(
+                s.reads <= 8 + emitted,
+                "{} reads for {emitted} items",
+                s.reads
+            );
+        }
+        assert_eq!(emitted, 40);
     }
 
     #[test]
