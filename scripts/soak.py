@@ -7,7 +7,11 @@ computes torch's batches for the same seed, then iterates ferroloader's
 with one random fault or interruption: none, a worker killed mid-epoch, a
 break out of the epoch, held batches, or a snapshot mid-epoch resumed by a
 new loader (another num_workers for map-style data). Every batch that comes
-out is compared with torch's. After each round everything is dropped and the
+out is compared with torch's. A fifth of the rounds load a ShardedDataset
+(static or dynamic sharding, resumed with another num_workers too): its
+items are compared with torch's loader over the same dataset, and a static
+epoch's batches with ferroloader's own num_workers=0 run (the batch
+sequence does not depend on num_workers). After each round everything is dropped and the
 process is checked: no child process left, file descriptors, memory maps of
 shared memory and threads back to where they started, nothing new in
 /dev/shm. Prints its figures at the end; exits 1 on the first failure.
@@ -64,6 +68,20 @@ class IterData(tud.IterableDataset):
             yield {"i": i, "x": torch.tensor([i * 0.5])}
 
 
+class ShardData(fl.ShardedDataset):
+    def __init__(self, lens: list) -> None:
+        self.lens = lens
+
+    def shards(self) -> list:
+        return list(range(len(self.lens)))
+
+    def iter_shard(self, shard: int, start: int = 0):
+        return (1000 * shard + o for o in range(start, self.lens[shard]))
+
+    def shard_len(self, shard: int) -> int:
+        return self.lens[shard]
+
+
 def same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
@@ -72,6 +90,13 @@ def same(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
     return type(a) is type(b) and a == b
+
+
+def flat(batches: list) -> list:
+    out: list = []
+    for b in batches:
+        out.extend(int(x) for x in (b if isinstance(b, torch.Tensor) and b.dim() else [b]))
+    return out
 
 
 def fds() -> int:
@@ -113,6 +138,9 @@ class Soak:
         iterable = r.random() < 0.25
         nw = r.choice([0, 1, 2, 3])
         cfg = {
+            "sharded": r.random() < 0.2,
+            "lens": [r.choice([0, 1, 3, 7, 20, 40]) for _ in range(r.randint(1, 12))],
+            "mode": r.choice(["static", "dynamic"]),
             "iterable": iterable,
             "kind": r.choice(["int", "dict", "tensor"]),
             "n": r.randint(10, 120),
@@ -128,6 +156,8 @@ class Soak:
             cfg["in_order"] = r.random() < 0.85
         if cfg["batch_size"] is None:
             cfg["drop_last"] = False
+        if cfg["sharded"]:
+            cfg["shuffle"] = r.random() < 0.5
         return cfg
 
     def make(self, lib: Any, cfg: dict, nw: int | None = None) -> Any:
@@ -138,7 +168,58 @@ class Soak:
             for k in ("persistent_workers", "prefetch_factor", "in_order"):
                 if k in cfg:
                     kw[k] = cfg[k]
+        if cfg["sharded"]:
+            ds = ShardData(cfg["lens"])
+            if lib is fl:
+                kw.update(seed=cfg["seed"], sharding=fl.Sharding(mode=cfg["mode"], even=False))
+            else:
+                kw.pop("shuffle", None)
         return lib.DataLoader(ds, num_workers=workers, **kw)
+
+    def sharded_round(self, cfg: dict, fault: str) -> None:
+        """A ShardedDataset: the items are torch's (each once), and a static
+        in-order epoch is ferroloader's own num_workers=0 epoch."""
+        items = sorted(flat(list(self.make(tud, dict(cfg, drop_last=False), 2))))
+        ref = list(self.make(fl, cfg, 0))
+        ordered = cfg["mode"] == "static" and cfg.get("in_order", True)
+        exact = not cfg["drop_last"]  # drop_last drops each lane's short batch
+        loader = self.make(fl, cfg)
+        k = self.rng.randint(0, max(0, len(ref) - 1))
+        if fault == "kill":
+            it = iter(loader)
+            got = [next(it) for _ in range(min(k, len(ref)))]
+            victim = self.rng.choice(it._procs)
+            os.kill(victim.pid, signal.SIGKILL)
+            try:
+                for _ in it:
+                    pass
+            except RuntimeError:
+                pass
+            del it
+        elif fault == "break":
+            got = []
+            for b in loader:
+                got.append(b)
+                if len(got) >= k:
+                    break
+        else:
+            if fault == "resume":
+                it = iter(loader)
+                got = [next(it) for _ in range(min(k, len(ref)))]
+                sd = loader.state_dict()
+                del it
+                resumed = self.make(fl, cfg, self.rng.choice([0, 1, 2, 3]))
+                resumed.load_state_dict(sd)
+                got += list(resumed)
+                del resumed
+            else:
+                got = list(loader)
+            if exact and sorted(flat(got)) != items:
+                raise AssertionError(f"sharded {fault} {cfg}: items differ from torch's")
+            self.batches += len(got)
+        if ordered:
+            self.check(got, ref[: len(got)], True, f"sharded {fault} {cfg}")
+        del loader
 
     def expected(self, cfg: dict) -> list:
         torch.manual_seed(cfg["seed"])
@@ -165,14 +246,18 @@ class Soak:
 
     def round(self) -> None:
         cfg = self.config()
-        want = self.expected(cfg)
+        want = [] if cfg["sharded"] else self.expected(cfg)
         ordered = cfg.get("in_order", True)
         fault = self.rng.choice(["none", "kill", "break", "hold", "resume"])
         if fault == "kill" and not cfg["num_workers"]:
             fault = "none"
-        if fault == "resume" and cfg["iterable"] and cfg["num_workers"]:
+        if fault == "resume" and cfg["iterable"] and cfg["num_workers"] and not cfg["sharded"]:
             fault = "none"  # iterables resume with the same num_workers only
         self.faults[fault] += 1
+        if cfg["sharded"]:
+            self.sharded_round(cfg, fault)
+            self.rounds += 1
+            return
         torch.manual_seed(cfg["seed"])
         loader = self.make(fl, cfg)
         k = self.rng.randint(0, max(0, len(want) - 1))
