@@ -42,6 +42,7 @@ from ferroloader.sampler import (
     WeightedRandomSampler,
 )
 from ferroloader.shards import ElasticBatchSampler, FileShards, ShardedDataset, Sharding
+from ferroloader.table import TableDataset
 from ferroloader.worker import get_worker_info
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "StackDataset",
     "Subset",
     "SubsetRandomSampler",
+    "TableDataset",
     "TensorDataset",
     "WeightedRandomSampler",
     "WorkerDiedError",

@@ -131,7 +131,7 @@ def worker_entry(
             sharded = (dataset.iter_shard, descriptors, seeder)
             if seeder is not None:
                 on_epoch = seeder.start_epoch
-        getitems, tensors = fetch_plan(dataset, iterable)
+        getitems, tensors, table = fetch_plan(dataset, iterable)
         make_iter, state_fn = _iterable_hooks(dataset, iterable, resume)
         _core.worker_loop(
             fd,
@@ -153,6 +153,7 @@ def worker_entry(
             state_fn=None if sharded is not None else state_fn,
             sharded=sharded,
             batch_size=batch_size,
+            table=table,
         )
     except KeyboardInterrupt:
         pass

@@ -269,7 +269,7 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
     guard = None
     if seeds is not None:
         dataset = guard = SeededDataset(dataset, *seeds)
-    getitems, tensors = fetch_plan(dataset, iterable)
+    getitems, tensors, table = fetch_plan(dataset, iterable)
     it = _SingleProcessIter(
         source,
         dataset,
@@ -284,6 +284,7 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
         index_sampler=loader._index_sampler,
         len_called=loader._IterableDataset_len_called,
         rng_guard=guard,
+        table=table,
     )
     rec.attach(it, multiprocess=False)
     return it

@@ -1,6 +1,8 @@
 //! Collate layouts: how a batch's leaves are laid out in one output buffer.
 //! Pure byte movement, free of Python, so it is tested and benched alone.
 
+pub mod columns;
+
 /// Copies equally sized samples back to back into `dst` (a stacked leaf).
 ///
 /// Panics if `dst` is not exactly the samples' total length, which would be

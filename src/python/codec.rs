@@ -226,6 +226,16 @@ fn write_leaf(
                 }
                 Ok(())
             }
+            Pending::Table {
+                table,
+                column,
+                rows,
+            } => {
+                if !table.get().write_leaf(*column, rows, dst) {
+                    return Err(Class::Internal.err("a table column changed under a batch"));
+                }
+                Ok(())
+            }
             Pending::Stack(batch) => with_tensor_over(py, dst, &c.shape, c.dtype, |out| {
                 let kwargs = PyDict::new(py);
                 kwargs.set_item("out", out)?;

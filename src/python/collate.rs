@@ -513,6 +513,12 @@ pub enum Pending {
         source: Py<PyAny>,
         indices: Vec<i64>,
     },
+    /// Rows of a column of a table (`TableDataset`).
+    Table {
+        table: Py<super::table::ArrowTable>,
+        column: usize,
+        rows: Vec<i64>,
+    },
 }
 
 /// A batch leaf the worker will write into the arena record: its dtype and

@@ -7,6 +7,7 @@ use pyo3::{PyTraverseError, PyVisit};
 
 use super::collate::{Collator, Pending, PendingLeaf, Sink};
 use super::ffi::{DlView, FreshTensor};
+use super::table::{gather as gather_table, ArrowTable};
 use super::torch::{torch, Torch};
 use crate::collate::gather_rows;
 
@@ -19,7 +20,13 @@ pub struct Fetcher {
     /// `None`: torch's default collate, run natively.
     collate_fn: Option<Py<PyAny>>,
     sink: Sink,
+    /// A `TableDataset`'s columns and its batch `transform`: batches are
+    /// gathered from the table, not made of rows.
+    table: Option<(Py<ArrowTable>, Option<Py<PyAny>>)>,
 }
+
+/// How Python hands a table over: `(columns, transform)`.
+pub type TableArg = (Py<ArrowTable>, Option<Py<PyAny>>);
 
 impl Fetcher {
     /// Reports the Python objects held, for the cycle collector.
@@ -29,6 +36,10 @@ impl Fetcher {
         visit.call(&self.collate_fn)?;
         for t in self.tensors.iter().flatten() {
             visit.call(t)?;
+        }
+        if let Some((table, transform)) = &self.table {
+            visit.call(table)?;
+            visit.call(transform)?;
         }
         Ok(())
     }
@@ -40,6 +51,7 @@ impl Fetcher {
         tensors: Option<Vec<Py<PyAny>>>,
         collate_fn: Option<Py<PyAny>>,
         sink: Sink,
+        table: Option<TableArg>,
     ) -> PyResult<Self> {
         let t = torch(py)?;
         let collate_fn = match collate_fn {
@@ -52,7 +64,32 @@ impl Fetcher {
             tensors,
             collate_fn,
             sink,
+            table,
         })
+    }
+
+    /// A `TableDataset` batch under the default collate: gathered from the
+    /// columns (deferred into the record in a worker), then the dataset's
+    /// `transform`. `None` when the batch is not the table's to gather.
+    fn gather_table<'py>(
+        &self,
+        py: Python<'py>,
+        indices: &[i64],
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some((table, transform)) = &self.table else {
+            return Ok(None);
+        };
+        if self.collate_fn.is_some() || torch(py)?.modes_active(py)? {
+            return Ok(None);
+        }
+        let table = table.bind(py);
+        Ok(Some(match transform {
+            // the transform sees real tensors, so they are made first
+            Some(f) => f
+                .bind(py)
+                .call1((gather_table(table, indices, Sink::InProcess)?,))?,
+            None => gather_table(table, indices, self.sink)?.into_any(),
+        }))
     }
 
     /// An auto-collated batch for integer indices from a native sampler.
@@ -62,6 +99,9 @@ impl Fetcher {
         indices: &[i64],
     ) -> PyResult<Bound<'py, PyAny>> {
         if let Some(batch) = self.gather(py, indices)? {
+            return Ok(batch);
+        }
+        if let Some(batch) = self.gather_table(py, indices)? {
             return Ok(batch);
         }
         if self.getitems.is_some() {
@@ -83,6 +123,13 @@ impl Fetcher {
         py: Python<'py>,
         indices: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        if self.table.is_some() {
+            if let Ok(ints) = indices.extract::<Vec<i64>>() {
+                if let Some(batch) = self.gather_table(py, &ints)? {
+                    return Ok(batch);
+                }
+            }
+        }
         let samples = if let Some(getitems) = &self.getitems {
             getitems.bind(py).call1((indices,))?
         } else {

@@ -12,6 +12,9 @@
 //!   (a batch leaf in the main process) and [`with_tensor_over`] (a scratch
 //!   tensor over a record being written in a worker).
 //! - [`adopt_fd`]: a descriptor number handed over from Python.
+//! - [`import_arrow_stream`], [`import_arrow_array`]: Arrow data handed over
+//!   through the Arrow PyCapsule interface (`__arrow_c_stream__`,
+//!   `__arrow_c_array__`), moved out of its capsule into arrow-rs.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_void, CStr};
@@ -291,4 +294,49 @@ pub fn adopt_fd(fd: i32) -> PyResult<std::os::fd::OwnedFd> {
     // SAFETY: the descriptor is open (checked above) and the caller detached
     // it from its Python owner, so this OwnedFd is its only owner.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+const ARROW_STREAM: &CStr = c"arrow_array_stream";
+const ARROW_SCHEMA: &CStr = c"arrow_schema";
+const ARROW_ARRAY: &CStr = c"arrow_array";
+
+/// Moves the C stream out of an `arrow_array_stream` capsule (the
+/// PyCapsule interface's `__arrow_c_stream__()`), leaving the capsule's
+/// struct released-empty as the interface prescribes.
+pub fn import_arrow_stream(
+    capsule: &Bound<'_, pyo3::types::PyCapsule>,
+) -> PyResult<arrow_array::ffi_stream::ArrowArrayStreamReader> {
+    use arrow_array::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
+    use pyo3::types::PyCapsuleMethods;
+    let ptr = capsule.pointer_checked(Some(ARROW_STREAM))?;
+    // SAFETY: a capsule named "arrow_array_stream" holds a valid, aligned,
+    // initialised FFI_ArrowArrayStream (the PyCapsule interface's contract,
+    // and the name was checked); `from_raw` moves it out and leaves an empty
+    // struct whose release is NULL, so the capsule's destructor does nothing.
+    let stream = unsafe { FFI_ArrowArrayStream::from_raw(ptr.as_ptr().cast()) };
+    ArrowArrayStreamReader::try_new(stream)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("Arrow stream: {e}")))
+}
+
+/// Moves an array and reads its schema out of the two capsules of
+/// `__arrow_c_array__()`.
+pub fn import_arrow_array(
+    schema: &Bound<'_, pyo3::types::PyCapsule>,
+    array: &Bound<'_, pyo3::types::PyCapsule>,
+) -> PyResult<arrow_array::ArrayRef> {
+    use arrow_array::ffi::{from_ffi, FFI_ArrowArray, FFI_ArrowSchema};
+    use pyo3::types::PyCapsuleMethods;
+    let schema_ptr = schema.pointer_checked(Some(ARROW_SCHEMA))?;
+    let array_ptr = array.pointer_checked(Some(ARROW_ARRAY))?;
+    // SAFETY: the capsules are named "arrow_schema" and "arrow_array", so
+    // they hold valid, aligned, initialised C structs (the interface's
+    // contract). The schema is only borrowed (it stays the capsule's); the
+    // array is moved out, leaving an empty struct with a NULL release.
+    let data = unsafe {
+        let schema = &*schema_ptr.as_ptr().cast::<FFI_ArrowSchema>();
+        let array = FFI_ArrowArray::from_raw(array_ptr.as_ptr().cast());
+        from_ffi(array, schema)
+    }
+    .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("Arrow array: {e}")))?;
+    Ok(arrow_array::make_array(data))
 }

@@ -8,7 +8,7 @@ use pyo3::{PyTraverseError, PyVisit};
 use pyo3::types::PyList;
 
 use super::collate::Sink;
-use super::fetch::Fetcher;
+use super::fetch::{Fetcher, TableArg};
 use super::indices::{Indices, Item};
 use super::shards::{missing, snapshot_to_py, AddressBatches, PyShards, ShardPlan, ShardsArg};
 use crate::worker::lanes::{BlockReader, LaneSet};
@@ -59,7 +59,7 @@ pub struct SingleProcessIter {
 #[pymethods]
 impl SingleProcessIter {
     #[new]
-    #[pyo3(signature = (source, dataset, *, iterable, getitems, tensors, auto_collation, batch_size, drop_last, collate_fn, pin, index_sampler, len_called, rng_guard=None, sharded=None, plan=None, block=1))]
+    #[pyo3(signature = (source, dataset, *, iterable, getitems, tensors, auto_collation, batch_size, drop_last, collate_fn, pin, index_sampler, len_called, rng_guard=None, sharded=None, plan=None, block=1, table=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         source: &Bound<'_, PyAny>,
@@ -78,6 +78,7 @@ impl SingleProcessIter {
         sharded: Option<ShardsArg>,
         plan: Option<PyRef<'_, ShardPlan>>,
         block: u64,
+        table: Option<TableArg>,
     ) -> PyResult<Self> {
         let py = source.py();
         let shards = sharded.map(|(f, shards, seed)| PyShards::new(f, shards, seed));
@@ -98,7 +99,15 @@ impl SingleProcessIter {
             },
             _ => Source::Indices(Indices::of(source)),
         };
-        let fetcher = Fetcher::new(py, dataset, getitems, tensors, collate_fn, Sink::InProcess)?;
+        let fetcher = Fetcher::new(
+            py,
+            dataset,
+            getitems,
+            tensors,
+            collate_fn,
+            Sink::InProcess,
+            table,
+        )?;
         Ok(SingleProcessIter {
             source,
             fetcher,

@@ -15,6 +15,7 @@ mod loader;
 mod multiproc;
 mod sampler;
 mod shards;
+mod table;
 mod torch;
 mod worker;
 
@@ -29,6 +30,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shards::_seeds, m)?)?;
     m.add_class::<shards::ShardPlan>()?;
     m.add_class::<shards::AddressBatches>()?;
+    m.add_class::<table::ArrowTable>()?;
     m.add_class::<sampler::SamplerIter>()?;
     m.add_class::<sampler::BatchSamplerIter>()?;
     m.add_class::<loader::SingleProcessIter>()?;

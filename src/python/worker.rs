@@ -11,7 +11,7 @@ use pyo3::types::{PyBytes, PyList};
 use super::codec::encode_batch;
 use super::collate::Sink;
 use super::error::Class;
-use super::fetch::Fetcher;
+use super::fetch::{Fetcher, TableArg};
 use super::ffi::adopt_fd;
 use super::shards::{missing, PyShards, ShardsArg};
 use super::torch::torch;
@@ -260,7 +260,7 @@ impl Host for PyHost<'_> {
 
 /// Serves tasks until the main process says stop or goes away.
 #[pyfunction]
-#[pyo3(signature = (fd, *, dataset, iterable, auto_collation, drop_last, collate_fn, getitems, tensors, main_pid, shm_initial, shm_limit, prefetch_factor, make_iter, wrap_exception, init_exception, on_epoch=None, state_fn=None, sharded=None, batch_size=None))]
+#[pyo3(signature = (fd, *, dataset, iterable, auto_collation, drop_last, collate_fn, getitems, tensors, main_pid, shm_initial, shm_limit, prefetch_factor, make_iter, wrap_exception, init_exception, on_epoch=None, state_fn=None, sharded=None, batch_size=None, table=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn worker_loop(
     py: Python<'_>,
@@ -283,9 +283,18 @@ pub fn worker_loop(
     state_fn: Option<Py<PyAny>>,
     sharded: Option<ShardsArg>,
     batch_size: Option<usize>,
+    table: Option<TableArg>,
 ) -> PyResult<()> {
     let fd = adopt_fd(fd)?;
-    let fetcher = Fetcher::new(py, dataset, getitems, tensors, collate_fn, Sink::Deferred)?;
+    let fetcher = Fetcher::new(
+        py,
+        dataset,
+        getitems,
+        tensors,
+        collate_fn,
+        Sink::Deferred,
+        table,
+    )?;
     let mut host = PyHost {
         py,
         fetcher,

@@ -1,0 +1,113 @@
+"""``TableDataset``: tables (Arrow, pandas, polars, DuckDB, an Arrow IPC file,
+a HuggingFace ``datasets.Dataset``) as a map-style dataset whose batches
+the engine gathers from the columns, with no Python per row.
+
+``ds[i]`` is a row: a dict of column name to value (a 0-d tensor of the
+column's dtype for numbers, bools, dates and timestamps, a 1-d tensor for a
+fixed-size or variable-length list of numbers, ``str``/``bytes`` for text,
+``None`` for a null text). ``DataLoader`` with the default collate gathers a
+batch's rows straight from the Arrow buffers into the batch tensors (in a
+worker, into the shared-memory record): the batch is exactly
+``default_collate([ds[i] for i in indices])``, then ``transform(batch)``
+when a ``transform`` is given. A null in a column that becomes tensors is
+refused when the table is opened, naming the column.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from typing import Any, Callable, Optional, Sequence, Union
+
+from ferroloader import _core
+from ferroloader.collate import default_collate
+from ferroloader.dataset import Dataset
+
+
+def _open_ipc(path: str) -> Any:
+    """A memory-mapped Arrow IPC file (file or stream format) as a pyarrow
+    Table whose buffers are the mapping: nothing is read until used, and
+    every process that maps the file shares its pages."""
+    try:
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+    except ImportError as e:  # pragma: no cover - pyarrow is a test extra
+        raise ImportError("TableDataset over an Arrow IPC file needs pyarrow") from e
+    source = pa.memory_map(path, "r")
+    try:
+        return ipc.open_file(source).read_all()
+    except pa.ArrowInvalid:
+        source.seek(0)
+        return ipc.open_stream(source).read_all()
+
+
+def _is_hf_dataset(obj: Any) -> bool:
+    data = getattr(obj, "data", None)
+    return hasattr(obj, "_indices") and hasattr(data, "table") and hasattr(obj, "column_names")
+
+
+class TableDataset(Dataset[dict[str, Any]]):
+    """A map-style dataset over a table; see the module doc.
+
+    ``table``: anything with ``__arrow_c_stream__`` or ``__arrow_c_array__``
+    (pyarrow Tables and RecordBatches, pandas >= 2.2, polars, DuckDB results),
+    a path to an Arrow IPC file (memory-mapped), or a ``datasets.Dataset``
+    (its Arrow table, through its ``select``/``shuffle`` indices mapping).
+    ``columns``: the columns to load, in order (default: all).
+    ``transform``: called on each collated batch (a dict), inside the worker.
+    With torch's own ``DataLoader``, pass ``collate_fn=ds.collate`` to apply it.
+    """
+
+    def __init__(
+        self,
+        table: Union[Any, str, os.PathLike[str]],
+        columns: Optional[Sequence[str]] = None,
+        transform: Optional[Callable[[dict[str, Any]], Any]] = None,
+    ) -> None:
+        self.transform = transform
+        self._columns = None if columns is None else [str(c) for c in columns]
+        self._source = table if not isinstance(table, os.PathLike) else os.fspath(table)
+        self._table: Optional[Any] = None
+        self._native()  # open now: a bad table or column fails here, not in a worker
+
+    def _native(self) -> Any:
+        """The engine's handle on the columns, opened once per process."""
+        if self._table is None:
+            src = self._source
+            mapping = None
+            if isinstance(src, str):
+                arrow = _open_ipc(src)
+            elif _is_hf_dataset(src):
+                arrow = src.data.table
+                if src._indices is not None:
+                    mapping = src._indices.column("indices").to_pylist()
+            else:
+                arrow = src
+            self._table = _core.ArrowTable(arrow, self._columns, mapping)
+        return self._table
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self._native().names)
+
+    def __len__(self) -> int:
+        return len(self._native())
+
+    def __getitem__(self, index: Any) -> dict[str, Any]:
+        return self._native().row(operator.index(index))
+
+    def collate(self, rows: list[dict[str, Any]]) -> Any:
+        """``default_collate(rows)``, then the transform: the batch the loader
+        gathers, for use as torch's ``collate_fn``."""
+        batch = default_collate(rows)
+        return batch if self.transform is None else self.transform(batch)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the engine's handle is per process; a worker reopens the source (a
+        # path maps the same file, so the pages stay shared)
+        state = dict(self.__dict__)
+        state["_table"] = None
+        return state
+
+
+__all__ = ["TableDataset"]
