@@ -321,9 +321,11 @@ def main() -> int:
             print(f"FAIL in round {soak.rounds + 1}: {type(e).__name__}: {e}", flush=True)
             return 1
         ok = settle(
-            lambda: not multiprocessing.active_children()
-            and memfd_maps() == 0
-            and fds() <= base_fds + 2,
+            lambda: (
+                not multiprocessing.active_children()
+                and memfd_maps() == 0
+                and fds() <= base_fds + 2
+            ),
             15.0,
         )
         worst_fds = max(worst_fds, fds())

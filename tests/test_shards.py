@@ -83,9 +83,7 @@ def test_two_gloo_ranks_shard_with_ranks_from_torch_distributed(tmp_path):
                 assert sorted(flat(per_rank[0] + per_rank[1])) == all_items(), (c, epoch)
     for mode in ("static",):
         for even in (False, True):
-            same = [
-                i for i, c in enumerate(CONFIGS) if c["mode"] == mode and c["even"] == even
-            ]
+            same = [i for i, c in enumerate(CONFIGS) if c["mode"] == mode and c["even"] == even]
             for r in range(2):
                 first = ranks[r][same[0]]
                 for i in same[1:]:

@@ -12,6 +12,7 @@ __version__: str
 
 __all__ = [
     "AddressBatches",
+    "ArrowTable",
     "BatchSamplerIter",
     "MultiProcessIter",
     "SamplerIter",
@@ -33,6 +34,8 @@ _LaneSnapshot = tuple[
 ]
 # (iter_shard, shard descriptors, per-item seed hook or None)
 _ShardsArg = tuple[Any, list[Any], Optional[Any]]
+# (a table's columns, its batch transform or None)
+_TableArg = tuple[ArrowTable, Optional[Any]]
 
 def collate(batch: Any, collate_fn_map: Optional[dict[Any, Any]] = None) -> Any:
     """torch's ``collate`` with native paths for its default functions."""
@@ -121,6 +124,7 @@ class SingleProcessIter(Iterator[Any]):
         sharded: Optional[_ShardsArg] = None,
         plan: Optional[ShardPlan] = None,
         block: int = 1,
+        table: Optional[_TableArg] = None,
     ) -> Self: ...
     def __iter__(self) -> SingleProcessIter: ...
     def __next__(self) -> Any: ...
@@ -201,6 +205,7 @@ def worker_loop(
     state_fn: Optional[Any] = None,
     sharded: Optional[_ShardsArg] = None,
     batch_size: Optional[int] = None,
+    table: Optional[_TableArg] = None,
 ) -> None:
     """Serve tasks from the main process until it stops or goes away."""
 
@@ -275,3 +280,18 @@ def elastic_indices(
 
 def _seeds(seed: int, epoch: int, root: int, shard: int, block: int) -> tuple[int, int, int]:
     """``(epoch_seed, shard_order_seed, block_seed)`` as the engine computes them."""
+
+@final
+class ArrowTable:
+    """A table's columns imported through the Arrow PyCapsule interface."""
+
+    def __new__(
+        cls, source: Any, names: Optional[list[str]] = None, mapping: Optional[list[int]] = None
+    ) -> Self: ...
+    def __len__(self) -> int: ...
+    @property
+    def names(self) -> list[str]: ...
+    def row(self, i: int) -> dict[str, Any]:
+        """Row ``i`` as a dict of column name to value."""
+    def gather(self, indices: list[int]) -> dict[str, Any]:
+        """Rows ``indices`` as a batch: ``default_collate`` of the rows."""

@@ -141,6 +141,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
                 "a sharded dataset's length from shard_len()"
             )
         return int(batches)
+
     def _sample_seeds(self) -> Optional[tuple[int, int]]:
         """``(seed, epoch)`` for per-sample seeding of a map-style dataset
         in the current epoch, else ``None``."""

@@ -20,7 +20,6 @@ from ferroloader import _core
 Sampler = _ts.Sampler
 
 
-
 def _cpu_generator(gen: Any) -> bool:
     return gen is None or (isinstance(gen, torch.Generator) and gen.device.type == "cpu")
 
@@ -133,9 +132,7 @@ _NATIVE: dict[Any, Callable[[Any], Optional[_core.SamplerIter]]] = {
 }
 
 
-def register_native(
-    iter_fn: Any, build: Callable[[Any], Optional[_core.SamplerIter]]
-) -> None:
+def register_native(iter_fn: Any, build: Callable[[Any], Optional[_core.SamplerIter]]) -> None:
     """Runs samplers whose ``__iter__`` is ``iter_fn`` with ``build`` (a Rust
     iterator, or ``None`` to fall back to Python). Used by modules that add
     samplers without this one importing them."""

@@ -135,9 +135,7 @@ class FileShards(ShardedDataset[_T_co]):
         self.reader = reader
         self.lengths = lengths
         if lengths is not None and not callable(lengths) and len(lengths) != len(self.paths):
-            raise ConfigError(
-                f"FileShards: {len(lengths)} lengths for {len(self.paths)} paths"
-            )
+            raise ConfigError(f"FileShards: {len(lengths)} lengths for {len(self.paths)} paths")
         self._seeks = _takes_start(reader)
 
     def shards(self) -> list[str]:

@@ -23,7 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCapsule, PyDict, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::collate::{Pending, PendingLeaf, Sink};
+use super::collate::{Collator, Pending, PendingLeaf, Sink};
 use super::error::Class;
 use super::ffi::{import_arrow_array, import_arrow_stream, DlDtype, FreshTensor};
 use super::torch::torch;
@@ -96,7 +96,7 @@ enum Kind {
 
 fn unsupported(name: &str, dt: &DataType) -> PyErr {
     Class::Config.err(format!(
-        "TableDataset: column {name:?} has Arrow type {dt}, which it cannot turn into \
+        "TableDataset: column '{name}' has Arrow type {dt}, which it cannot turn into \
          tensors; cast it, or leave it out with columns="
     ))
 }
@@ -190,7 +190,7 @@ impl Column {
             };
             if (c.null_count() > 0 && !nulls_ok) || child_nulls > 0 {
                 return Err(Class::Config.err(format!(
-                    "TableDataset: column {name:?} has nulls ({} in a chunk of {} rows), which \
+                    "TableDataset: column '{name}' has nulls ({} in a chunk of {} rows), which \
                      have no tensor value; fill them (e.g. pyarrow.compute.fill_null) or leave \
                      the column out with columns=",
                     c.null_count() + child_nulls,
@@ -388,7 +388,7 @@ impl ArrowTable {
             .and_then(|k| usize::try_from(k).ok())
             .filter(|&k| k < d.values().len())
             .ok_or_else(|| {
-                Class::Protocol.err(format!("column {:?}: a bad dictionary key", c.name))
+                Class::Protocol.err(format!("column '{}': a bad dictionary key", c.name))
             })?;
         Ok(key)
     }
@@ -458,7 +458,14 @@ impl ArrowTable {
                     .iter()
                     .map(|&r| me.row_value(py, c, r as usize))
                     .collect::<PyResult<Vec<_>>>()?;
-                Ok(PyList::new(py, items)?.into_any())
+                let first_null = items.first().is_some_and(|x| x.is_none());
+                let list = PyList::new(py, items)?.into_any();
+                if first_null {
+                    // default_collate decides by the first value: torch's
+                    // own error for a null there
+                    return Collator::default(py, Sink::InProcess)?.collate(&list);
+                }
+                Ok(list)
             }
             Kind::List { dtype, large } => {
                 let mut width = None;
@@ -591,8 +598,10 @@ impl ArrowTable {
         let mut columns = Vec::with_capacity(names.len());
         for name in names {
             let Some(i) = all.iter().position(|n| *n == name) else {
+                let have: Vec<String> = all.iter().map(|n| format!("'{n}'")).collect();
                 return Err(pyo3::exceptions::PyKeyError::new_err(format!(
-                    "TableDataset: no column {name:?}; the table has {all:?}"
+                    "TableDataset: no column '{name}'; the table has [{}]",
+                    have.join(", ")
                 )));
             };
             let chunks = batches

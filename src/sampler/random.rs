@@ -1,4 +1,4 @@
-use super::{randint_into, randperm, IndexSource, RngSource};
+use super::{randint_into, randperm_compact, IndexSource, IndexVec, RngSource};
 
 /// torch draws with-replacement samples in chunks of this many.
 const REPLACEMENT_CHUNK: usize = 32;
@@ -16,7 +16,7 @@ pub struct RandomIter<G> {
     num_samples: usize,
     replacement: bool,
     rng: G,
-    buf: Vec<i64>,
+    buf: IndexVec,
     pos: usize,
     next_segment: usize,
     segments: usize,
@@ -37,7 +37,7 @@ impl<G: RngSource> RandomIter<G> {
             num_samples,
             replacement,
             rng,
-            buf: Vec::new(),
+            buf: IndexVec::I64(Vec::new()),
             pos: 0,
             next_segment: 0,
             segments,
@@ -52,7 +52,7 @@ impl<G: RngSource> RandomIter<G> {
     fn draw_segment(&mut self) -> Result<(), G::Error> {
         let last = self.next_segment + 1 == self.segments;
         self.next_segment += 1;
-        self.buf.clear();
+        self.buf = IndexVec::I64(Vec::new());
         self.pos = 0;
         let n = self.n;
         if self.replacement {
@@ -62,12 +62,13 @@ impl<G: RngSource> RandomIter<G> {
                 REPLACEMENT_CHUNK
             };
             if count > 0 {
-                let buf = &mut self.buf;
+                let mut drawn = Vec::with_capacity(count);
                 self.rng
-                    .with_rng(|g| randint_into(n as i64, count, g, buf))?;
+                    .with_rng(|g| randint_into(n as i64, count, g, &mut drawn))?;
+                self.buf = IndexVec::I64(drawn);
             }
         } else {
-            let mut perm = self.rng.with_rng(|g| randperm(n, g))?;
+            let mut perm = self.rng.with_rng(|g| randperm_compact(n, g))?;
             if last {
                 perm.truncate(self.num_samples % n);
             }
@@ -82,9 +83,9 @@ impl<G: RngSource> IndexSource for RandomIter<G> {
     type Error = G::Error;
     fn next_index(&mut self) -> Result<Option<i64>, G::Error> {
         loop {
-            if self.pos < self.buf.len() {
+            if let Some(i) = self.buf.get(self.pos) {
                 self.pos += 1;
-                return Ok(Some(self.buf[self.pos - 1]));
+                return Ok(Some(i));
             }
             if self.next_segment == self.segments {
                 return Ok(None);
@@ -97,7 +98,7 @@ impl<G: RngSource> IndexSource for RandomIter<G> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::Mt19937;
+    use crate::sampler::{randperm, Mt19937};
     use proptest::prelude::*;
 
     fn drain<S: IndexSource<Index = i64>>(s: &mut S) -> Vec<i64>

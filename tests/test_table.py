@@ -1,0 +1,278 @@
+"""TableDataset: batches gathered from Arrow columns equal default_collate
+of the rows (and torch's DataLoader over the same dataset), for every
+column type, chunking and source."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Any
+
+import ferroloader as fl
+import numpy as np
+import pytest
+import torch
+from helpers import assert_same, assert_same_outcome, outcome, time_limit
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pa = pytest.importorskip("pyarrow", reason="TableDataset tests need pyarrow (a test extra)")
+
+
+def torch_batches(ds, **kw) -> list:
+    return list(torch.utils.data.DataLoader(ds, **kw))
+
+
+def ferro_batches(ds, **kw) -> list:
+    return list(fl.DataLoader(ds, **kw))
+
+
+def _chunked(arr: Any, cuts: list[int]) -> Any:
+    """``arr`` as a chunked array cut at ``cuts``."""
+    bounds = [0, *sorted({c % (len(arr) + 1) for c in cuts}), len(arr)]
+    return pa.chunked_array(
+        [arr.slice(a, b - a) for a, b in zip(bounds, bounds[1:])], type=arr.type
+    )
+
+
+NUMERIC = {
+    "int8": (pa.int8(), np.int8),
+    "int16": (pa.int16(), np.int16),
+    "int32": (pa.int32(), np.int32),
+    "int64": (pa.int64(), np.int64),
+    "uint8": (pa.uint8(), np.uint8),
+    "uint16": (pa.uint16(), np.uint16),
+    "uint32": (pa.uint32(), np.uint32),
+    "uint64": (pa.uint64(), np.uint64),
+    "float16": (pa.float16(), np.float16),
+    "float32": (pa.float32(), np.float32),
+    "float64": (pa.float64(), np.float64),
+}
+
+
+def column(kind: str, n: int, rng: np.random.Generator, null_text: bool) -> Any:
+    if kind in NUMERIC:
+        t, dt = NUMERIC[kind]
+        vals = (rng.random(n) * 100).astype(dt)
+        return pa.array(vals, t)
+    if kind == "bool":
+        return pa.array(rng.random(n) < 0.5)
+    if kind == "timestamp":
+        return pa.array(rng.integers(0, 10**12, n).astype("datetime64[ms]"))
+    if kind == "date32":
+        return pa.array(rng.integers(0, 30000, n).astype(np.int32), pa.date32())
+    if kind == "fixed_list":
+        return pa.FixedSizeListArray.from_arrays(pa.array(rng.random(n * 3).astype(np.float32)), 3)
+    if kind == "list":
+        # equal lengths: default_collate stacks them
+        return pa.array([list(rng.integers(0, 9, 2)) for _ in range(n)], pa.list_(pa.int32()))
+    if kind == "string":
+        vals = [f"s{int(v)}" for v in rng.integers(0, 50, n)]
+        if null_text:
+            vals = [None if i % 3 == 0 else v for i, v in enumerate(vals)]
+        return pa.array(vals, pa.string())
+    if kind == "large_string":
+        return pa.array([f"L{i}" for i in range(n)], pa.large_string())
+    if kind == "binary":
+        return pa.array([bytes([i % 256, 7]) for i in range(n)], pa.binary())
+    if kind == "dict_string":
+        return pa.array(
+            [["a", "bb", "c"][int(v)] for v in rng.integers(0, 3, n)]
+        ).dictionary_encode()
+    if kind == "dict_int":
+        return pa.array(rng.integers(0, 4, n)).dictionary_encode()
+    raise AssertionError(kind)
+
+
+KINDS = [
+    *NUMERIC,
+    "bool",
+    "timestamp",
+    "date32",
+    "fixed_list",
+    "list",
+    "string",
+    "large_string",
+    "binary",
+    "dict_string",
+    "dict_int",
+]
+
+
+def make_table(kinds: list[str], n: int, cuts: list[int], seed: int, null_text: bool) -> Any:
+    rng = np.random.default_rng(seed)
+    cols = {f"c{i}_{k}": _chunked(column(k, n, rng, null_text), cuts) for i, k in enumerate(kinds)}
+    return pa.table(cols)
+
+
+@given(
+    kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=5),
+    n=st.integers(1, 40),
+    cuts=st.lists(st.integers(0, 60), max_size=6),
+    seed=st.integers(0, 2**16),
+    null_text=st.booleans(),
+    picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=12),
+)
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_gathered_batches_equal_default_collate_of_rows(kinds, n, cuts, seed, null_text, picks):
+    """For generated tables (every column type, many chunks, nulls in text),
+    a gathered batch equals torch's default_collate of the rows, key for
+    key, dtype for dtype (or raises its error: a null text first in a
+    batch)."""
+    ds = fl.TableDataset(make_table(kinds, n, cuts, seed, null_text))
+    idx = [p % n for p in picks]
+    want = outcome(lambda: torch.utils.data.default_collate([ds[i] for i in idx]))
+    got = outcome(lambda: ferro_batches(ds, batch_sampler=[idx])[0])
+    assert_same_outcome(want, got)
+
+
+@time_limit(120)
+@pytest.mark.parametrize("nw", [0, 2])
+def test_loader_batches_equal_torchs_over_the_same_table(nw):
+    """Shuffled, 2 workers or none: ferroloader's gathered batches equal
+    torch's DataLoader calling ds[i] per row over the same TableDataset."""
+    ds = fl.TableDataset(make_table(KINDS, 57, [10, 11, 30], 3, False))
+    torch.manual_seed(0)
+    want = torch_batches(ds, batch_size=8, shuffle=True, num_workers=nw)
+    torch.manual_seed(0)
+    got = ferro_batches(ds, batch_size=8, shuffle=True, num_workers=nw)
+    assert_same(want, got)
+
+
+def test_rows_are_what_torch_users_expect():
+    """A row is a dict: 0-d tensors of the column's dtype, 1-d for lists,
+    str/bytes/None for text, decoded dictionary values."""
+    t = pa.table(
+        {
+            "i": pa.array([1, 2], pa.int32()),
+            "f": pa.array([0.5, 1.5], pa.float64()),
+            "b": pa.array([True, False]),
+            "ts": pa.array(np.array([5, 6]).astype("datetime64[s]")),
+            "v": pa.FixedSizeListArray.from_arrays(pa.array([1.0, 2.0, 3.0, 4.0]), 2),
+            "s": pa.array(["x", None]),
+            "d": pa.array(["p", "q"]).dictionary_encode(),
+        }
+    )
+    row = fl.TableDataset(t)[1]
+    assert list(row) == ["i", "f", "b", "ts", "v", "s", "d"]
+    assert row["i"].dtype == torch.int32 and row["i"].dim() == 0 and int(row["i"]) == 2
+    assert row["f"].dtype == torch.float64
+    assert row["b"].dtype == torch.bool and not bool(row["b"])
+    assert row["ts"].dtype == torch.int64 and int(row["ts"]) == 6
+    assert torch.equal(row["v"], torch.tensor([3.0, 4.0], dtype=torch.float64))
+    assert row["s"] is None and row["d"] == "q"
+    assert fl.TableDataset(t)[-1]["i"] == 2
+    with pytest.raises(IndexError):
+        fl.TableDataset(t)[2]
+
+
+def test_nulls_and_unsupported_types_are_refused_naming_the_column():
+    """A null in a numeric column, or a column type with no tensor value,
+    is a ConfigError (ValueError) naming the column when the table opens;
+    an unknown column is a KeyError; rows of lists of unequal length raise
+    torch's own stacking error, as default_collate would."""
+    with pytest.raises(ValueError, match="'x' has nulls"):
+        fl.TableDataset(pa.table({"x": pa.array([1, None, 3])}))
+    with pytest.raises(ValueError, match=r"'m'.*cannot turn into"):
+        fl.TableDataset(pa.table({"m": pa.array([{"a": 1}])}))
+    ds = fl.TableDataset(pa.table({"x": [1, 2], "y": [3, 4]}), columns=["y"])
+    assert ds.columns == ["y"]
+    with pytest.raises(KeyError, match=r"no column .z.; the table has \[.x.\]"):
+        fl.TableDataset(pa.table({"x": [1]}), columns=["z"])
+    ragged = fl.TableDataset(pa.table({"l": pa.array([[1, 2], [3]], pa.list_(pa.int64()))}))
+    with pytest.raises(RuntimeError) as err_t:
+        torch_batches(ragged, batch_size=2)
+    with pytest.raises(RuntimeError) as err_f:
+        ferro_batches(ragged, batch_size=2)
+    assert str(err_t.value) == str(err_f.value)
+
+
+class Marker:
+    """A transform that records where it ran."""
+
+    def __call__(self, batch: dict) -> dict:
+        batch["pid"] = torch.tensor(os.getpid())
+        batch["x2"] = batch["x"] * 2
+        return batch
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_transform_runs_on_the_collated_batch_in_the_worker(nw):
+    """transform= gets the collated batch (a dict) and runs inside the
+    worker; with torch's loader, collate_fn=ds.collate gives the same."""
+    ds = fl.TableDataset(pa.table({"x": list(range(20))}), transform=Marker())
+    got = ferro_batches(ds, batch_size=5, num_workers=nw)
+    pids = {int(b.pop("pid")) for b in got}
+    assert (pids == {os.getpid()}) == (nw == 0)
+    want = torch_batches(ds, batch_size=5, collate_fn=ds.collate)
+    for b in want:
+        b.pop("pid")
+    assert_same(want, got)
+
+
+def test_sources_pandas_polars_batches_ipc_and_hf(tmp_path):
+    """pandas and polars frames, record batches, Arrow IPC files (file and
+    stream format, memory-mapped) and a HF datasets.Dataset through its
+    select/shuffle indices give the same rows as the pyarrow table."""
+    t = make_table(["int32", "float32", "string", "bool"], 30, [7], 1, False)
+    ref = fl.TableDataset(t)
+    want = [ref[i] for i in range(30)]
+    sources: list[Any] = [t.combine_chunks().to_batches()[0]]
+    pd = pytest.importorskip("pandas")
+    sources.append(pd.DataFrame(t.to_pandas()))
+    try:
+        import polars as pl
+
+        sources.append(pl.from_arrow(t))
+    except ImportError:  # pragma: no cover - polars is a test extra
+        pass
+    for fmt in ("file", "stream"):
+        path = tmp_path / f"t.{fmt}"
+        with pa.OSFile(str(path), "wb") as sink:
+            writer = (pa.ipc.new_file if fmt == "file" else pa.ipc.new_stream)(sink, t.schema)
+            writer.write_table(t)
+            writer.close()
+        sources.append(str(path))
+    for src in sources:
+        ds = fl.TableDataset(src)
+        assert_same(want, [ds[i] for i in range(30)])
+        assert_same(fl.default_collate(want[:8]), ferro_batches(ds, batch_size=8, num_workers=1)[0])
+        pickle.loads(pickle.dumps(ds))  # picklable for spawned workers
+    datasets = pytest.importorskip("datasets")
+    hf = datasets.Dataset(t).shuffle(seed=3).select(range(20))
+    ds = fl.TableDataset(hf)
+    order = hf["c0_int32"]
+    assert [int(ds[i]["c0_int32"]) for i in range(20)] == order
+    torch.manual_seed(1)
+    want = torch_batches(ds, batch_size=6, shuffle=True, num_workers=2)
+    torch.manual_seed(1)
+    assert_same(want, ferro_batches(ds, batch_size=6, shuffle=True, num_workers=2))
+
+
+@time_limit(120)
+def test_every_sampler_and_a_resume():
+    """Weighted, subset, distributed and user samplers give torch's
+    batches; a snapshot mid-epoch resumes with another num_workers."""
+    ds = fl.TableDataset(make_table(["int64", "string", "fixed_list"], 40, [13], 5, False))
+    samplers = [
+        lambda: torch.utils.data.WeightedRandomSampler(torch.rand(40), 25),
+        lambda: torch.utils.data.SubsetRandomSampler(list(range(5, 33))),
+        lambda: torch.utils.data.DistributedSampler(ds, num_replicas=3, rank=1, seed=4),
+        lambda: [3, 1, 4, 1, 5, 9, 2, 6],
+    ]
+    for make in samplers:
+        torch.manual_seed(2)
+        want = torch_batches(ds, batch_size=4, sampler=make(), num_workers=2)
+        torch.manual_seed(2)
+        assert_same(want, ferro_batches(ds, batch_size=4, sampler=make(), num_workers=2))
+    torch.manual_seed(0)
+    whole = ferro_batches(ds, batch_size=4, shuffle=True)
+    torch.manual_seed(0)
+    first = fl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)
+    it = iter(first)
+    head = [next(it) for _ in range(3)]
+    sd = first.state_dict()
+    del it
+    resumed = fl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=0)
+    resumed.load_state_dict(sd)
+    assert_same(whole, head + list(resumed))
