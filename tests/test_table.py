@@ -276,3 +276,45 @@ def test_every_sampler_and_a_resume():
     resumed = fl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=0)
     resumed.load_state_dict(sd)
     assert_same(whole, head + list(resumed))
+
+
+@time_limit(120)
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_a_directory_of_parquet_and_arrow_files_is_a_sharded_dataset(tmp_path, mode):
+    """TableShards over a directory (Parquet row groups and an Arrow file,
+    one shard each): every row exactly once per epoch across 2 ranks with
+    workers, rows as TableDataset gives them; static order independent of
+    num_workers."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    t = make_table(["int64", "float32", "string"], 90, [], 4, False).rename_columns(
+        ["i", "f", "s"]
+    )
+    pq.write_table(t.slice(0, 50), str(tmp_path / "a.parquet"), row_group_size=12)
+    pq.write_table(t.slice(50, 25), str(tmp_path / "b.parquet"), row_group_size=25)
+    with pa.OSFile(str(tmp_path / "c.arrow"), "wb") as sink:
+        with pa.ipc.new_file(sink, t.schema) as w:
+            w.write_table(t.slice(75))
+    ds = fl.TableShards(tmp_path)
+    assert len(ds.shards()) == 5 + 1 + 1 and len(ds) == 90
+    want = sorted(int(x) for x in t.column("i").to_pylist())
+    seen: list[int] = []
+    orders = {}
+    for rank in range(2):
+        for nw in (0, 2):
+            loader = fl.DataLoader(
+                ds,
+                batch_size=4,
+                shuffle=True,
+                seed=1,
+                num_workers=nw,
+                sharding=fl.Sharding(mode=mode, rank=rank, world_size=2, even=False),
+            )
+            batches = list(loader)
+            assert all(set(b) == {"i", "f", "s"} for b in batches)
+            got = [int(x) for b in batches for x in b["i"]]
+            orders[(rank, nw)] = got
+            if nw == 2:
+                seen += got
+    assert sorted(seen) == want
+    if mode == "static":
+        assert orders[(0, 0)] == orders[(0, 2)] and orders[(1, 0)] == orders[(1, 2)]

@@ -42,7 +42,7 @@ from ferroloader.sampler import (
     WeightedRandomSampler,
 )
 from ferroloader.shards import ElasticBatchSampler, FileShards, ShardedDataset, Sharding
-from ferroloader.table import TableDataset
+from ferroloader.table import TableDataset, TableShards
 from ferroloader.worker import get_worker_info
 
 __all__ = [
@@ -70,6 +70,7 @@ __all__ = [
     "Subset",
     "SubsetRandomSampler",
     "TableDataset",
+    "TableShards",
     "TensorDataset",
     "WeightedRandomSampler",
     "WorkerDiedError",

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from ferroloader import _core
 from ferroloader.collate import default_collate
 from ferroloader.dataset import Dataset
+from ferroloader.shards import ShardedDataset
 
 
 def _open_ipc(path: str) -> Any:
@@ -110,4 +111,76 @@ class TableDataset(Dataset[dict[str, Any]]):
         return state
 
 
-__all__ = ["TableDataset"]
+def _is_parquet(path: str) -> bool:
+    return path.endswith((".parquet", ".pq"))
+
+
+class TableShards(ShardedDataset[dict[str, Any]]):
+    """Parquet or Arrow IPC files as a sharded dataset: one shard per
+    Parquet row group, one per Arrow file (memory-mapped). ``paths``: files,
+    or a directory (its ``*.parquet``, ``*.pq``, ``*.arrow``, ``*.feather``
+    and ``*.ipc`` files, sorted). Items are rows as ``TableDataset`` gives
+    them (``columns`` selects); with ``DataLoader(..., sharding=...)`` the
+    loader assigns shards to ranks and workers (see ``ferroloader.Sharding``).
+    Each lane opens one shard's table at a time; rows are collated as
+    ``default_collate`` collates them (per row, unlike ``TableDataset``'s
+    gather). Needs pyarrow.
+    """
+
+    _SUFFIXES = (".parquet", ".pq", ".arrow", ".feather", ".ipc")
+
+    def __init__(
+        self,
+        paths: Union[str, os.PathLike[str], Sequence[Union[str, os.PathLike[str]]]],
+        columns: Optional[Sequence[str]] = None,
+    ) -> None:
+        if isinstance(paths, (str, os.PathLike)) and os.path.isdir(paths):
+            root = os.fspath(paths)
+            found = sorted(
+                os.path.join(root, f) for f in os.listdir(root) if f.endswith(self._SUFFIXES)
+            )
+        elif isinstance(paths, (str, os.PathLike)):
+            found = [os.fspath(paths)]
+        else:
+            found = [os.fspath(p) for p in paths]
+        self.paths = found
+        self.columns = None if columns is None else [str(c) for c in columns]
+        self._shards: Optional[list[tuple[str, int, int]]] = None
+
+    def shards(self) -> list[tuple[str, int, int]]:
+        """``(path, row group or -1 for a whole Arrow file, rows)`` each."""
+        if self._shards is None:
+            out: list[tuple[str, int, int]] = []
+            for path in self.paths:
+                if _is_parquet(path):
+                    import pyarrow.parquet as pq
+
+                    meta = pq.ParquetFile(path).metadata
+                    out += [(path, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+                else:
+                    out.append((path, -1, _open_ipc(path).num_rows))
+            self._shards = out
+        return self._shards
+
+    def shard_len(self, shard: Any) -> int:
+        return int(shard[2])
+
+    def _open(self, shard: Any) -> Any:
+        path, group, _ = shard
+        if group >= 0:
+            import pyarrow.parquet as pq
+
+            table = pq.ParquetFile(path).read_row_group(group, columns=self.columns)
+        else:
+            table = _open_ipc(path)
+        return _core.ArrowTable(table, self.columns, None)
+
+    def iter_shard(self, shard: Any, start: int = 0) -> Any:
+        table = self._open(shard)
+        return (table.row(i) for i in range(start, len(table)))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+__all__ = ["TableDataset", "TableShards"]
