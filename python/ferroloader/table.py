@@ -156,7 +156,8 @@ class TableShards(ShardedDataset[dict[str, Any]]):
                     import pyarrow.parquet as pq
 
                     meta = pq.ParquetFile(path).metadata
-                    out += [(path, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+                    groups = range(meta.num_row_groups)
+                    out += [(path, g, meta.row_group(g).num_rows) for g in groups]
                 else:
                     out.append((path, -1, _open_ipc(path).num_rows))
             self._shards = out
