@@ -26,12 +26,22 @@
 //!   no atomics; the two counters carry the ordering (the producer's store of
 //!   `tail` publishes the bytes it wrote, the consumer's store of `head`
 //!   hands the space back).
-//! - Waking: a consumer about to block stores `sleeping = 1`, then checks
+//! - Waking: a consumer about to block swaps `sleeping` to 1, then checks
 //!   the ring once more, and blocks only if it is still empty. A producer,
 //!   after storing `tail`, swaps `sleeping` to 0 and, if it was 1, sends a
-//!   wake-up on the side channel (the worker's socket). Both the `tail`
-//!   store/`sleeping` swap and the `sleeping` store/`tail` load are SeqCst, so
-//!   one of the two always sees the other: no lost wake-up.
+//!   wake-up on the side channel (the worker's socket). No lost wake-up:
+//!   every write of `sleeping` (the consumer's withdrawal and `end_sleep`
+//!   too) is a swap, so its modification order is a chain of
+//!   read-modify-writes, each reading the one before. If the producer's swap
+//!   comes after the consumer's swap to 1, it reads that 1 and wakes the
+//!   consumer. If it comes before, the consumer's swap to 1 is in the
+//!   producer's release sequence, so it acquires everything before the
+//!   producer's swap, `tail` included, and its re-check sees the message.
+//!   This needs only acquire/release (the operations are SeqCst anyway).
+//!   With plain stores for the consumer's writes it would hold only through
+//!   the single total order of SeqCst operations, a subtler argument that
+//!   loom (`loom_models.rs`) cannot check: it treats SeqCst accesses as
+//!   AcqRel. On x86 a SeqCst store and a swap are the same `xchg`.
 //! - A message too large for the ring (or one that carries a file
 //!   descriptor) goes on the socket, and a one-byte marker takes its place in
 //!   the ring, so the consumer still takes messages in the order they were
@@ -241,11 +251,12 @@ impl Mailbox {
 
     /// Consumer, before blocking: announces it sleeps; returns `false` (and
     /// withdraws) if a message arrived meanwhile, in which case it must not
-    /// block.
+    /// block. Every write of the flag is a swap, not a store: see the module
+    /// docs.
     pub fn prepare_sleep(&self, dir: Dir) -> bool {
-        self.sleeping(dir).store(1, Ordering::SeqCst);
+        self.sleeping(dir).swap(1, Ordering::SeqCst);
         if self.has_message(dir) {
-            self.sleeping(dir).store(0, Ordering::SeqCst);
+            self.sleeping(dir).swap(0, Ordering::SeqCst);
             return false;
         }
         true
@@ -253,7 +264,7 @@ impl Mailbox {
 
     /// Consumer, after waking.
     pub fn end_sleep(&self, dir: Dir) {
-        self.sleeping(dir).store(0, Ordering::SeqCst);
+        self.sleeping(dir).swap(0, Ordering::SeqCst);
     }
 }
 
