@@ -49,8 +49,8 @@
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use super::sync::{AtomicU32, AtomicU64, Ordering};
 use super::Segment;
 use crate::record::DecodeError;
 
@@ -106,11 +106,23 @@ impl Mailbox {
         self.seg.fd()
     }
 
+    /// The other side's view of this mailbox: the same memory. Heap-backed
+    /// builds only (Miri, loom), where there is no fd to map
+    /// ([`Mailbox::from_fd`] in production).
+    #[cfg(any(miri, loom))]
+    pub fn share(&self) -> Mailbox {
+        Mailbox {
+            seg: self.seg.share(),
+            cap: self.cap,
+        }
+    }
+
     /// The largest message that fits the ring.
     pub fn max_message(&self) -> usize {
         self.cap / 2 - 4
     }
 
+    #[cfg(not(loom))]
     fn ctl(&self, dir: Dir, field: usize) -> *mut u8 {
         // In bounds: the control blocks lie in the first CTL_LEN * 2 bytes.
         self.seg
@@ -118,6 +130,7 @@ impl Mailbox {
             .wrapping_add(dir as usize * CTL_LEN + field)
     }
 
+    #[cfg(not(loom))]
     fn counter(&self, dir: Dir, field: usize) -> &AtomicU64 {
         // SAFETY: the field is 8-aligned inside the mapped segment (struct
         // invariant; the mapping is page aligned), lives as long as `self`,
@@ -125,9 +138,37 @@ impl Mailbox {
         unsafe { AtomicU64::from_ptr(self.ctl(dir, field) as *mut u64) }
     }
 
+    #[cfg(not(loom))]
     fn sleeping(&self, dir: Dir) -> &AtomicU32 {
         // SAFETY: as for `counter`: 4-aligned, in bounds, only atomic access.
         unsafe { AtomicU32::from_ptr(self.ctl(dir, SLEEPING) as *mut u32) }
+    }
+
+    /// Under loom: the loom atomic the heap segment keeps for that word.
+    #[cfg(loom)]
+    fn counter(&self, dir: Dir, field: usize) -> &AtomicU64 {
+        self.seg.atomic_u64(dir as usize * CTL_LEN + field)
+    }
+
+    #[cfg(loom)]
+    fn sleeping(&self, dir: Dir) -> &AtomicU32 {
+        self.seg.atomic_u32(dir as usize * CTL_LEN + SLEEPING)
+    }
+
+    /// Under loom: tells the model checker which data bytes
+    /// `[pos, pos + len)` (wrapping) this thread reads or writes now.
+    #[cfg(loom)]
+    fn loom_access(&self, dir: Dir, pos: u64, len: usize, write: bool) {
+        let base = DATA_OFFSET + dir as usize * self.cap;
+        let at = pos as usize & (self.cap - 1);
+        let first = len.min(self.cap - at);
+        for (off, n) in [(base + at, first), (base, len - first)] {
+            if write {
+                self.seg.loom_write(off, n);
+            } else {
+                self.seg.loom_read(off, n);
+            }
+        }
     }
 
     fn data(&self, dir: Dir) -> *mut u8 {
@@ -143,6 +184,8 @@ impl Mailbox {
     fn write_at(&self, dir: Dir, pos: u64, src: &[u8]) {
         let at = pos as usize & (self.cap - 1);
         let first = src.len().min(self.cap - at);
+        #[cfg(loom)]
+        self.loom_access(dir, pos, src.len(), true);
         // SAFETY: both copies stay inside this ring's data area (`at < cap`,
         // `first <= cap - at`, the rest wraps to the start and is shorter
         // than `cap`); the range is the producer's free space, which the
@@ -167,6 +210,8 @@ impl Mailbox {
         assert!(dst.len() <= self.cap, "mailbox read longer than the ring");
         let at = pos as usize & (self.cap - 1);
         let first = dst.len().min(self.cap - at);
+        #[cfg(loom)]
+        self.loom_access(dir, pos, dst.len(), false);
         // SAFETY: in bounds as in `write_at`; the range was published by
         // the producer (its `tail` store, acquired by our load) and it will
         // not be rewritten until we store `head` past it.
@@ -268,7 +313,7 @@ impl Mailbox {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use proptest::prelude::*;
