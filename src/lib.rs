@@ -33,5 +33,8 @@ pub mod worker;
 
 pub use error::{Error, Result};
 
+#[cfg(test)]
+mod testing;
+
 #[cfg(feature = "python")]
 mod python;

@@ -22,11 +22,11 @@
 //!   misaligned, not `LIVE`, of another length or already open.
 
 use super::segment::{page_size, Segment};
+use super::sync::{AtomicU32, AtomicU64, Ordering};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// Alignment of every payload and granule of every block.
@@ -50,6 +50,7 @@ mod state {
 }
 
 /// A record header as it lies in shared memory (first 24 of its 64 bytes).
+#[cfg(not(loom))]
 #[repr(C)]
 struct RecordHeader {
     state: AtomicU32,
@@ -59,6 +60,7 @@ struct RecordHeader {
 }
 
 /// A segment header as it lies in shared memory (first 24 of its 64 bytes).
+#[cfg(not(loom))]
 #[repr(C)]
 struct SegmentHeader {
     magic: AtomicU32,
@@ -67,12 +69,15 @@ struct SegmentHeader {
     id: AtomicU32,
 }
 
+#[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<RecordHeader>() <= RECORD_HEADER_LEN);
+#[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<SegmentHeader>() <= SEGMENT_HEADER_LEN);
 const _: () = assert!(RECORD_HEADER_LEN % RECORD_ALIGN == 0);
 const _: () = assert!(SEGMENT_HEADER_LEN % RECORD_ALIGN == 0);
 
 /// The record header at `header_off` (the payload's offset minus 64).
+#[cfg(not(loom))]
 fn record_header(seg: &Segment, header_off: usize) -> &RecordHeader {
     assert!(
         header_off % RECORD_ALIGN == 0
@@ -89,6 +94,7 @@ fn record_header(seg: &Segment, header_off: usize) -> &RecordHeader {
 }
 
 /// The segment header at offset 0.
+#[cfg(not(loom))]
 fn segment_header(seg: &Segment) -> &SegmentHeader {
     assert!(
         seg.len() >= SEGMENT_HEADER_LEN,
@@ -98,6 +104,52 @@ fn segment_header(seg: &Segment) -> &SegmentHeader {
     // bytes (asserted); `SegmentHeader` is all atomics, valid for any bit
     // pattern, and its words are only ever accessed atomically.
     unsafe { &*seg.as_ptr().cast::<SegmentHeader>() }
+}
+
+/// Under loom: a record header's words, as the loom atomics a heap segment
+/// keeps beside its bytes at the same offsets (`heap_segment.rs`). The
+/// protocol code uses it exactly as the `&RecordHeader` of other builds.
+#[cfg(loom)]
+struct RecordHeader<'a> {
+    state: &'a AtomicU32,
+    magic: &'a AtomicU32,
+    len: &'a AtomicU64,
+    seq: &'a AtomicU64,
+}
+
+/// Under loom: a segment header's words (see [`RecordHeader`]).
+#[cfg(loom)]
+struct SegmentHeader<'a> {
+    magic: &'a AtomicU32,
+    version: &'a AtomicU32,
+    released: &'a AtomicU64,
+    id: &'a AtomicU32,
+}
+
+#[cfg(loom)]
+fn record_header(seg: &Segment, header_off: usize) -> RecordHeader<'_> {
+    assert!(
+        header_off % RECORD_ALIGN == 0
+            && header_off >= SEGMENT_HEADER_LEN
+            && header_off + RECORD_HEADER_LEN <= seg.len(),
+        "ferroloader ring: record header {header_off} outside its segment"
+    );
+    RecordHeader {
+        state: seg.atomic_u32(header_off),
+        magic: seg.atomic_u32(header_off + 4),
+        len: seg.atomic_u64(header_off + 8),
+        seq: seg.atomic_u64(header_off + 16),
+    }
+}
+
+#[cfg(loom)]
+fn segment_header(seg: &Segment) -> SegmentHeader<'_> {
+    SegmentHeader {
+        magic: seg.atomic_u32(0),
+        version: seg.atomic_u32(4),
+        released: seg.atomic_u64(8),
+        id: seg.atomic_u32(16),
+    }
 }
 
 /// Bytes a record of payload `len` occupies (header + payload rounded up),
@@ -421,6 +473,9 @@ impl ArenaWriter {
         let seg = &self.segs[i].seg;
         let off = start + RECORD_HEADER_LEN;
         debug_assert!(off + r.len as usize <= seg.len());
+        // Under loom: the writer writes the payload from here to `publish`.
+        #[cfg(loom)]
+        seg.loom_write(off, r.len as usize);
         // SAFETY: (I2) the block [start, start + size) lies inside the live
         // mapping and overlaps no other record; `off + len` is within it.
         // (I3) the record is WRITING (checked), so the reader does not touch
@@ -482,6 +537,14 @@ impl ArenaWriter {
             .enumerate()
             .map(|(k, s)| ((from + k) as u32, s.seg.fd()))
             .collect()
+    }
+
+    /// Segment `id` as the reader would map it: the same heap memory
+    /// (`Segment::share`). Heap-backed builds only (Miri, loom), which have
+    /// no fds to send.
+    #[cfg(any(miri, loom))]
+    pub fn shared_segment(&self, id: u32) -> Option<Segment> {
+        self.segs.get(id as usize).map(|s| s.seg.share())
     }
 
     /// Segment `id`'s fd, if it exists.
@@ -690,6 +753,8 @@ impl RecordHandle {
 
     /// The payload as bytes.
     pub fn bytes(&self) -> &[u8] {
+        #[cfg(loom)]
+        self.seg.loom_read(self.offset, self.len);
         // SAFETY: `open` checked `offset + len <= seg.len()` and the mapping
         // lives as long as `self.seg` (`Segment` invariant). (I3) the record
         // is HELD by this handle, so the writer neither writes nor reuses
@@ -718,6 +783,10 @@ impl fmt::Debug for RecordHandle {
 
 impl Drop for RecordHandle {
     fn drop(&mut self) {
+        // Under loom: the holder may have written the payload in place up
+        // to here; the writer's reuse must be ordered after this.
+        #[cfg(loom)]
+        self.seg.loom_write(self.offset, self.len);
         let h = record_header(&self.seg, self.offset - RECORD_HEADER_LEN);
         h.state.store(state::RELEASED, Ordering::Release);
         segment_header(&self.seg)

@@ -144,7 +144,16 @@
 mod arena;
 mod budget;
 mod mailbox;
+// The real segment is a memfd mapped `MAP_SHARED`. Miri cannot run that
+// and loom's atomics cannot live in raw mapped bytes, so under either the
+// same API is backed by heap memory (see `heap_segment.rs`); the arena and
+// mailbox code above it is the same in all builds.
+#[cfg(not(any(miri, loom)))]
 mod segment;
+#[cfg(any(miri, loom))]
+#[path = "heap_segment.rs"]
+mod segment;
+mod sync;
 
 pub use arena::{
     ArenaError, ArenaReader, ArenaWriter, RecordHandle, RecordRef, RECORD_ALIGN, RECORD_HEADER_LEN,
@@ -154,5 +163,10 @@ pub use budget::RecordBudget;
 pub use mailbox::{Dir, Mailbox};
 pub use segment::{page_size, Segment};
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests;
+
+// Model checks of the arena and mailbox protocols under loom; see that file
+// for how to run them.
+#[cfg(all(test, loom))]
+mod loom_models;

@@ -1,6 +1,13 @@
 //! Tests of the arena protocol. Every test maps the writer's segments a
 //! second time through a dup'ed fd (`Segment::from_fd`), as the main process
 //! does, so reads go through a different mapping than the writes.
+//!
+//! Under Miri (`cargo +nightly miri test --lib ring`), which has neither
+//! memfds nor shared mappings, segments are heap memory
+//! (`heap_segment.rs`) and the reader shares the writer's instead: the
+//! arena's own code is the same, and Miri checks its `unsafe` blocks and
+//! the ordering of the two sides' accesses. Tests of the fd handover are
+//! ignored there, and the long ones run shorter.
 
 use super::*;
 use proptest::prelude::*;
@@ -12,10 +19,30 @@ const MIB: usize = 1024 * KIB;
 const FIRST: u64 = (SEGMENT_HEADER_LEN + RECORD_HEADER_LEN) as u64;
 
 /// Hands the writer's new segments to the reader through dup'ed fds.
+#[cfg(not(miri))]
 fn connect(w: &mut ArenaWriter, r: &ArenaReader) {
     for (id, fd) in w.take_new_segments() {
         let seg = Segment::from_fd(fd.try_clone_to_owned().unwrap()).unwrap();
         r.add_segment(id, seg);
+    }
+}
+
+/// Under Miri: hands every segment of the writer to the reader again (the
+/// same heap memory; re-adding one is harmless).
+#[cfg(miri)]
+fn connect(w: &mut ArenaWriter, r: &ArenaReader) {
+    for id in 0..w.segment_count() as u32 {
+        r.add_segment(id, w.shared_segment(id).unwrap());
+    }
+}
+
+/// `native` natively, `miri` under Miri: the iteration counts of the long
+/// tests.
+const fn scaled(native: u64, miri: u64) -> u64 {
+    if cfg!(miri) {
+        miri
+    } else {
+        native
     }
 }
 
@@ -245,6 +272,9 @@ fn coalescing_both_sides() {
 }
 
 #[test]
+// Checks the fd handover (`take_new_segments`, `segment_fd`, `from_fd`):
+// heap segments under Miri have no fds.
+#[cfg_attr(miri, ignore)]
 fn grows_into_new_segments_for_held_and_oversized_records() {
     let mut w = ArenaWriter::new(64 * KIB, 64 * MIB).unwrap();
     let r = ArenaReader::new();
@@ -412,7 +442,7 @@ fn concurrent_release_while_allocating() {
             assert!(intact(&h, t));
         }
     });
-    for t in 0..5_000u64 {
+    for t in 0..scaled(5_000, 100) {
         let h = put(&mut w, &r, 1 + (t as usize * 977) % (20 * KIB), t);
         tx.send((t, h)).unwrap();
     }
@@ -443,6 +473,9 @@ impl XorShift {
 }
 
 #[test]
+// 11,000 cycles, too long for Miri, and the fd handover at the end; the
+// shorter tests run the same code under it.
+#[cfg_attr(miri, ignore)]
 fn steady_state_does_not_grow() {
     // Up to 8 records of up to 64 KiB held at once, released in random
     // order: after warm-up the arena never grows over 10,000 cycles.
@@ -477,7 +510,7 @@ fn steady_state_in_a_roomy_arena_stays_at_the_start() {
     // One record at a time: always the same low offset, never new pages.
     let mut w = ArenaWriter::new(64 * MIB, 256 * MIB).unwrap();
     let r = ArenaReader::new();
-    for t in 0..10_000u64 {
+    for t in 0..scaled(10_000, 200) {
         let rec = w.alloc(1 + (t as usize * 4099) % MIB).unwrap();
         assert_eq!(rec.offset, FIRST);
         w.publish(rec);
@@ -568,10 +601,10 @@ fn expected_fit(w: &ArenaWriter, out: &[Outstanding], size: usize) -> Option<(u3
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
+    #![proptest_config(crate::testing::miri_friendly(ProptestConfig::with_cases(200)))]
 
     #[test]
-    fn random_sizes_and_release_orders(ops in prop::collection::vec(op(), 1..120)) {
+    fn random_sizes_and_release_orders(ops in prop::collection::vec(op(), 1..scaled(120, 30) as usize)) {
         let limit = 4 * MIB;
         let mut w = ArenaWriter::new(64 * KIB, limit).unwrap();
         let r = ArenaReader::new();
@@ -691,6 +724,8 @@ proptest! {
 }
 
 #[test]
+// Hands segments over by fd: heap segments under Miri have none.
+#[cfg_attr(miri, ignore)]
 fn reader_registry_by_id() {
     let mut w = ArenaWriter::new(64 * KIB, MIB).unwrap();
     let r = ArenaReader::new();

@@ -2,6 +2,9 @@
 //! run again (`child_worker_entry`) with its socket as stdin, serving tasks
 //! through `crate::worker::serve` with a plain Rust host.
 //!
+//! All ignored under Miri, which cannot spawn processes, pass fds over
+//! sockets or map memfds.
+//!
 //! A task's indices are the batch; negative indices are commands to the
 //! test worker: -1 exit with code 3, -2 SIGKILL itself, -3 sleep 150 ms
 //! first, -4 raise (answer `Failed`), -5 sleep 1 s first. A batch record holds the non-negative
@@ -156,6 +159,7 @@ impl Host for TestHost {
 
 /// Not a test of its own: the worker process's entry when run as a child.
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn child_worker_entry() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
@@ -304,6 +308,7 @@ fn batches(
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn batches_come_back_in_sequence_order_whatever_the_finish_order() {
     let mut pool = start(2, 2, true, false);
     // Every third batch is slow, so later batches finish first.
@@ -318,6 +323,7 @@ fn batches_come_back_in_sequence_order_whatever_the_finish_order() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn out_of_order_mode_hands_over_every_batch_once() {
     let mut pool = start(2, 2, false, false);
     // A second is far longer than the other nine batches take, even on a
@@ -338,6 +344,7 @@ fn out_of_order_mode_hands_over_every_batch_once() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn a_killed_worker_is_reported_with_its_signal() {
     let mut pool = start(2, 1, true, false);
     let mut draw = batches(6, |i| if i == 3 { vec![-2] } else { vec![] });
@@ -366,6 +373,7 @@ fn a_killed_worker_is_reported_with_its_signal() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn a_worker_that_exits_is_reported_with_its_code() {
     let mut pool = start(1, 2, true, false);
     let mut draw = batches(3, |i| if i == 1 { vec![-1] } else { vec![] });
@@ -380,6 +388,7 @@ fn a_worker_that_exits_is_reported_with_its_code() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn a_failed_task_keeps_its_place_and_the_epoch_goes_on() {
     let mut pool = start(2, 2, true, false);
     let mut draw = batches(5, |i| if i == 2 { vec![-4] } else { vec![] });
@@ -399,6 +408,7 @@ fn a_failed_task_keeps_its_place_and_the_epoch_goes_on() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn iterable_replicas_round_robin_until_each_is_exhausted() {
     let mut pool = start(3, 2, true, false);
     let mut draw = || Ok(Some(TaskIndices::Iterable(Some(1))));
@@ -414,6 +424,7 @@ fn iterable_replicas_round_robin_until_each_is_exhausted() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn iterable_position_pairs_each_replica_with_the_state_of_its_last_handed_over_batch() {
     let mut pool = start(3, 2, true, false);
     let mut draw = || Ok(Some(TaskIndices::Iterable(Some(1))));
@@ -434,6 +445,7 @@ fn iterable_position_pairs_each_replica_with_the_state_of_its_last_handed_over_b
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn persistent_workers_serve_a_second_epoch_after_resume() {
     let mut pool = start(2, 2, true, true);
     for epoch in 0..2 {
@@ -454,6 +466,7 @@ fn persistent_workers_serve_a_second_epoch_after_resume() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn workers_leave_quietly_when_the_main_side_closes_mid_epoch() {
     let mut pool = start(2, 2, true, false);
     let mut draw = batches(100, |_| vec![]);

@@ -520,6 +520,8 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(crate::testing::miri_friendly(ProptestConfig::default()))]
+
         #[test]
         fn to_worker_round_trips(m in to_worker_msg()) {
             let mut b = Vec::new();

@@ -368,6 +368,8 @@ mod tests {
     }
 
     #[test]
+    // Unix sockets and SCM_RIGHTS: not emulated by Miri.
+    #[cfg_attr(miri, ignore)]
     fn frames_and_fds_arrive_in_order() {
         let (mut a, mut b) = pair();
         let (x, _y) = pair();
@@ -382,6 +384,8 @@ mod tests {
     }
 
     #[test]
+    // Unix sockets, non-blocking I/O and poll: not emulated by Miri.
+    #[cfg_attr(miri, ignore)]
     fn nonblocking_writer_queues_when_full() {
         let (mut a, mut b) = pair();
         a.set_nonblocking(true).unwrap();
@@ -398,6 +402,8 @@ mod tests {
     }
 
     #[test]
+    // Spawns a process and waits on its pidfd: not emulated by Miri.
+    #[cfg_attr(miri, ignore)]
     fn exit_status_of_a_finished_child() {
         let child = std::process::Command::new("sh")
             .args(["-c", "exit 3"])
