@@ -184,6 +184,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(crate::testing::miri_friendly(ProptestConfig::default()))]
         /// A chunked gather equals indexing the concatenated column.
         #[test]
         fn chunked_gather_equals_indexing(lens in proptest::collection::vec(0usize..9, 1..6), row_bytes in 1usize..5, picks in proptest::collection::vec(any::<u16>(), 0..40)) {

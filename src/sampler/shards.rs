@@ -194,6 +194,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(crate::testing::miri_friendly(ProptestConfig::default()))]
         /// Split tails cover every position from `start` on exactly once,
         /// whatever the world size: the union over ranks is the rest of the
         /// global sequence.

@@ -477,6 +477,7 @@ fn workers_leave_quietly_when_the_main_side_closes_mid_epoch() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn a_wait_past_its_timeout_is_a_timeout_error_and_the_epoch_can_go_on() {
     let mut pool = start(1, 1, true, false);
     // The first batch takes a second; the wait allows 100 ms.
@@ -549,6 +550,7 @@ fn all_items() -> Vec<i64> {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn static_lanes_give_the_same_batches_for_any_number_of_workers() {
     let order = shard_order(SHARD_LENS.len(), Some(5));
     let mut seqs = Vec::new();
@@ -565,6 +567,7 @@ fn static_lanes_give_the_same_batches_for_any_number_of_workers() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn dynamic_lanes_read_every_item_once_asking_for_shards() {
     for workers in [1, 3] {
         let mut pool = start(workers, 2, true, true);
@@ -595,6 +598,7 @@ fn dynamic_lanes_read_every_item_once_asking_for_shards() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn a_budget_ends_the_epoch_after_that_many_batches() {
     let order = shard_order(SHARD_LENS.len(), None);
     let mut pool = start(2, 2, true, false);
@@ -605,6 +609,7 @@ fn a_budget_ends_the_epoch_after_that_many_batches() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn a_static_epoch_resumes_from_its_snapshot_on_other_workers() {
     let order = shard_order(SHARD_LENS.len(), Some(11));
     let mine = rank_shards(&order, 0, 1);
@@ -651,6 +656,7 @@ fn a_static_epoch_resumes_from_its_snapshot_on_other_workers() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // see the module docs
 fn lanes_in_one_process_give_the_pools_sequence() {
     let order = shard_order(SHARD_LENS.len(), Some(23));
     let mut pool = start(2, 2, true, false);

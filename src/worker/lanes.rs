@@ -635,6 +635,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(crate::testing::miri_friendly(ProptestConfig::default()))]
         /// A lane's items are its shards in shard order: the order
         /// `ShardAddresses` defines for the same blocks.
         #[test]
