@@ -349,3 +349,14 @@ def test_setting_loader_attribute_allowed_ones():
         loader.collate_fn = identity_collate
         loader.some_user_attr = 3
         assert list(loader) == [[0, 1], [2, 3]]
+
+
+def test_every_name_torch_utils_data_exports_is_exported():
+    """Every name in torch.utils.data.__all__ is in ferroloader.__all__ (the
+    README's list of names is exact)."""
+    import ferroloader
+    import torch.utils.data as tud
+
+    assert set(tud.__all__) <= set(ferroloader.__all__), set(tud.__all__) - set(ferroloader.__all__)
+    for name in tud.__all__:
+        assert hasattr(ferroloader, name), name
