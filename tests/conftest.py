@@ -68,3 +68,16 @@ def _restore(registry, saved):
     for key, fn in saved.items():
         if key not in registry or registry[key] is not fn:
             registry[key] = fn
+
+
+@pytest.fixture(autouse=True)
+def _no_function_mode_left_behind():
+    """A test that leaves a TorchFunctionMode active (torch.set_default_device,
+    say) would make every later test run ferroloader's fallback paths only."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    before = len(_get_current_function_mode_stack())
+    yield
+    assert len(_get_current_function_mode_stack()) == before, (
+        "this test left a TorchFunctionMode active"
+    )

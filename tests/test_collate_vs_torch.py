@@ -1055,9 +1055,17 @@ def default_dtype():
 
 @pytest.fixture
 def default_device():
-    saved = torch.get_default_device()
+    """Sets the default device for one test, then unsets it: setting it back
+    to get_default_device()'s answer ('cpu') would leave a DeviceContext
+    mode active for the rest of the session, and native paths stand aside
+    under any TorchFunctionMode."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    before = list(_get_current_function_mode_stack())
+    saved = torch.get_default_device() if before else None
     yield torch.set_default_device
     torch.set_default_device(saved)
+    assert list(_get_current_function_mode_stack()) == before
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])

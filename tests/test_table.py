@@ -197,6 +197,19 @@ class Marker:
 
 
 @pytest.mark.parametrize("nw", [0, 2])
+def test_transform_runs_under_a_torch_function_mode(nw):
+    """Under a TorchFunctionMode (torch.set_default_device) the gather stands
+    aside for torch's collate, and the transform still runs on the batch."""
+    ds = fl.TableDataset(pa.table({"x": list(range(8))}), transform=Marker())
+    torch.set_default_device("cpu")
+    try:
+        got = ferro_batches(ds, batch_size=4, num_workers=nw)
+    finally:
+        torch.set_default_device(None)
+    assert all("pid" in b and torch.equal(b["x2"], b["x"] * 2) for b in got)
+
+
+@pytest.mark.parametrize("nw", [0, 2])
 def test_transform_runs_on_the_collated_batch_in_the_worker(nw):
     """transform= gets the collated batch (a dict) and runs inside the
     worker; with torch's loader, collate_fn=ds.collate gives the same."""

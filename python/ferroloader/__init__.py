@@ -46,6 +46,7 @@ from ferroloader.errors import (
     WorkerDiedError,
     WorkerTimeoutError,
 )
+from ferroloader.patch import Patch, patch
 from ferroloader.sampler import (
     BatchSampler,
     RandomSampler,
@@ -75,6 +76,7 @@ __all__ = [
     "IterDataPipe",
     "IterableDataset",
     "MapDataPipe",
+    "Patch",
     "ProtocolError",
     "RandomSampler",
     "Sampler",
@@ -103,6 +105,7 @@ __all__ = [
     "get_worker_info",
     "guaranteed_datapipes_determinism",
     "non_deterministic",
+    "patch",
     "random_split",
     "runtime_validation",
     "runtime_validation_disabled",

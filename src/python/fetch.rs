@@ -187,14 +187,23 @@ impl Fetcher {
         self.collate(py, samples.into_any()).map(Some)
     }
 
-    /// `collate_fn(data)`, natively when it is torch's default.
+    /// `collate_fn(data)`, natively when it is torch's default (and then a
+    /// `TableDataset`'s transform, which applies to every default-collated
+    /// batch, gathered or not).
     pub fn collate<'py>(
         &self,
         py: Python<'py>,
         data: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         match &self.collate_fn {
-            None => Collator::default(py, self.sink)?.collate(&data),
+            None => match &self.table {
+                // the transform sees real tensors
+                Some((_, Some(transform))) => {
+                    let batch = Collator::default(py, Sink::InProcess)?.collate(&data)?;
+                    transform.bind(py).call1((batch,))
+                }
+                _ => Collator::default(py, self.sink)?.collate(&data),
+            },
             Some(f) => f.bind(py).call1((data,)),
         }
     }
