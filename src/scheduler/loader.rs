@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::pool::{Event, WorkerPool};
-use super::protocol::{LanePos, TaskIndices, ToWorker};
+use super::protocol::{LanePos, TaskIndices, ToWorker, Work};
 use super::shards::{LanePlan, LaneSnapshot, ShardQueue};
 use super::transport::Blocking;
 use super::{Next, Scheduler};
@@ -143,15 +143,22 @@ impl Loader {
                 }
             }
             None => {
+                // two shards each, the second to read ahead into; lanes get
+                // a third as soon as they begin their second (`LanePos`)
                 let mut q = ShardQueue::new(plan.queue.clone(), plan.lanes);
-                for (lane, &worker) in worker_of.iter().enumerate() {
-                    let first = q.assign(lane);
+                let mut given: Vec<Vec<Work>> = vec![Vec::new(); plan.lanes];
+                for _ in 0..2 {
+                    for (lane, works) in given.iter_mut().enumerate() {
+                        works.extend(q.assign(lane));
+                    }
+                }
+                for (lane, works) in given.into_iter().enumerate() {
                     let msg = ToWorker::Assign {
                         lane: lane as u32,
-                        last: first.is_none(),
-                        works: first.into_iter().collect(),
+                        last: works.is_empty(),
+                        works,
                     };
-                    self.pool.send(worker, &msg)?;
+                    self.pool.send(worker_of[lane], &msg)?;
                 }
                 queue = Some(q);
             }
@@ -359,6 +366,21 @@ impl Loader {
             } => {
                 if let Some(lanes) = &mut self.lanes {
                     lanes.pending[worker].push_back((lane, pos));
+                    if let Some(q) = &mut lanes.queue {
+                        // a dynamic lane began its last shard: one more, so
+                        // it can read ahead into it
+                        let l = lane as usize;
+                        if l < q.lanes() && q.given(l) <= pos.started {
+                            if let Some(w) = q.assign(l) {
+                                let msg = ToWorker::Assign {
+                                    lane,
+                                    works: vec![w],
+                                    last: false,
+                                };
+                                self.pool.send(worker, &msg)?;
+                            }
+                        }
+                    }
                 }
                 return Ok(0);
             }

@@ -4,10 +4,12 @@
 //!
 //! A lane reads the shards it is given one after the other and cuts the
 //! items into batches; a batch may span a shard boundary. Shuffled, a lane
-//! reads a shard's first block whole, then reads the next block ahead, one
-//! item for each item it emits, so every batch costs about the same (a lane
-//! that stalled for a whole block would hold back every other lane behind
-//! it in the round-robin). After each batch
+//! reads the next block ahead while it emits the current one, spreading the
+//! reads evenly over the emissions, and at a shard's last block it reads
+//! ahead into its next work's first block; so every batch costs about the
+//! same (a lane that stalled for a whole block would hold back every other
+//! lane behind it in the round-robin). Only a lane's very first block is
+//! read whole. After each batch
 //! it can say where it stands ([`Lane::pos`]): a lane given the same works
 //! and that position continues with exactly the items that came next.
 //! Lanes are generic over the dataset ([`ShardSource`]): in a worker they
@@ -86,10 +88,39 @@ pub struct Lane<S: ShardSource> {
     /// More works may be assigned (dynamic lanes until told otherwise).
     more: bool,
     reading: Option<Reading<S::Item, S::Iter>>,
+    /// The next work, opened early to read its first block ahead.
+    next: Option<Reading<S::Item, S::Iter>>,
+    /// The last error came from reading ahead into `next`.
+    next_failed: bool,
     /// Where the last shard read ended, once it has.
     ended_at: Option<(u32, u64)>,
     /// Items of the batch being made.
     partial: Vec<S::Item>,
+}
+
+impl<I, It> Reading<I, It> {
+    /// Opens `work` where its shard order resumes: at the start of the
+    /// block holding its next item.
+    fn open<S: ShardSource<Item = I, Iter = It>>(
+        src: &mut S,
+        work: Work,
+        blocks: Option<Blocks>,
+    ) -> Result<Self, S::Error> {
+        let (start, skip) = match blocks {
+            Some(b) => (work.emitted / b.size * b.size, work.emitted % b.size),
+            None => (work.emitted, 0),
+        };
+        Ok(Reading {
+            shard: work.shard,
+            iter: src.open(work.shard, start)?,
+            raw: start,
+            emitted: work.emitted,
+            block: VecDeque::new(),
+            ahead: Vec::new(),
+            skip,
+            ended: false,
+        })
+    }
 }
 
 impl<S: ShardSource> Lane<S> {
@@ -100,9 +131,17 @@ impl<S: ShardSource> Lane<S> {
             started: 0,
             more: true,
             reading: None,
+            next: None,
+            next_failed: false,
             ended_at: None,
             partial: Vec::new(),
         }
+    }
+
+    /// Nothing queued behind the work being read: a dynamic lane would
+    /// like its next shard now, to read ahead into it.
+    pub fn wants_work(&self) -> bool {
+        self.more && self.works.is_empty() && self.next.is_none()
     }
 
     /// Queues `works`; `last`: nothing more will come this epoch.
@@ -121,7 +160,7 @@ impl<S: ShardSource> Lane<S> {
         iter: &mut impl FnMut(&'a S::Iter),
     ) {
         self.partial.iter().for_each(&mut *item);
-        if let Some(r) = &self.reading {
+        for r in self.reading.iter().chain(&self.next) {
             r.block.iter().for_each(&mut *item);
             r.ahead.iter().for_each(&mut *item);
             iter(&r.iter);
@@ -130,7 +169,7 @@ impl<S: ShardSource> Lane<S> {
 
     /// Works given to this lane so far.
     pub fn given(&self) -> u32 {
-        self.started + self.works.len() as u32
+        self.started + self.works.len() as u32 + u32::from(self.next.is_some())
     }
 
     /// Where the lane stands (after the last item it emitted); `None`
@@ -160,7 +199,10 @@ impl<S: ShardSource> Lane<S> {
                 Ok(None) => break,
                 Err(e) => {
                     self.partial.clear();
-                    if let Some(r) = self.reading.take() {
+                    if std::mem::take(&mut self.next_failed) {
+                        // the next shard failed as it was read ahead: it ends
+                        self.next = None;
+                    } else if let Some(r) = self.reading.take() {
                         self.ended_at = Some((r.shard, r.emitted));
                     }
                     return Err(e);
@@ -181,43 +223,41 @@ impl<S: ShardSource> Lane<S> {
     fn next_item(&mut self, src: &mut S) -> Result<Option<S::Item>, S::Error> {
         loop {
             if self.reading.is_none() {
-                let Some(work) = self.works.pop_front() else {
-                    return Ok(None);
+                let reading = match self.next.take() {
+                    Some(r) => r,
+                    None => {
+                        let Some(work) = self.works.pop_front() else {
+                            return Ok(None);
+                        };
+                        Reading::open(src, work, self.config.blocks)?
+                    }
                 };
                 self.started += 1;
-                let (start, skip) = match self.config.blocks {
-                    Some(b) => (work.emitted / b.size * b.size, work.emitted % b.size),
-                    None => (work.emitted, 0),
-                };
-                let iter = src.open(work.shard, start)?;
-                self.reading = Some(Reading {
-                    shard: work.shard,
-                    iter,
-                    raw: start,
-                    emitted: work.emitted,
-                    block: VecDeque::new(),
-                    ahead: Vec::new(),
-                    skip,
-                    ended: false,
-                });
+                self.reading = Some(reading);
             }
-            let r = self.reading.as_mut().expect("opened above");
             let item = match self.config.blocks {
-                None if r.ended => None,
                 None => {
-                    let item = src.next(&mut r.iter, r.shard, r.raw)?;
-                    r.raw += 1;
-                    item
+                    let r = self.reading.as_mut().expect("opened above");
+                    if r.ended {
+                        None
+                    } else {
+                        let item = src.next(&mut r.iter, r.shard, r.raw)?;
+                        r.raw += 1;
+                        item
+                    }
                 }
                 Some(b) => {
+                    let r = self.reading.as_mut().expect("opened above");
                     if r.block.is_empty() {
                         next_block(src, r, b)?;
-                    } else if !r.ended && (r.ahead.len() as u64) < b.size {
-                        read_ahead(src, r)?;
                     }
-                    r.block.pop_front()
+                    if !r.block.is_empty() {
+                        self.read_ahead_for_one(src, b)?;
+                    }
+                    self.reading.as_mut().expect("still open").block.pop_front()
                 }
             };
+            let r = self.reading.as_mut().expect("opened above");
             match item {
                 Some(item) => {
                     r.emitted += 1;
@@ -229,6 +269,50 @@ impl<S: ShardSource> Lane<S> {
                 }
             }
         }
+    }
+
+    /// Before one item of the current block is emitted: reads its share of
+    /// the next block (so that block is complete when this one is spent),
+    /// in this shard or, once this shard is read to its end, in the next
+    /// work.
+    fn read_ahead_for_one(&mut self, src: &mut S, b: Blocks) -> Result<(), S::Error> {
+        let r = self.reading.as_mut().expect("reading");
+        let left = r.block.len() as u64;
+        if !r.ended {
+            let reads = (b.size - r.ahead.len() as u64).div_ceil(left);
+            for _ in 0..reads {
+                if r.ended || r.ahead.len() as u64 >= b.size {
+                    break;
+                }
+                read_ahead(src, r)?;
+            }
+            return Ok(());
+        }
+        if self.next.is_none() {
+            let Some(work) = self.works.pop_front() else {
+                return Ok(());
+            };
+            match Reading::open(src, work, Some(b)) {
+                Ok(n) => self.next = Some(n),
+                Err(e) => {
+                    self.next_failed = true;
+                    return Err(e);
+                }
+            }
+        }
+        let n = self.next.as_mut().expect("opened above");
+        // a resumed work's first block: what it skips is read too
+        let reads = (b.size - n.ahead.len() as u64).div_ceil(left);
+        for _ in 0..reads {
+            if n.ended || n.ahead.len() as u64 >= b.size {
+                break;
+            }
+            if let Err(e) = read_ahead(src, n) {
+                self.next_failed = true;
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -292,6 +376,14 @@ impl<S: ShardSource> LaneSet<S> {
                 return Ok(None);
             };
             self.cycle = l;
+            if let Some(q) = self.queue.as_mut() {
+                // one shard queued behind the current one, to read ahead into
+                if self.lanes[l].wants_work() {
+                    if let Some(w) = q.assign(l) {
+                        self.lanes[l].assign([w], false);
+                    }
+                }
+            }
             let pulled = self.lanes[l].pull(src);
             if !matches!(pulled, Ok(Pull::NeedWork)) {
                 // a batch, an end or an error: each takes the lane's turn
@@ -601,6 +693,35 @@ mod tests {
             );
         }
         assert_eq!(emitted, 40);
+    }
+
+    #[test]
+    fn reads_stay_even_across_shard_boundaries() {
+        // shards of 1, 2.5 and 4 blocks of 8, batches of 2: after the
+        // lane's first block, no pull reads much more than its items (a
+        // whole next block read in one pull is the stall this prevents)
+        let mut s = Counting {
+            inner: src(&[8, 20, 32, 12]),
+            reads: 0,
+        };
+        let blocks = Some(Blocks { root: 3, size: 8 });
+        let mut lane = Lane::new(config(Some(2), false, blocks));
+        lane.assign(works(&[0, 1, 2, 3]), true);
+        let mut per_pull = Vec::new();
+        let mut emitted = 0;
+        loop {
+            let before = s.reads;
+            match lane.pull(&mut s).unwrap() {
+                Pull::Batch(b) => emitted += b.len(),
+                Pull::Exhausted => break,
+                Pull::NeedWork => unreachable!(),
+            }
+            per_pull.push(s.reads - before);
+            assert!(s.reads <= emitted + 2 * 8, "at most the next block ahead");
+        }
+        assert_eq!(emitted, 72);
+        let worst = per_pull[1..].iter().max().copied().unwrap_or(0);
+        assert!(worst <= 6, "a pull read {worst} items: {per_pull:?}");
     }
 
     #[test]
