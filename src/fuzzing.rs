@@ -229,6 +229,7 @@ mod tests {
                     emitted: 77,
                 },
             },
+            FromWorker::Retry { seq: 12 },
         ];
         let mut stream = Vec::new();
         for (i, m) in msgs_to.iter().enumerate() {

@@ -436,3 +436,19 @@ def test_hypothesis_sharded_resume(mode, stop, nw, nw_after, batch):
     if mode == "static":
         assert got == whole
     assert Counter(flat(got)) == Counter(all_items())
+
+
+@time_limit(120)
+def test_one_dynamic_lane_keeps_the_stream_order():
+    """With one worker, dynamic sharding has one lane, whose batches must
+    come in its stream's order (as in one process) however shards are
+    handed out; a task sent back for more work is never overtaken. (The
+    soak found batches swapped, and so a resume that lost and repeated.)"""
+    lens = [0, 3, 20, 7, 1, 20, 1, 0, 20, 1]
+    ds = Counted(lens)
+    ref = _loader("dynamic", nw=0, dataset=ds, batch_size=8, seed=1636501802)
+    loader = _loader(
+        "dynamic", nw=1, dataset=ds, batch_size=8, seed=1636501802, persistent_workers=True
+    )
+    for epoch in range(10):
+        assert _epoch(loader) == _epoch(ref), f"epoch {epoch}"

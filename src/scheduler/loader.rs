@@ -358,8 +358,20 @@ impl Loader {
                 self.close();
                 return Err(Error::WorkerDied { worker, pid, exit }.into());
             }
-            Event::LanePos { .. } | Event::NeedWork { .. } if self.awaiting_resume > 0 => {
+            Event::LanePos { .. } | Event::NeedWork { .. } | Event::Retry { .. }
+                if self.awaiting_resume > 0 =>
+            {
                 return Ok(0)
+            }
+            Event::Retry { worker, seq } => {
+                if let Some(lane) = self.sched.owner(seq) {
+                    let task = ToWorker::Task {
+                        seq,
+                        indices: TaskIndices::Lane(lane as u32),
+                    };
+                    self.pool.send(worker, &task)?;
+                }
+                return Ok(0);
             }
             Event::LanePos {
                 worker, lane, pos, ..

@@ -59,6 +59,8 @@ pub enum Event {
         lane: u32,
         pos: LanePos,
     },
+    /// Task `seq` is to be sent again as it was.
+    Retry { worker: usize, seq: u64 },
     /// The worker ended while still expected to answer (reported once).
     Died { worker: usize, pid: i32, exit: Exit },
 }
@@ -291,6 +293,7 @@ impl WorkerPool {
                     lane,
                     pos,
                 },
+                FromWorker::Retry { seq } => Event::Retry { worker: w, seq },
             };
             self.events.push_back(event);
         }

@@ -670,3 +670,44 @@ fn lanes_in_one_process_give_the_pools_sequence() {
     }
     assert_eq!(local, pooled);
 }
+
+#[test]
+#[cfg_attr(miri, ignore)] // see the module docs
+fn a_dynamic_lanes_batches_keep_the_order_of_its_tasks() {
+    // One lane reads the queue's shards in order, however they are handed
+    // out; a task sent back (NeedWork) must not be overtaken by a later
+    // one that finds a newly assigned shard.
+    let queue: Vec<Work> = (0..SHARD_LENS.len() as u32)
+        .map(|shard| Work { shard, emitted: 0 })
+        .collect();
+    let plan = LanePlan {
+        lanes: 1,
+        shuffle: true,
+        block: 2,
+        root: 7,
+        works: None,
+        queue,
+        next_lane: 0,
+        handed: 0,
+        budget: None,
+        bases: vec![0],
+        positions: vec![None],
+    };
+    let mut set: LaneSet<TestShards> = LaneSet::new(plan.clone(), Some(LANE_BATCH), false);
+    let mut want = Vec::new();
+    while let Some(b) = set.next_batch(&mut TestShards).unwrap() {
+        want.push(b);
+    }
+    let mut pool = start(1, 3, true, true);
+    for epoch in 0..40 {
+        if epoch > 0 {
+            let mut draw = batches(0, |_| vec![]);
+            pool.loader
+                .restart_epoch(&mut Deadline::in_30s(), &mut draw)
+                .unwrap();
+        }
+        assert_eq!(lane_epoch(&mut pool, plan.clone()), want, "epoch {epoch}");
+    }
+    pool.loader.close();
+    pool.reap();
+}

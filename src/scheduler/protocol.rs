@@ -60,6 +60,9 @@ pub mod from_worker {
     /// `u64` seq, `u32` lane, `u32` started, `u32` shard, `u64` emitted:
     /// where the lane stands after task `seq`'s batch (sent just before it).
     pub const LANE_POS: u8 = 8;
+    /// `u64` seq: send task `seq` again, unchanged (its lane waits for an
+    /// earlier task it sent back with `NEED_WORK`).
+    pub const RETRY: u8 = 9;
 }
 
 /// A shard for a lane to read, from position `emitted` of its shard order
@@ -164,6 +167,11 @@ pub enum FromWorker {
         seq: u64,
         lane: u32,
         pos: LanePos,
+    },
+    /// Send task `seq` again: its lane is waiting for an earlier task it
+    /// answered with `NeedWork`, so its batches keep their order.
+    Retry {
+        seq: u64,
     },
 }
 
@@ -365,6 +373,10 @@ impl FromWorker {
                 out.extend_from_slice(&pos.shard.to_le_bytes());
                 out.extend_from_slice(&pos.emitted.to_le_bytes());
             }
+            FromWorker::Retry { seq } => {
+                out.push(RETRY);
+                out.extend_from_slice(&seq.to_le_bytes());
+            }
         }
     }
 
@@ -405,6 +417,7 @@ impl FromWorker {
                     emitted: r.u64()?,
                 },
             },
+            RETRY => FromWorker::Retry { seq: r.u64()? },
             _ => return Err(DecodeError("message tag")),
         };
         r.end()?;

@@ -33,6 +33,9 @@
 //!                           ◀──── LanePos{seq, lane, pos}, before the batch
 //!                           ◀──── NeedWork{seq, lane, given}: out of shards (dynamic);
 //!                                 the main process assigns and sends the task again
+//!                           ◀──── Retry{seq}: a later task of a lane that is waiting for
+//!                                 the task it sent back (sent again, unchanged), so a
+//!                                 lane's batches are made in the order of their tasks
 //!   Shutdown, or socket closed ──────────────────▶ any ──▶ Exited (returns Ok)
 //!   main process dies ───── watchdog ────────────▶ any ──▶ SIGKILL
 //! ```
@@ -213,6 +216,10 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
     let mut records = Records::new(config.shm_initial, config.shm_limit, config.prefetch_factor)?;
     host.start_epoch();
     let mut drained = false;
+    // Lanes that answered a task with NeedWork, and that task: until it
+    // comes back, the lane's later tasks are sent back too (a later task
+    // must not take items before an earlier one).
+    let mut waiting: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
     loop {
         records.maybe_trim(Instant::now())?;
         let msg = match chan.recv_or_idle(host, Some(TRIM_EVERY))? {
@@ -225,7 +232,26 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                 if drained {
                     continue;
                 }
-                let lane_task = matches!(indices, TaskIndices::Lane(_));
+                let lane = match indices {
+                    TaskIndices::Lane(l) => Some(l),
+                    _ => None,
+                };
+                let lane_task = lane.is_some();
+                if let Some(l) = lane {
+                    match waiting.get(&l) {
+                        Some(&k) if k != seq => {
+                            match chan.send(&mut records.arena, &FromWorker::Retry { seq }) {
+                                Ok(()) => continue,
+                                Err(e) if e.is_peer_gone() => return Ok(()),
+                                Err(e) => return Err(e.into()),
+                            }
+                        }
+                        Some(_) => {
+                            waiting.remove(&l);
+                        }
+                        None => {}
+                    }
+                }
                 let msg = match host.run(indices, &mut records)? {
                     Reply::Batch(record) => {
                         let mut before = Vec::new();
@@ -246,7 +272,10 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                         FromWorker::Batch { seq, record }
                     }
                     Reply::Failed(payload) => FromWorker::Error { seq, payload },
-                    Reply::NeedWork { lane, given } => FromWorker::NeedWork { seq, lane, given },
+                    Reply::NeedWork { lane, given } => {
+                        waiting.insert(lane, seq);
+                        FromWorker::NeedWork { seq, lane, given }
+                    }
                     // A lane's end is not the worker's: its other lanes go on.
                     Reply::Exhausted if lane_task => FromWorker::Exhausted { seq },
                     Reply::Exhausted => {
@@ -260,6 +289,7 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                 .send(&mut records.arena, &FromWorker::Resumed)
                 .map(|()| {
                     drained = false;
+                    waiting.clear();
                     host.start_epoch();
                 }),
             ToWorker::Shutdown => return Ok(()),
