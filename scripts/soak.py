@@ -132,6 +132,7 @@ class Soak:
         self.batches = 0
         self.faults = {"kill": 0, "break": 0, "hold": 0, "resume": 0, "none": 0}
         self.max_rss = 0
+        self.sharded = 0
 
     def config(self) -> dict:
         r = self.rng
@@ -257,6 +258,7 @@ class Soak:
         if cfg["sharded"]:
             self.sharded_round(cfg, fault)
             self.rounds += 1
+            self.sharded += 1
             return
         torch.manual_seed(cfg["seed"])
         loader = self.make(fl, cfg)
@@ -340,8 +342,9 @@ def main() -> int:
             print(f"LEAK after round {soak.rounds}: threads or /dev/shm", flush=True)
             return 1
     print(
-        f"soak: {args.minutes:g} min, {soak.rounds} rounds, {soak.batches} batches checked "
-        f"against torch, faults {soak.faults}, max RSS {soak.max_rss / 1024:.0f} MiB, "
+        f"soak: {args.minutes:g} min, {soak.rounds} rounds ({soak.sharded} sharded), "
+        f"{soak.batches} batches checked against torch, faults {soak.faults}, "
+        f"max RSS {soak.max_rss / 1024:.0f} MiB, "
         f"fds start {base_fds} / max {worst_fds} / end {fds()}, memfd maps at end "
         f"{memfd_maps()}, children at end {len(multiprocessing.active_children())}",
         flush=True,
