@@ -23,6 +23,7 @@
 pub mod collate;
 pub mod dlpack;
 pub mod error;
+pub mod facilities;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod record;

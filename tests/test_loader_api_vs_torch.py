@@ -360,3 +360,20 @@ def test_every_name_torch_utils_data_exports_is_exported():
     assert set(tud.__all__) <= set(ferroloader.__all__), set(tud.__all__) - set(ferroloader.__all__)
     for name in tud.__all__:
         assert hasattr(ferroloader, name), name
+
+
+def test_a_loader_pickles_and_deep_copies_after_an_epoch_as_torchs_does():
+    """After an epoch, a loader survives pickle and deepcopy (torch's does),
+    and the copy's next epoch is the original's next epoch."""
+    import copy
+    import pickle
+
+    for lib in (tud, ferroloader):
+        torch.manual_seed(0)
+        loader = lib.DataLoader(list(range(10)), batch_size=3, shuffle=True, num_workers=2)
+        list(loader)
+        state = torch.get_rng_state()
+        nxt = [b.tolist() for b in loader]
+        for clone in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+            torch.set_rng_state(state)
+            assert [b.tolist() for b in clone] == nxt, lib

@@ -114,6 +114,15 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         self._shard_shuffle = bool(shuffle) if sharded else False
         self._shards_read: Optional[tuple[list[Any], Optional[list[int]]]] = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The running epoch's record (weak links to its iterator, recorded
+        # batches) belongs to this process: a copy starts its next epoch
+        # fresh, as a copy of torch's loader does. (torch's own iterators
+        # refuse pickling, and so do ferroloader's.)
+        state = dict(self.__dict__)
+        state["_epoch"] = None
+        return state
+
     def _shard_info(self) -> tuple[list[Any], Optional[list[int]]]:
         """The sharded dataset's shards and their lengths (``None`` unless
         every length is known), read once per loader."""

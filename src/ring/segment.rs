@@ -62,6 +62,9 @@ impl Segment {
                 "ferroloader: a shared-memory segment cannot be empty",
             ));
         }
+        if crate::facilities::disabled(crate::facilities::Facility::Memfd) {
+            return Err(rustix::io::Errno::NOSYS.into());
+        }
         let fd =
             rustix::fs::memfd_create(MEMFD_NAME, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
         // memfds are born 0777; torch's shared-memory files are 0600

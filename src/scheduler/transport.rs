@@ -318,6 +318,7 @@ pub enum Exit {
 impl Watched {
     pub fn new(pid: i32) -> Self {
         let pidfd = Pid::from_raw(pid)
+            .filter(|_| !crate::facilities::disabled(crate::facilities::Facility::Pidfd))
             .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
         Watched { pid, pidfd }
     }

@@ -27,7 +27,12 @@ pub fn start(main_pid: i32) {
             .spawn(f)
             .ok()
     };
-    match rustix::process::pidfd_open(pid, PidfdFlags::empty()) {
+    let opened = if crate::facilities::disabled(crate::facilities::Facility::Pidfd) {
+        Err(rustix::io::Errno::NOSYS)
+    } else {
+        rustix::process::pidfd_open(pid, PidfdFlags::empty())
+    };
+    match opened {
         Ok(fd) => {
             spawn(Box::new(move || {
                 use std::os::fd::AsFd;

@@ -1,0 +1,25 @@
+"""The examples run: examples/train_cnn.py in its fast form (the complete
+training script the README points to), with ferroloader and with torch."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from helpers import time_limit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@time_limit(240)
+def test_train_cnn_example_runs_fast_with_ferroloader_and_with_torch(monkeypatch):
+    """The CNN example trains (loss falls below its start) on ferroloader's
+    loader with workers, and the same script runs on torch's loader."""
+    path = os.path.join(ROOT, "examples", "train_cnn.py")
+    module = runpy.run_path(path, run_name="train_cnn")
+    for extra in ([], ["--torch"]):
+        monkeypatch.setattr(sys, "argv", [path])
+        result = module["main"](["--fast", "--workers", "2", "--epochs", "3", *extra])
+        assert result["last_loss"] < result["first_loss"], result
+        assert 0.0 <= result["accuracy"] <= 1.0

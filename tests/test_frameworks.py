@@ -1,0 +1,439 @@
+"""The frameworks users train with keep ferroloader's engine and torch's
+batches: Lightning (one device, and DDP on 2 CPU ranks), HF accelerate and
+the transformers Trainer (through ferroloader.patch()), HF datasets,
+webdataset, plain DDP over gloo, torchvision transforms, tqdm,
+torch.compile, pickle and deepcopy. Each test runs the real framework
+against torch's loader in the same run."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import ferroloader as fl
+import pytest
+import torch
+import torch.utils.data as tud
+from helpers import assert_same, time_limit
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TORCH_DATALOADER = tud.DataLoader
+
+
+class Data(tud.Dataset):
+    """Deterministic samples: a dict of a float vector and the index."""
+
+    def __init__(self, n: int = 24) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(i)
+        return {"x": torch.rand(4, generator=g), "labels": torch.rand((), generator=g), "i": i}
+
+
+class Served:
+    """Counts the epochs ferroloader's engine serves (its iterators)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.epochs = 0
+        get = fl.DataLoader._get_iterator
+
+        def counting(loader: Any) -> Any:
+            self.epochs += 1
+            return get(loader)
+
+        monkeypatch.setattr(fl.DataLoader, "_get_iterator", counting)
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> Served:
+    return Served(monkeypatch)
+
+
+# --------------------------------------------------------------------------- #
+# Lightning
+# --------------------------------------------------------------------------- #
+
+
+@time_limit(180)
+def test_lightning_one_device_trains_on_ferroloader(served):
+    """A Lightning fit on one CPU device iterates ferroloader's loader
+    (engine used, not rebuilt as torch's), sees torch's batches, and ends
+    with the weights a torch-loader run ends with."""
+    L = pytest.importorskip("lightning", reason="Lightning is a test extra")
+
+    def fit(lib: Any) -> tuple[list, list, Any]:
+        class Model(L.LightningModule):
+            def __init__(self) -> None:
+                super().__init__()
+                self.layer = torch.nn.Linear(4, 1)
+                self.seen: list = []
+
+            def train_dataloader(self) -> Any:
+                return lib.DataLoader(Data(), batch_size=4, shuffle=True, num_workers=2)
+
+            def training_step(self, batch: Any, _: int) -> Any:
+                self.seen.append([int(i) for i in batch["i"]])
+                return (self.layer(batch["x"]).squeeze(-1) - batch["labels"]).pow(2).mean()
+
+            def configure_optimizers(self) -> Any:
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        L.seed_everything(0, verbose=False)
+        model = Model()
+        trainer = L.Trainer(
+            max_epochs=2,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(model)
+        return model.seen, list(model.layer.parameters()), trainer.train_dataloader
+
+    t_seen, t_weights, _ = fit(tud)
+    before = served.epochs
+    f_seen, f_weights, loader = fit(fl)
+    assert isinstance(loader, fl.DataLoader)
+    assert served.epochs - before == 2, "both epochs ran on ferroloader's engine"
+    assert f_seen == t_seen
+    for a, b in zip(t_weights, f_weights):
+        assert torch.equal(a, b)
+
+
+@time_limit(300)
+def test_lightning_ddp_on_two_cpu_ranks_keeps_ferroloader(tmp_path):
+    """strategy="ddp" on 2 CPU ranks: Lightning rebuilds the loader to add a
+    DistributedSampler; the rebuilt loader is ferroloader's (its engine
+    serves both epochs), each rank sees the batches the torch-loader job
+    sees, the ranks' samples are disjoint and cover the data, and the final
+    weights are equal."""
+    pytest.importorskip("lightning", reason="Lightning is a test extra")
+    results = {}
+    for lib in ("torch", "ferroloader"):
+        out = tmp_path / lib
+        out.mkdir()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, *sys.path]))
+        proc = subprocess.run(
+            [sys.executable, os.path.join(HERE, "scripts", "lightning_ddp.py"), str(out), lib],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=env,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[lib] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in range(2):
+        t, f = results["torch"][r], results["ferroloader"][r]
+        assert f["loader"] == "ferroloader.dataloader.DataLoader"
+        assert f["sampler"] == t["sampler"] == "DistributedSampler"
+        assert f["served"] == 2
+        assert f["seen"] == t["seen"]
+        assert f["weights"] == t["weights"]
+    for epoch in range(2):
+        per_epoch = len(results["ferroloader"][0]["seen"]) // 2
+        ranks = [
+            {
+                i
+                for b in results["ferroloader"][r]["seen"][
+                    epoch * per_epoch : (epoch + 1) * per_epoch
+                ]
+                for i in b
+            }
+            for r in range(2)
+        ]
+        assert not ranks[0] & ranks[1]
+        assert ranks[0] | ranks[1] == set(range(40))
+
+
+# --------------------------------------------------------------------------- #
+# HF accelerate and transformers (through ferroloader.patch())
+# --------------------------------------------------------------------------- #
+
+
+@time_limit(120)
+def test_accelerate_prepare_keeps_ferroloader_inside_patch(served):
+    """accelerate's prepare() rebuilds the loader as torch's DataLoader; inside
+    ferroloader.patch() the rebuilt (and reported) class is ferroloader's,
+    its engine serves the epoch, and the batches equal torch's prepared
+    loader's. Outside the patch accelerate builds torch's class."""
+    accelerate = pytest.importorskip("accelerate", reason="accelerate is a test extra")
+    acc = accelerate.Accelerator(cpu=True)
+
+    def batches(loader: Any) -> list:
+        torch.manual_seed(0)
+        return [{k: v for k, v in b.items()} for b in loader]
+
+    want = batches(acc.prepare(tud.DataLoader(Data(), batch_size=4, shuffle=True)))
+    unpatched = acc.prepare(fl.DataLoader(Data(), batch_size=4, shuffle=True))
+    assert type(unpatched.base_dataloader) is tud.DataLoader
+    with fl.patch() as p:
+        prepared = acc.prepare(fl.DataLoader(Data(), batch_size=4, shuffle=True, num_workers=2))
+        assert "accelerate.data_loader" in p.modules
+        assert isinstance(prepared.base_dataloader, fl.DataLoader)
+        assert isinstance(prepared, fl.DataLoader)  # what it reports (its __class__)
+        before = served.epochs
+        got = batches(prepared)
+        assert served.epochs == before + 1
+    assert tud.DataLoader is TORCH_DATALOADER, "the patch is undone"
+    assert_same(want, got)
+
+
+@time_limit(180)
+def test_transformers_trainer_trains_on_ferroloader_inside_patch(tmp_path, served):
+    """The transformers Trainer builds its loaders with torch's DataLoader
+    and accelerate's prepare; inside ferroloader.patch() the training loader
+    is ferroloader's, its engine serves the epochs, and a tiny model ends
+    with the weights of the same run on torch's loader."""
+    transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def forward(self, x: Any, labels: Any = None, i: Any = None) -> dict:
+            out = self.layer(x).squeeze(-1)
+            return {"loss": (out - labels).pow(2).mean(), "logits": out}
+
+    def train(patched: bool) -> tuple[Any, Any]:
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / ("p" if patched else "t")),
+            max_steps=6,
+            per_device_train_batch_size=4,
+            report_to=[],
+            use_cpu=True,
+            save_strategy="no",
+            logging_strategy="no",
+            remove_unused_columns=False,
+            dataloader_num_workers=2 if patched else 0,
+            seed=0,
+        )
+        torch.manual_seed(0)
+        model = Tiny()
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=Data())
+        loader = trainer.get_train_dataloader()
+        trainer.train()
+        return model, loader
+
+    t_model, t_loader = train(False)
+    assert type(t_loader.base_dataloader) is tud.DataLoader
+    with fl.patch():
+        before = served.epochs
+        f_model, f_loader = train(True)
+        assert isinstance(f_loader.base_dataloader, fl.DataLoader)
+        assert served.epochs > before
+    for a, b in zip(t_model.parameters(), f_model.parameters()):
+        assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------- #
+# HF datasets and webdataset
+# --------------------------------------------------------------------------- #
+
+
+@time_limit(120)
+@pytest.mark.parametrize("nw", [0, 2])
+def test_hf_datasets_map_style_and_iterable(nw):
+    """A HF datasets.Dataset with_format("torch") and its
+    to_iterable_dataset(num_shards=4) give torch's batches with workers."""
+    datasets = pytest.importorskip("datasets", reason="datasets is a test extra")
+    ds = datasets.Dataset.from_dict(
+        {"x": [[float(i), i / 2] for i in range(30)], "y": list(range(30))}
+    )
+    torch_ds = ds.with_format("torch")
+    torch.manual_seed(0)
+    want = list(tud.DataLoader(torch_ds, batch_size=4, shuffle=True, num_workers=nw))
+    torch.manual_seed(0)
+    assert_same(want, list(fl.DataLoader(torch_ds, batch_size=4, shuffle=True, num_workers=nw)))
+    it = ds.to_iterable_dataset(num_shards=4).with_format("torch")
+    want = list(tud.DataLoader(it, batch_size=4, num_workers=nw))
+    assert_same(want, list(fl.DataLoader(it, batch_size=4, num_workers=nw)))
+
+
+def _tar_shard(path: str, n: int) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for i in range(n):
+            for ext, data in (("txt", f"sample {i}"), ("cls", str(i % 3))):
+                info = tarfile.TarInfo(f"{i:04d}.{ext}")
+                raw = data.encode()
+                info.size = len(raw)
+                tar.addfile(info, io.BytesIO(raw))
+
+
+@time_limit(120)
+def test_webdataset_pipeline_and_webloader(tmp_path, served):
+    """A webdataset pipeline over local tar shards gives torch's batches with
+    2 workers; wds.WebLoader (which builds torch's DataLoader) runs on
+    ferroloader's engine inside ferroloader.patch()."""
+    wds = pytest.importorskip("webdataset", reason="webdataset is a test extra")
+    urls = []
+    for s in range(2):
+        path = str(tmp_path / f"shard-{s}.tar")
+        _tar_shard(path, 10 + s)
+        urls.append(path)
+
+    def pipeline() -> Any:
+        return (
+            wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+            .decode()
+            .to_tuple("txt", "cls")
+        )
+
+    want = list(tud.DataLoader(pipeline(), batch_size=4, num_workers=2))
+    assert_same(want, list(fl.DataLoader(pipeline(), batch_size=4, num_workers=2)))
+    with fl.patch():
+        before = served.epochs
+        got = list(wds.WebLoader(pipeline(), batch_size=4, num_workers=2))
+        assert served.epochs == before + 1
+    assert_same(want, got)
+
+
+# --------------------------------------------------------------------------- #
+# plain DDP over gloo
+# --------------------------------------------------------------------------- #
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ddp_rank(rank: int, world: int, port: int, out: str, lib_name: str) -> None:
+    """One rank of a tiny DDP job: DistributedSampler (set_epoch each
+    epoch), 2 workers, SGD; writes its batches and final weights."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    lib = fl if lib_name == "ferroloader" else tud
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        torch.manual_seed(0)
+        model = DistributedDataParallel(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = Data(40)
+        sampler = lib.DistributedSampler(data, shuffle=True, seed=3)
+        loader = lib.DataLoader(data, batch_size=4, sampler=sampler, num_workers=2)
+        seen = []
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            for batch in loader:
+                seen.append([int(i) for i in batch["i"]])
+                opt.zero_grad()
+                loss = (model(batch["x"]).squeeze(-1) - batch["labels"]).pow(2).mean()
+                loss.backward()
+                opt.step()
+        weights = [float(w) for w in model.module.weight.detach().flatten()]
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out, f"{lib_name}-{rank}.json"), "w") as f:
+        json.dump({"seen": seen, "weights": weights, "loader": type(loader).__module__}, f)
+
+
+@time_limit(240)
+def test_ddp_over_gloo_with_ferroloader_equals_torch(tmp_path):
+    """Two ranks on gloo, each with a DistributedSampler and 2 workers, train
+    a tiny DDP model: the ranks' samples are disjoint and cover the dataset,
+    and every rank's batches and the final weights equal the same job on
+    torch's loader."""
+    import torch.multiprocessing as tmp
+
+    for lib in ("torch", "ferroloader"):
+        tmp.start_processes(
+            ddp_rank,
+            args=(2, _free_port(), str(tmp_path), lib),
+            nprocs=2,
+            join=True,
+            start_method="spawn",
+        )
+    res = {
+        (lib, r): json.loads((tmp_path / f"{lib}-{r}.json").read_text())
+        for lib in ("torch", "ferroloader")
+        for r in range(2)
+    }
+    for r in range(2):
+        assert res[("ferroloader", r)]["loader"].startswith("ferroloader")
+        assert res[("ferroloader", r)]["seen"] == res[("torch", r)]["seen"]
+        assert res[("ferroloader", r)]["weights"] == res[("torch", r)]["weights"]
+    per_epoch = len(res[("ferroloader", 0)]["seen"]) // 2
+    for epoch in range(2):
+        ranks = [
+            {
+                i
+                for b in res[("ferroloader", r)]["seen"][
+                    epoch * per_epoch : (epoch + 1) * per_epoch
+                ]
+                for i in b
+            }
+            for r in range(2)
+        ]
+        assert not ranks[0] & ranks[1] and ranks[0] | ranks[1] == set(range(40))
+
+
+# --------------------------------------------------------------------------- #
+# torchvision, tqdm, torch.compile, pickle and deepcopy
+# --------------------------------------------------------------------------- #
+
+
+class Images(tud.Dataset):
+    """Random images through torchvision augmentations (random per sample,
+    so the workers' seeding decides them)."""
+
+    def __init__(self) -> None:
+        from torchvision.transforms import v2
+
+        self.tf = v2.Compose(
+            [v2.RandomResizedCrop(16), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32)]
+        )
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> Any:
+        g = torch.Generator().manual_seed(i)
+        img = torch.randint(0, 255, (3, 24, 24), generator=g, dtype=torch.uint8)
+        return self.tf(img), i
+
+
+@time_limit(120)
+def test_torchvision_transforms_tqdm_compile_pickle_deepcopy():
+    """torchvision augmentations under workers give torch's batches (same
+    worker seeding); tqdm sees len() and every batch; a torch.compile'd
+    model trains on the batches; a loader survives pickle and deepcopy and
+    the copy gives the same batches."""
+    pytest.importorskip("torchvision", reason="torchvision is a test extra")
+    tqdm = pytest.importorskip("tqdm", reason="tqdm is a test extra").tqdm
+    torch.manual_seed(0)
+    want = list(tud.DataLoader(Images(), batch_size=4, shuffle=True, num_workers=2))
+    torch.manual_seed(0)
+    loader = fl.DataLoader(Images(), batch_size=4, shuffle=True, num_workers=2)
+    bar = tqdm(loader, disable=True)
+    assert bar.total == len(loader) == 4
+    assert_same(want, list(bar))
+    model = torch.compile(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 2)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, _ in fl.DataLoader(Images(), batch_size=4, num_workers=2):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    for clone in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+        assert isinstance(clone, fl.DataLoader)
+        torch.manual_seed(0)
+        assert_same(want, list(clone))
