@@ -30,6 +30,7 @@ pub mod record;
 pub mod ring;
 pub mod sampler;
 pub mod scheduler;
+pub mod stats;
 pub mod worker;
 
 pub use error::{Error, Result};

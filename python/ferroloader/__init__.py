@@ -56,6 +56,7 @@ from ferroloader.sampler import (
     WeightedRandomSampler,
 )
 from ferroloader.shards import ElasticBatchSampler, FileShards, ShardedDataset, Sharding
+from ferroloader.stats import LoaderStats, WorkerStats
 from ferroloader.table import TableDataset, TableShards
 from ferroloader.worker import get_worker_info
 
@@ -75,6 +76,7 @@ __all__ = [
     "InternalError",
     "IterDataPipe",
     "IterableDataset",
+    "LoaderStats",
     "MapDataPipe",
     "Patch",
     "ProtocolError",
@@ -93,6 +95,7 @@ __all__ = [
     "TensorDataset",
     "WeightedRandomSampler",
     "WorkerDiedError",
+    "WorkerStats",
     "WorkerTimeoutError",
     "_DatasetKind",
     "__version__",

@@ -34,6 +34,8 @@ _LaneSnapshot = tuple[
 ]
 # (iter_shard, shard descriptors, per-item seed hook or None)
 _ShardsArg = tuple[Any, list[Any], Optional[Any]]
+# main (wait, decode, pin, loop, batches) ns, per worker (fetch, collate, transfer, batches)
+_StatsTuple = tuple[tuple[int, int, int, int, int], list[tuple[int, int, int, int]]]
 # (a table's columns, its batch transform or None)
 _TableArg = tuple[ArrowTable, Optional[Any]]
 
@@ -135,6 +137,10 @@ class SingleProcessIter(Iterator[Any]):
     @property
     def _lane_snapshot(self) -> Optional[_LaneSnapshot]:
         """A sharded epoch's position; ``None`` for other epochs."""
+    @property
+    def _stats(self) -> _StatsTuple:
+        """Stage timings in ns: main ``(wait, decode, pin, loop, batches)``,
+        then ``(fetch, collate, transfer, batches)`` per worker."""
 
 @disjoint_base
 class MultiProcessIter(Iterator[Any]):
@@ -167,6 +173,10 @@ class MultiProcessIter(Iterator[Any]):
     @property
     def _lane_snapshot(self) -> Optional[_LaneSnapshot]:
         """A sharded epoch's position; ``None`` for other epochs."""
+    @property
+    def _stats(self) -> _StatsTuple:
+        """Stage timings in ns: main ``(wait, decode, pin, loop, batches)``,
+        then ``(fetch, collate, transfer, batches)`` per worker."""
     def _close(self) -> None: ...
     @property
     def _position(self) -> tuple[int, list[int], bool]:

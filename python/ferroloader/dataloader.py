@@ -26,6 +26,7 @@ from ferroloader.errors import ConfigError
 from ferroloader.sampler import native_batch_iter, native_iter
 from ferroloader.seeds import SeededDataset, ShardSeeder
 from ferroloader.shards import ElasticBatchSampler, ShardedDataset, ShardEpoch, Sharding
+from ferroloader.stats import LoaderStats, of_iterator
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -113,6 +114,19 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         )
         self._shard_shuffle = bool(shuffle) if sharded else False
         self._shards_read: Optional[tuple[list[Any], Optional[list[int]]]] = None
+        # the stats of the iterators that have ended (a box shared with them)
+        self._stats_box: list[LoaderStats] = [LoaderStats()]
+
+    def stats(self) -> LoaderStats:
+        """Where this loader's batches spent their time, over every epoch so
+        far (see ``ferroloader.stats``); ``print(loader.stats())`` shows a
+        short table."""
+        total = self._stats_box[0]
+        rec = self._epoch
+        live = rec.iterator() if rec is not None and rec.iterator is not None else None
+        if live is not None and not getattr(live, "_stats_harvested", False):
+            total = total + of_iterator(live)
+        return total
 
     def __getstate__(self) -> dict[str, Any]:
         # The running epoch's record (weak links to its iterator, recorded
@@ -202,8 +216,37 @@ def _is_datapipe(dataset: Any) -> bool:
     return isinstance(dataset, (_tdl.IterDataPipe, _tdl.MapDataPipe))
 
 
-def _pin_settings(loader: DataLoader[Any]) -> Optional[tuple[Any, str]]:
-    """The pin-memory decision and warnings of ``_BaseDataLoaderIter.__init__``."""
+def _torch_deprecates_pin_memory_device() -> bool:
+    """Whether the installed torch ignores ``pin_memory_device`` in favour of
+    the current accelerator (newer torch) or pins on it (torch 2.6-2.8):
+    read from torch's own iterator, so ferroloader follows whichever torch
+    is installed."""
+    import inspect
+
+    try:
+        source = inspect.getsource(_tdl._BaseDataLoaderIter.__init__)
+    except (OSError, TypeError):  # pragma: no cover - no source shipped
+        return tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 9)
+    return "pin_memory_device is deprecated" in source
+
+
+_PIN_DEVICE_DEPRECATED = _torch_deprecates_pin_memory_device()
+
+
+def _pin_settings(loader: DataLoader[Any]) -> Optional[tuple[Any, Optional[str]]]:
+    """The pin-memory decision and warnings of ``_BaseDataLoaderIter.__init__``
+    (of the installed torch)."""
+    if loader.pin_memory_device and not _PIN_DEVICE_DEPRECATED:
+        # torch 2.6-2.8: an explicit device is pinned on as given
+        if not loader.pin_memory:
+            warnings.warn(
+                "'pin_memory_device' is set but 'pin_memory' argument is not set, "
+                "then device pinned memory won't be used."
+                "please set 'pin_memory' to true, if you need to use the device pin memory",
+                stacklevel=4,
+            )
+            return None
+        return (_utils.pin_memory.pin_memory, loader.pin_memory_device)
     if loader.pin_memory and loader.pin_memory_device:
         warnings.warn(
             "pin_memory_device is deprecated, the current accelerator will be used as the device,"
@@ -220,15 +263,16 @@ def _pin_settings(loader: DataLoader[Any]) -> Optional[tuple[Any, str]]:
     acc = torch.accelerator.current_accelerator() if pin else None
     device = acc.type if acc is not None else None
     if device == "mps":
-        warnings.warn(
+        mps_message = (
             "'pin_memory' argument is set as true but not supported on MPS now, "
-            "device pinned memory won't be used.",
-            stacklevel=4,
+            + ("device" if _PIN_DEVICE_DEPRECATED else "then device")
+            + " pinned memory won't be used."
         )
+        warnings.warn(mps_message, stacklevel=4)
         return None
     if not pin:
         return None
-    return (_utils.pin_memory.pin_memory, device)  # type: ignore[return-value]
+    return (_utils.pin_memory.pin_memory, device if _PIN_DEVICE_DEPRECATED else None)
 
 
 def _index_source(loader: DataLoader[Any]) -> Any:
@@ -297,6 +341,7 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
         table=table,
     )
     rec.attach(it, multiprocess=False)
+    it._stats_box = loader._stats_box
     return it
 
 
@@ -333,19 +378,32 @@ def _single_process_sharded(
     )
     rec.shards = ep
     rec.attach(it, multiprocess=False)
+    it._stats_box = loader._stats_box
     return it
+
+
+def _harvest_stats(it: Any) -> None:
+    """Adds an ending iterator's stats to its loader's (once)."""
+    box = getattr(it, "_stats_box", None)
+    if box is None or getattr(it, "_stats_harvested", False):
+        return
+    it._stats_harvested = True
+    box[0] = box[0] + of_iterator(it)
 
 
 class _SingleProcessIter(_core.SingleProcessIter):
     """``_SingleProcessDataLoaderIter``; tells its epoch record its last
-    position when it goes away (for ``state_dict()``)."""
+    position when it goes away (for ``state_dict()``), and its loader its
+    stats."""
 
     _epoch_record: state.Epoch
+    _stats_box: list[LoaderStats]
 
     def __del__(self) -> None:
         rec = getattr(self, "_epoch_record", None)
         if rec is not None:
             rec.detach(self)
+        _harvest_stats(self)
 
 
 _SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -375,6 +433,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
     ``multiprocessing``; dispatch, transport and reassembly in Rust."""
 
     _procs: list[Any]
+    _stats_box: list[LoaderStats]
 
     @classmethod
     def start(cls, loader: DataLoader[Any]) -> _MultiProcessIter:
@@ -472,6 +531,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
             _stop_processes(procs, grace=1.0)
             raise
         it._procs = procs
+        it._stats_box = loader._stats_box
         rec.shards = ep
         rec.attach(it, multiprocess=True)
         if resume is not None and "workers" in resume:
@@ -503,6 +563,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
         rec = getattr(self, "_epoch_record", None)
         if rec is not None:
             rec.detach(self)
+        _harvest_stats(self)
         self._close()
         _stop_processes(getattr(self, "_procs", ()))
 

@@ -387,8 +387,7 @@ impl<'py> TreeEncoder<'_, 'py> {
         let py = self.py;
         let t = torch(py)?;
         let buf = t.bytes_io.bind(py).call0()?;
-        let pickler = t.pickler.bind(py).call1((&buf, 5))?;
-        pickler.setattr(pyo3::intern!(py, "persistent_id"), self.collector)?;
+        let pickler = t.pickler.bind(py).call1((&buf, 5, self.collector))?;
         pickler.call_method1(pyo3::intern!(py, "dump"), (obj,))?;
         let data: Vec<u8> = buf.call_method0(pyo3::intern!(py, "getvalue"))?.extract()?;
         self.out.put(Token::Pickled(&data));
@@ -462,8 +461,7 @@ impl<'py> TreeDecoder<'_, 'py> {
                 };
                 let t = torch(py)?;
                 let buf = t.bytes_io.bind(py).call1((data,))?;
-                let unpickler = t.unpickler.bind(py).call1((buf,))?;
-                unpickler.setattr(pyo3::intern!(py, "persistent_load"), loader)?;
+                let unpickler = t.unpickler.bind(py).call1((buf, loader))?;
                 unpickler.call_method0(pyo3::intern!(py, "load"))?
             }
         })

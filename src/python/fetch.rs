@@ -23,6 +23,9 @@ pub struct Fetcher {
     /// A `TableDataset`'s columns and its batch `transform`: batches are
     /// gathered from the table, not made of rows.
     table: Option<(Py<ArrowTable>, Option<Py<PyAny>>)>,
+    /// Nanoseconds spent collating since the last `take_collate_ns` (the
+    /// rest of a fetch call is the dataset's).
+    collate_ns: std::sync::atomic::AtomicU64,
 }
 
 /// How Python hands a table over: `(columns, transform)`.
@@ -65,7 +68,14 @@ impl Fetcher {
             collate_fn,
             sink,
             table,
+            collate_ns: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Collate time since the last call (stage statistics).
+    pub fn take_collate_ns(&self) -> u64 {
+        self.collate_ns
+            .swap(0, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A `TableDataset` batch under the default collate: gathered from the
@@ -191,6 +201,20 @@ impl Fetcher {
     /// `TableDataset`'s transform, which applies to every default-collated
     /// batch, gathered or not).
     pub fn collate<'py>(
+        &self,
+        py: Python<'py>,
+        data: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let t0 = std::time::Instant::now();
+        let out = self.collate_untimed(py, data);
+        self.collate_ns.fetch_add(
+            crate::stats::since(t0),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        out
+    }
+
+    fn collate_untimed<'py>(
         &self,
         py: Python<'py>,
         data: Bound<'py, PyAny>,

@@ -11,6 +11,8 @@ use super::collate::Sink;
 use super::fetch::{Fetcher, TableArg};
 use super::indices::{Indices, Item};
 use super::shards::{missing, snapshot_to_py, AddressBatches, PyShards, ShardPlan, ShardsArg};
+use super::stats::{MainTimes, StatsTuple};
+use crate::stats::StageTimes;
 use crate::worker::lanes::{BlockReader, LaneSet};
 
 /// Where the next batch's indices (or samples) come from.
@@ -54,6 +56,9 @@ pub struct SingleProcessIter {
     /// Per-sample seeding in this process: `save()` before each batch and
     /// `restore()` after it keep the user's global generators untouched.
     rng_guard: Option<Py<PyAny>>,
+    times: MainTimes,
+    /// Fetch and collate, done here.
+    local: StageTimes,
 }
 
 #[pymethods]
@@ -121,6 +126,8 @@ impl SingleProcessIter {
             num_drawn: 0,
             ended: false,
             rng_guard,
+            times: MainTimes::default(),
+            local: StageTimes::default(),
         })
     }
 
@@ -196,6 +203,14 @@ impl SingleProcessIter {
         (self.num_drawn, self.num_yielded, self.ended, exhausted)
     }
 
+    /// Stage timings (ns) since this iterator began: `(wait, decode, pin,
+    /// loop, batches)` and one `(fetch, collate, transfer, batches)` for
+    /// the work done here.
+    #[getter]
+    fn _stats(&self) -> StatsTuple {
+        self.times.tuple(vec![self.local])
+    }
+
     /// A sharded epoch's position: `(positions, next_lane, handed, rest)`
     /// (see `crate::scheduler::shards::LaneSnapshot`); `None` otherwise.
     #[getter]
@@ -218,6 +233,8 @@ impl SingleProcessIter {
 impl SingleProcessIter {
     /// One `__next__`, with the iterator borrowed.
     fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.times.enter();
+        let t0 = std::time::Instant::now();
         let fetched = match &self.rng_guard {
             None => self.next_data(py),
             Some(guard) => {
@@ -228,14 +245,25 @@ impl SingleProcessIter {
                 out
             }
         };
+        let spent = crate::stats::since(t0);
+        let collate = self.fetcher.take_collate_ns();
+        self.local.collate += collate;
+        self.local.fetch += spent.saturating_sub(collate);
+        self.times.wait += spent;
         let Some(mut data) = fetched? else {
             self.ended = true;
             return Ok(None);
         };
+        self.local.batches += 1;
         if let Some((pin_fn, device)) = &self.pin {
+            let t1 = std::time::Instant::now();
             data = pin_fn.bind(py).call1((data, device))?;
+            self.times.pin += crate::stats::since(t1);
         }
         self.num_yielded += 1;
+        self.times.leave();
+        self.times
+            .maybe_warn(py, std::slice::from_ref(&self.local))?;
         if let Source::Iterable { .. } = &self.source {
             warn_past_reported_len(
                 py,

@@ -15,6 +15,7 @@ mod loader;
 mod multiproc;
 mod sampler;
 mod shards;
+mod stats;
 mod table;
 mod torch;
 mod worker;

@@ -17,6 +17,7 @@ use super::ffi::adopt_fd;
 use super::indices::{Indices, Item};
 use super::loader::warn_past_reported_len;
 use super::shards::{snapshot_to_py, AddressBatches, ShardPlan};
+use super::stats::{MainTimes, StatsTuple};
 use super::torch::torch;
 use crate::scheduler::protocol::TaskIndices;
 use crate::scheduler::transport::Blocking;
@@ -94,6 +95,7 @@ pub struct MultiProcessIter {
     num_yielded: usize,
     /// The epoch ran to its end.
     ended: bool,
+    times: MainTimes,
 }
 
 #[pymethods]
@@ -134,6 +136,7 @@ impl MultiProcessIter {
             len_called,
             num_yielded: 0,
             ended: false,
+            times: MainTimes::default(),
         })
     }
 
@@ -259,6 +262,14 @@ impl MultiProcessIter {
         Ok(self.core.restore_round_robin(next_worker, &exhausted)?)
     }
 
+    /// Stage timings (ns) since this iterator began: the main process's
+    /// `(wait, decode, pin, loop, batches)` and each worker's `(fetch,
+    /// collate, transfer, batches)`.
+    #[getter]
+    fn _stats(&self) -> StatsTuple {
+        self.times.tuple(self.core.worker_times().to_vec())
+    }
+
     /// The iterator stopped its workers (after a failure, or at the end of a
     /// non-persistent epoch): it cannot serve another epoch.
     #[getter]
@@ -285,6 +296,8 @@ impl MultiProcessIter {
         if self.core.is_closed() {
             return Ok(None);
         }
+        self.times.enter();
+        let t0 = std::time::Instant::now();
         let (worker, payload) = loop {
             match self.core.step() {
                 Next::Yield { worker, data } => break (worker, data),
@@ -295,9 +308,11 @@ impl MultiProcessIter {
                 Next::Wait => self.wait(py)?,
             }
         };
+        self.times.wait += crate::stats::since(t0);
         // `_process_data`: refill first, then hand over or re-raise.
         let source = &self.source;
         self.core.put_task(&mut || source.draw(py))?;
+        let t1 = std::time::Instant::now();
         let data = match payload {
             Payload::Batch(record) => decode_batch(py, self.core.open(worker, record)?)?,
             Payload::Error(bytes) => {
@@ -309,11 +324,19 @@ impl MultiProcessIter {
                 return Err(Class::Internal.err("ExceptionWrapper.reraise returned"));
             }
         };
+        self.times.decode += crate::stats::since(t1);
         let data = match &self.pin {
-            Some((pin_fn, device)) => pin_fn.bind(py).call1((data, device))?,
+            Some((pin_fn, device)) => {
+                let t2 = std::time::Instant::now();
+                let pinned = pin_fn.bind(py).call1((data, device))?;
+                self.times.pin += crate::stats::since(t2);
+                pinned
+            }
             None => data,
         };
         self.num_yielded += 1;
+        self.times.leave();
+        self.times.maybe_warn(py, self.core.worker_times())?;
         if self.iterable {
             warn_past_reported_len(
                 py,

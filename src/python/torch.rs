@@ -110,8 +110,16 @@ impl Torch {
             to_dlpack: to_dlpack.unbind(),
             from_dlpack: c.getattr("_from_dlpack")?.unbind(),
             np_from_dlpack: np.getattr("from_dlpack")?.unbind(),
-            pickler: py.import("pickle")?.getattr("Pickler")?.unbind(),
-            unpickler: py.import("pickle")?.getattr("Unpickler")?.unbind(),
+            // subclasses with the leaf hooks as methods (Python 3.13 made
+            // a C Pickler's `persistent_id` read-only on instances)
+            pickler: py
+                .import("ferroloader._pickling")?
+                .getattr("LeafPickler")?
+                .unbind(),
+            unpickler: py
+                .import("ferroloader._pickling")?
+                .getattr("LeafUnpickler")?
+                .unbind(),
             loads: py.import("pickle")?.getattr("loads")?.unbind(),
             dumps: py.import("pickle")?.getattr("dumps")?.unbind(),
             bytes_io: py.import("io")?.getattr("BytesIO")?.unbind(),

@@ -59,6 +59,8 @@ struct PyHost<'py> {
     /// (sent with each batch, for snapshots).
     state_fn: Option<Py<PyAny>>,
     sharded: Option<Sharded>,
+    /// Stage timings since the last report.
+    times: crate::stats::StageTimes,
 }
 
 impl Blocking for PyHost<'_> {
@@ -192,6 +194,10 @@ impl Host for PyHost<'_> {
         self.sharded.as_mut().and_then(|s| s.last.take())
     }
 
+    fn take_times(&mut self) -> crate::stats::StageTimes {
+        std::mem::take(&mut self.times)
+    }
+
     fn start_epoch(&mut self) {
         let first = self.epochs == 0;
         self.epochs += 1;
@@ -231,6 +237,7 @@ impl Host for PyHost<'_> {
             return Ok(Reply::Failed(payload));
         }
         let py = self.py;
+        let t0 = std::time::Instant::now();
         let fetched = match indices {
             TaskIndices::Lane(l) => match self.lane_batch(l) {
                 Ok(LaneOut::NeedWork(given)) => return Ok(Reply::NeedWork { lane: l, given }),
@@ -241,7 +248,16 @@ impl Host for PyHost<'_> {
             TaskIndices::Addresses(a) => self.address_batch(&a).map(Some),
             other => self.fetch(other),
         };
+        let fetch_and_collate = crate::stats::since(t0);
+        let collate = self.fetcher.take_collate_ns();
+        self.times.collate += collate;
+        self.times.fetch += fetch_and_collate.saturating_sub(collate);
+        let t1 = std::time::Instant::now();
         let outcome = fetched.and_then(|b| b.map(|b| encode_batch(py, &b, records)).transpose());
+        if matches!(outcome, Ok(Some(_))) {
+            self.times.transfer += crate::stats::since(t1);
+            self.times.batches += 1;
+        }
         match outcome {
             Ok(Some(record)) => Ok(Reply::Batch(record)),
             Ok(None) if self.iterable => Ok(Reply::Exhausted),
@@ -317,6 +333,7 @@ pub fn worker_loop(
             reader: BlockReader::new(1),
             last: None,
         }),
+        times: Default::default(),
     };
     let config = Config {
         main_pid,

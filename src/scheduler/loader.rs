@@ -59,6 +59,8 @@ pub struct Loader {
     in_order: bool,
     /// A sharded epoch's lanes (`None`: tasks go to workers as in torch).
     lanes: Option<Lanes>,
+    /// Each worker's stage timings, as reported.
+    worker_times: Vec<crate::stats::StageTimes>,
 }
 
 /// A sharded epoch as the loader drives it.
@@ -105,7 +107,13 @@ impl Loader {
             prefetch_factor,
             in_order,
             lanes: None,
+            worker_times: vec![Default::default(); n],
         }
+    }
+
+    /// Each worker's stage timings reported so far (all epochs).
+    pub fn worker_times(&self) -> &[crate::stats::StageTimes] {
+        &self.worker_times
     }
 
     /// A sharded epoch: tasks cycle over `plan.lanes` lanes instead of the
@@ -362,6 +370,12 @@ impl Loader {
                 if self.awaiting_resume > 0 =>
             {
                 return Ok(0)
+            }
+            Event::Stats { worker, times } => {
+                if let Some(t) = self.worker_times.get_mut(worker) {
+                    t.add(&times);
+                }
+                return Ok(0);
             }
             Event::Retry { worker, seq } => {
                 if let Some(lane) = self.sched.owner(seq) {

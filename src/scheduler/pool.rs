@@ -61,6 +61,11 @@ pub enum Event {
     },
     /// Task `seq` is to be sent again as it was.
     Retry { worker: usize, seq: u64 },
+    /// The worker's stage timings since its last report.
+    Stats {
+        worker: usize,
+        times: crate::stats::StageTimes,
+    },
     /// The worker ended while still expected to answer (reported once).
     Died { worker: usize, pid: i32, exit: Exit },
 }
@@ -294,6 +299,7 @@ impl WorkerPool {
                     pos,
                 },
                 FromWorker::Retry { seq } => Event::Retry { worker: w, seq },
+                FromWorker::Stats(times) => Event::Stats { worker: w, times },
             };
             self.events.push_back(event);
         }

@@ -63,6 +63,9 @@ pub mod from_worker {
     /// `u64` seq: send task `seq` again, unchanged (its lane waits for an
     /// earlier task it sent back with `NEED_WORK`).
     pub const RETRY: u8 = 9;
+    /// `u64` fetch ns, `u64` collate ns, `u64` transfer ns, `u64` batches:
+    /// the worker's stage timings since its last report.
+    pub const STATS: u8 = 10;
 }
 
 /// A shard for a lane to read, from position `emitted` of its shard order
@@ -173,6 +176,8 @@ pub enum FromWorker {
     Retry {
         seq: u64,
     },
+    /// The worker's stage timings since its last report.
+    Stats(crate::stats::StageTimes),
 }
 
 impl ToWorker {
@@ -377,6 +382,12 @@ impl FromWorker {
                 out.push(RETRY);
                 out.extend_from_slice(&seq.to_le_bytes());
             }
+            FromWorker::Stats(t) => {
+                out.push(STATS);
+                for v in [t.fetch, t.collate, t.transfer, t.batches] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
         }
     }
 
@@ -418,6 +429,12 @@ impl FromWorker {
                 },
             },
             RETRY => FromWorker::Retry { seq: r.u64()? },
+            STATS => FromWorker::Stats(crate::stats::StageTimes {
+                fetch: r.u64()?,
+                collate: r.u64()?,
+                transfer: r.u64()?,
+                batches: r.u64()?,
+            }),
             _ => return Err(DecodeError("message tag")),
         };
         r.end()?;

@@ -120,6 +120,10 @@ pub trait Host: Blocking {
     fn lane_after_batch(&mut self) -> Option<(u32, LanePos)> {
         None
     }
+    /// The stage timings since the last call, reset.
+    fn take_times(&mut self) -> crate::stats::StageTimes {
+        crate::stats::StageTimes::default()
+    }
 }
 
 /// How often a worker looks at giving memory back, busy or idle.
@@ -220,6 +224,8 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
     // comes back, the lane's later tasks are sent back too (a later task
     // must not take items before an earlier one).
     let mut waiting: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+    let mut times = crate::stats::StageTimes::default();
+    let mut reported = Instant::now();
     loop {
         records.maybe_trim(Instant::now())?;
         let msg = match chan.recv_or_idle(host, Some(TRIM_EVERY))? {
@@ -263,6 +269,17 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                         }
                         for m in &before {
                             if let Err(e) = chan.send(&mut records.arena, m) {
+                                if e.is_peer_gone() {
+                                    return Ok(());
+                                }
+                                return Err(e.into());
+                            }
+                        }
+                        times.add(&host.take_times());
+                        if times.due(reported) {
+                            reported = Instant::now();
+                            let report = FromWorker::Stats(std::mem::take(&mut times));
+                            if let Err(e) = chan.send(&mut records.arena, &report) {
                                 if e.is_peer_gone() {
                                     return Ok(());
                                 }
