@@ -683,10 +683,10 @@ def test_pin_memory_without_accelerator_warns_as_torch(pin_memory_device):
     from ferroloader.dataloader import _PIN_DEVICE_DEPRECATED
 
     if pin_memory_device and not _PIN_DEVICE_DEPRECATED:
-        # torch 2.6-2.8 pins on the device given, which is missing here: both
-        # loaders raise a RuntimeError (torch's wrapped by its pin thread)
-        with pytest.raises(RuntimeError):
-            _pin_run(TORCH, **kw)
+        # torch 2.6-2.8 pins on the device given, which is missing here, and
+        # raises a RuntimeError (then its half-built iterator fails again in
+        # __del__, a torch bug pytest reports, so torch is not run here);
+        # ferroloader raises the RuntimeError too
         with pytest.raises(RuntimeError):
             _pin_run(FERRO, **kw)
         return
