@@ -32,6 +32,10 @@ seeds_w2       per_sample_seed=True against unseeded, ~0.5 ms samples,    >= 0.9
 shards_w2      a ShardedDataset with one shard as large as its 16 small    >= 1.3x
                ones together, ~0.2 ms items, nw=2: dynamic sharding's
                epoch rate against static's
+scaling        throughput against num_workers (1, 2, 4, ... up to the      (curve)
+               machine's cores) on the image and CPU-bound jobs, torch and
+               ferroloader; --png PATH draws it (default
+               bench-results/scaling.png; needs matplotlib, the bench extra)
 table          TableDataset, 1M rows x (8 numeric + 1 string), batch       >= 10x,
                256, shuffled, nw=0, rows/s: numeric columns against torch
                over a per-row pyarrow dataset and over HF datasets'
@@ -129,6 +133,36 @@ class CpuDataset:
 # ---------------------------------------------------------------------------
 
 
+class Progress:
+    """A progress bar per scenario (tqdm, when installed: the bench extra),
+    ticked by every timing round; silent otherwise."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def start(self, name: str, title: str) -> None:
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            print(f"-- {name}: {title} ...", flush=True)
+            return
+        self.bar = tqdm(desc=f"{name:<13}", unit=" rounds", leave=False, dynamic_ncols=True)
+
+    def tick(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+PROGRESS = Progress()
+# ferroloader's stats of the last loader a scenario timed (printed with it)
+LAST_STATS: List[str] = []
+
+
 @dataclass
 class Check:
     """One ratio with a target: ferroloader's figure against a baseline's."""
@@ -145,6 +179,7 @@ class Check:
     def add(self, baseline: float, ferro: float) -> None:
         self.baseline.append(baseline)
         self.ferro.append(ferro)
+        PROGRESS.tick()
 
     @property
     def ratios(self) -> List[float]:
@@ -186,6 +221,8 @@ class Scenario:
     note: str = ""
     checks: List[Check] = field(default_factory=list)
     seconds: float = 0.0
+    # ferroloader's loader.stats() table for the scenario, when it has one
+    stats: str = ""
 
     def to_json(self) -> Dict[str, Any]:
         primary = self.checks[0].median_ratio if self.checks and self.status == "ok" else None
@@ -197,6 +234,7 @@ class Scenario:
             "ratio": primary,
             "seconds": round(self.seconds, 2),
             "checks": [c.to_json() for c in self.checks],
+            "stats": self.stats,
         }
 
 
@@ -365,6 +403,9 @@ def loader_pair(
         check.add(t, f)
         for other, fn in extra or []:
             other.add(fn(), f)
+    stats = getattr(fl, "stats", None)
+    if stats is not None:
+        LAST_STATS[:] = [str(stats())]
     del tl, fl, t_step, f_step
     gc.collect()
 
@@ -446,7 +487,9 @@ def mw_kwargs(**kw: Any) -> Dict[str, Any]:
 
 def sc_int64_w2(st: Settings, fl: Any) -> List[Check]:
     probe_workers(fl)
-    n = 2048 if st.quick else 16384
+    # The full size even with --quick: an epoch of 32 batches measures the
+    # epoch restart, not the pipeline, and the nw=0 comparison turns to noise.
+    n = 16384
     check = Check("samples/s", "samples/s", "torch", target=10.0)
     own = Check("samples/s", "samples/s", "ferroloader nw=0", target=1.0)
     f0 = fl.DataLoader(IntDataset(n), batch_size=64)
@@ -722,6 +765,111 @@ def sc_shards_w2(st: Settings, fl: Any) -> List[Check]:
     del static, dynamic, s_step, d_step
     gc.collect()
     return [check]
+
+
+# --- scaling with num_workers -------------------------------------------------
+
+SCALING: Dict[str, Dict[str, List[Tuple[int, float]]]] = {}
+
+
+def worker_counts() -> List[int]:
+    cores = os.cpu_count() or 1
+    counts, w = [], 1
+    while w < cores:
+        counts.append(w)
+        w *= 2
+    return [*counts, cores]
+
+
+def sc_scaling(st: Settings, fl: Any) -> List[Check]:
+    """Throughput against num_workers, both libraries, on the image job
+    (MB/s) and the CPU-bound one (samples/s); one check per job at the
+    largest count, and the curves kept for --png."""
+    probe_workers(fl)
+    samples = image_samples()
+    sample_bytes = math.prod(IMAGE_SHAPE) * 4
+    iters = calibrate_cpu_iters(0.5e-3)
+    jobs = {
+        "image (MB/s)": (
+            lambda lib, nw: lib.DataLoader(
+                CycleDataset(samples, IMAGE_BATCH * 8),
+                batch_size=IMAGE_BATCH,
+                num_workers=nw,
+                persistent_workers=True,
+            ),
+            IMAGE_BATCH * 8 * sample_bytes / 1e6,
+        ),
+        "CPU-bound (samples/s)": (
+            lambda lib, nw: lib.DataLoader(
+                CpuDataset(512, iters), batch_size=32, num_workers=nw, persistent_workers=True
+            ),
+            512.0,
+        ),
+    }
+    checks = []
+    rounds = max(1, st.repeats // 2)
+    for job, (make, units) in jobs.items():
+        curves: Dict[str, List[Tuple[int, float]]] = {"torch": [], "ferroloader": []}
+        check = Check(f"{job} at the most workers", job.split("(")[1][:-1], "torch", target=1.0)
+        for nw in worker_counts():
+            tl, fl_ = make(tud, nw), make(fl, nw)
+            t_step, f_step = epoch_step(tl, units), epoch_step(fl_, units)
+            t_step()
+            f_step()
+            t_rates, f_rates = [], []
+            for _ in range(rounds):
+                t_rates.append(timed_rate(t_step, st.min_time))
+                f_rates.append(timed_rate(f_step, st.min_time))
+                PROGRESS.tick()
+            curves["torch"].append((nw, statistics.median(t_rates)))
+            curves["ferroloader"].append((nw, statistics.median(f_rates)))
+            del tl, fl_, t_step, f_step
+            gc.collect()
+        # the check's rounds are those at the largest count
+        check.baseline, check.ferro = t_rates, f_rates
+        check.note = "; ".join(
+            f"{nw} workers: torch {fmt_num(t)}, ferroloader {fmt_num(f)}"
+            for (nw, t), (_, f) in zip(curves["torch"], curves["ferroloader"])
+        )
+        SCALING[job] = curves
+        checks.append(check)
+    return checks
+
+
+def write_scaling_png(path: str, meta: Dict[str, Any]) -> Optional[str]:
+    """Draws the scaling curves; the reason when it cannot."""
+    if not SCALING:
+        return "no scaling results (run the scaling scenario)"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[bench]')"
+    fig, axes = plt.subplots(1, len(SCALING), figsize=(5.5 * len(SCALING), 4))
+    if len(SCALING) == 1:
+        axes = [axes]
+    for ax, (job, curves) in zip(axes, SCALING.items()):
+        for lib, style in (("torch", "o--"), ("ferroloader", "s-")):
+            xs = [nw for nw, _ in curves[lib]]
+            ax.plot(xs, [r for _, r in curves[lib]], style, label=lib)
+        ax.set_xlabel("num_workers")
+        ax.set_ylabel(job)
+        ax.set_xticks(xs)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(
+        f"ferroloader vs torch.utils.data: throughput against num_workers "
+        f"({meta['cpus']} CPUs, torch {meta['torch']})",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
 
 
 # --- tables (TableDataset) ---------------------------------------------------
@@ -1128,6 +1276,7 @@ SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
     "state_w2": ("snapshot and resume, num_workers=2", sc_state_w2),
     "seeds_w2": ("per-sample seeding, ~0.5 ms samples, num_workers=2", sc_seeds_w2),
     "shards_w2": ("dynamic vs static sharding, uneven shards, num_workers=2", sc_shards_w2),
+    "scaling": ("throughput against num_workers, image and CPU-bound jobs", sc_scaling),
     "table": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=0", sc_table),
     "table_w2": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=2", sc_table_w2),
     "table_mem": ("memory of a 2-worker job over a memory-mapped 1 GB Arrow file", sc_table_mem),
@@ -1171,6 +1320,10 @@ def print_scenario(s: Scenario) -> None:
         print("     per-round ratios: " + " ".join(f"{x:.2f}" for x in r))
         if c.note:
             print(f"     note: {c.note}")
+    if s.stats:
+        print("   ferroloader's loader.stats() for this scenario:")
+        for line in s.stats.splitlines():
+            print("     " + line)
     sys.stdout.flush()
 
 
@@ -1238,6 +1391,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="tiny sizes, 2 rounds (smoke test)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument(
+        "--png",
+        metavar="PATH",
+        default="bench-results/scaling.png",
+        help="where the scaling scenario's picture goes (default bench-results/scaling.png)",
+    )
     p.add_argument("--min-time", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--_rss-child", dest="rss_child", default=None, help=argparse.SUPPRESS)
     p.add_argument(
@@ -1301,8 +1460,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         title, fn = SCENARIOS[name]
         sc = Scenario(name, title)
         t0 = time.perf_counter()
+        LAST_STATS.clear()
+        PROGRESS.start(name, title)
         try:
             sc.checks = fn(st, fl)
+            sc.stats = LAST_STATS[0] if LAST_STATS else ""
         except Skip as exc:
             sc.status, sc.note = "skipped", str(exc)
         except NotImplementedError as exc:
@@ -1314,6 +1476,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except Exception:
             crashed = True
             sc.status, sc.note = "error", traceback.format_exc()
+        PROGRESS.stop()
         sc.seconds = time.perf_counter() - t0
         gc.collect()
         print_scenario(sc)
@@ -1329,6 +1492,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 indent=2,
             )
         print(f"results written to {args.json}")
+    if "scaling" in args.scenarios:
+        why_not = write_scaling_png(args.png, meta)
+        print(
+            f"scaling picture: {why_not}" if why_not else f"scaling picture written to {args.png}"
+        )
     return 1 if crashed else 0
 
 
