@@ -13,11 +13,13 @@
 //! | shared-memory arena and mailboxes, the record budget | [`ring`] |
 //! | record format: layout, dtypes, the tree | [`record`] |
 //! | DLPack C ABI: tensors out of and into records | [`dlpack`] |
+//! | pinned arenas: registration with the GPU runtime, the reuse guard | [`pin`] |
 //! | errors | [`error`] |
 //!
 //! `unsafe` is denied crate-wide (see `[lints.rust]` in Cargo.toml) and
 //! opened only in [`ring`] (shared memory) and the FFI edges: [`dlpack`]
-//! (the C ABI) and the bindings' `python::ffi` (capsules, file descriptors). Every block there
+//! (the C ABI), [`pin::cuda`] (the CUDA runtime) and the bindings'
+//! `python::ffi` (capsules, file descriptors). Every block there
 //! carries a `// SAFETY:` comment (clippy's `undocumented_unsafe_blocks`).
 
 pub mod collate;
@@ -26,6 +28,7 @@ pub mod error;
 pub mod facilities;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod pin;
 pub mod record;
 pub mod ring;
 pub mod sampler;

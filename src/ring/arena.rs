@@ -763,6 +763,12 @@ impl RecordHandle {
         unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
     }
 
+    /// The segment the record lies in (its mapping stays alive as long as
+    /// this share of it).
+    pub fn segment(&self) -> &Arc<Segment> {
+        &self.seg
+    }
+
     /// The record this handle holds.
     pub fn record(&self) -> RecordRef {
         RecordRef {

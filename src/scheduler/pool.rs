@@ -84,6 +84,9 @@ struct Link {
 pub struct WorkerPool {
     links: Vec<Link>,
     events: VecDeque<Event>,
+    /// The process that started the workers: a copy of the pool in a
+    /// process forked from it (garbage collected there) must not stop them.
+    owner: u32,
 }
 
 impl WorkerPool {
@@ -114,6 +117,7 @@ impl WorkerPool {
         Ok(WorkerPool {
             links,
             events: VecDeque::new(),
+            owner: std::process::id(),
         })
     }
 
@@ -156,10 +160,13 @@ impl WorkerPool {
     /// Stops every worker: a `Shutdown` frame, then the socket is closed so
     /// a worker that misses the frame still sees EOF. Idempotent.
     pub fn close(&mut self) {
+        let owner = std::process::id() == self.owner;
         for w in 0..self.links.len() {
-            let _ = self.send(w, &ToWorker::Shutdown);
+            if owner {
+                let _ = self.send(w, &ToWorker::Shutdown);
+            }
             let link = &mut self.links[w];
-            if let Some(conn) = link.conn.as_mut() {
+            if let Some(conn) = link.conn.as_mut().filter(|_| owner) {
                 let _ = conn.flush();
             }
             link.conn = None;
