@@ -15,9 +15,12 @@ __all__ = [
     "ArrowTable",
     "BatchSamplerIter",
     "MultiProcessIter",
+    "PinArena",
     "SamplerIter",
     "ShardPlan",
     "SingleProcessIter",
+    "StopFlag",
+    "_FakeCudaRuntime",
     "__version__",
     "_seeds",
     "collate",
@@ -163,8 +166,16 @@ class MultiProcessIter(Iterator[Any]):
         pin: Optional[tuple[Any, Any]],
         index_sampler: Any,
         len_called: Optional[int],
+        pin_arena: Optional[PinArena] = None,
     ) -> Self: ...
     def _prime(self) -> None: ...
+    def _next_unpinned(self, stop: Optional[StopFlag] = None) -> Any:
+        """The next batch as the engine hands it over, not pinned (``None`` at
+        the end of the epoch); a raised ``stop`` ends a wait with
+        ``InterruptedError``."""
+    @property
+    def _pin_counts(self) -> Optional[tuple[int, int, int, int, int]]:
+        """``PinArena.counts`` of the pinned arenas, if pinned."""
     def _reset_epoch(
         self, source: Any, len_called: Optional[int], plan: Optional[ShardPlan] = None
     ) -> None: ...
@@ -216,8 +227,67 @@ def worker_loop(
     sharded: Optional[_ShardsArg] = None,
     batch_size: Optional[int] = None,
     table: Optional[_TableArg] = None,
+    trim: bool = True,
 ) -> None:
     """Serve tasks from the main process until it stops or goes away."""
+
+@final
+class StopFlag:
+    """Asks a thread waiting in ``MultiProcessIter._next_unpinned`` to stop."""
+
+    def __new__(cls) -> Self: ...
+    def set(self) -> None: ...
+    @property
+    def is_stopped(self) -> bool: ...
+
+@final
+class PinArena:
+    """Pinned arenas of one iterator: worker arenas registered with the CUDA
+    runtime, and the guard that keeps a freed record from reuse until the
+    copies queued before its free have run."""
+
+    @staticmethod
+    def cuda(library: str, stream_fn: Any, guard: bool = True) -> PinArena:
+        """Over the CUDA runtime library at ``library`` (the one torch
+        loaded); ``stream_fn() -> (device, raw stream) | None``."""
+    @staticmethod
+    def fake(runtime: _FakeCudaRuntime, stream_fn: Any, guard: bool = True) -> PinArena:
+        """Over the fake runtime (tests)."""
+    def check(self) -> Optional[str]:
+        """``None`` if one page of shared memory can be registered, else why not."""
+    def tick(self) -> None:
+        """The training loop's ``next()``: its current stream joins those
+        fences cover, and records freed since the last tick are fenced."""
+    def close(self) -> None:
+        """The iterator is closing: records freed from now on are fenced at once."""
+    @property
+    def counts(self) -> tuple[int, int, int, int, int]:
+        """``(segments, bytes, failed, fenced, unfenced)``."""
+    @property
+    def first_error(self) -> Optional[str]: ...
+    @property
+    def streams(self) -> list[tuple[int, int]]: ...
+
+@final
+class _FakeCudaRuntime:
+    """A model of the CUDA runtime for tests: registered ranges, streams of
+    asynchronous copies that run on ``run()``, events over them."""
+
+    def __new__(cls) -> Self: ...
+    current: Optional[tuple[int, int]]
+    def fail_registration(self, fail: bool) -> None: ...
+    def copy_async(self, ptr: int, nbytes: int, stream: int, device: int = 0) -> int: ...
+    def wait_stream(self, stream: int, other: int, device: int = 0) -> None: ...
+    def run(self, stream: int, device: int = 0) -> None: ...
+    def result(self, op: int) -> Optional[bytes]: ...
+    @property
+    def registered(self) -> list[tuple[int, int]]: ...
+    @property
+    def register_calls(self) -> list[tuple[int, int]]: ...
+    @property
+    def unregister_calls(self) -> list[int]: ...
+    @property
+    def fences(self) -> int: ...
 
 @final
 class ShardPlan:

@@ -84,6 +84,7 @@ def worker_entry(
     resume: Optional[dict[str, Any]] = None,
     shards: Optional[tuple[list[Any], Any]] = None,
     batch_size: Optional[int] = None,
+    trim: bool = True,
 ) -> None:
     dataset = dataset_holder.pop()
     # Forked workers inherit the main process's ends of earlier workers'
@@ -154,6 +155,7 @@ def worker_entry(
             sharded=sharded,
             batch_size=batch_size,
             table=table,
+            trim=trim,
         )
     except KeyboardInterrupt:
         pass

@@ -20,7 +20,7 @@ import torch
 import torch.utils.data.dataloader as _tdl
 from torch.utils.data import _utils
 
-from ferroloader import _core, _worker, state
+from ferroloader import _core, _worker, forkserver, pinning, state
 from ferroloader._fetch import fetch_plan
 from ferroloader.errors import ConfigError
 from ferroloader.sampler import native_batch_iter, native_iter
@@ -116,6 +116,9 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         self._shards_read: Optional[tuple[list[Any], Optional[list[int]]]] = None
         # the stats of the iterators that have ended (a box shared with them)
         self._stats_box: list[LoaderStats] = [LoaderStats()]
+        # forkserver: workers fork from a server that has imported torch
+        # (started now, so that its imports overlap the user's set-up)
+        forkserver.warm(self)
 
     def stats(self) -> LoaderStats:
         """Where this loader's batches spent their time, over every epoch so
@@ -433,12 +436,14 @@ class _MultiProcessIter(_core.MultiProcessIter):
     ``multiprocessing``; dispatch, transport and reassembly in Rust."""
 
     _procs: list[Any]
+    _owner_pid: int
     _stats_box: list[LoaderStats]
 
     @classmethod
     def start(cls, loader: DataLoader[Any]) -> _MultiProcessIter:
         dataset = loader.dataset
         pin = _pin_settings(loader)
+        arena, pin_thread = pinning.plan(loader, pin)
         iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
         rec, resume, now = state.open_epoch(loader)
         ep: Optional[ShardEpoch] = None
@@ -457,6 +462,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
             source = state.resume_source(rec, source, resume, now, window)
         ctx = loader.multiprocessing_context or torch.multiprocessing
         fork = ctx.get_start_method() == "fork"
+        forkserver.warm(loader)  # a context set after construction
         n = loader.num_workers
         per_worker = max(shm_limit() // n, 1 << 20)
         per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
@@ -491,6 +497,8 @@ class _MultiProcessIter(_core.MultiProcessIter):
                         if ep is None
                         else (list(ep.descriptors), loader._shard_seeder(rec.number)),
                         loader.batch_size,
+                        # a registered arena keeps its pages (see PinArena)
+                        arena is None,
                     ),
                 )
                 w.daemon = True
@@ -505,7 +513,8 @@ class _MultiProcessIter(_core.MultiProcessIter):
             # torch sets prefetch_factor to 2 when num_workers > 0 and none was given.
             assert loader.prefetch_factor is not None
             timeout = float(loader.timeout)
-            it = cls(
+            kind = _PinnedMultiProcessIter if pin_thread else cls
+            it = kind(
                 workers,
                 source,
                 dataset,
@@ -517,10 +526,14 @@ class _MultiProcessIter(_core.MultiProcessIter):
                 persistent=loader.persistent_workers,
                 timeout=timeout,
                 timeout_text=str(loader.timeout),
-                pin=pin,
+                pin=None if pin_thread or pin is None else pinning.inline(pin),
                 index_sampler=loader._index_sampler,
                 len_called=None if ep is not None else loader._IterableDataset_len_called,
+                pin_arena=arena,
             )
+            if isinstance(it, _PinnedMultiProcessIter):
+                assert pin is not None
+                it._pin_setup(pin, arena, loader._index_sampler)
             if ep is not None and ep.plan is not None:
                 it._start_lanes(ep.plan)
         except BaseException:
@@ -531,6 +544,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
             _stop_processes(procs, grace=1.0)
             raise
         it._procs = procs
+        it._owner_pid = os.getpid()
         it._stats_box = loader._stats_box
         rec.shards = ep
         rec.attach(it, multiprocess=True)
@@ -568,12 +582,75 @@ class _MultiProcessIter(_core.MultiProcessIter):
         _stop_processes(getattr(self, "_procs", ()))
 
     def __del__(self) -> None:
+        if getattr(self, "_owner_pid", None) != os.getpid():
+            # a copy inherited by a forked process (a worker of another
+            # loader collecting the garbage it inherited): the workers are
+            # not its children, and shutting them down is the owner's job
+            return
         try:
             self._shutdown_workers()
         except BaseException:
             # e.g. Ctrl-C while joining: nothing can be raised from __del__
             # (Python would print "Exception ignored"); end the workers now.
             _stop_processes(getattr(self, "_procs", ()), grace=0.0)
+
+
+class _PinnedMultiProcessIter(_MultiProcessIter):
+    """A multi-process iterator whose batches a :class:`pinning.PinThread`
+    takes from the engine and pins, ahead of the training loop. Reads of
+    the engine's state go through the thread (the position before the
+    batches it has queued)."""
+
+    _pinner: pinning.PinThread
+
+    def _pin_setup(self, pin: Any, arena: Optional[_core.PinArena], index_sampler: Any) -> None:
+        self._pin = pin
+        self._arena = arena
+        self._index_sampler_ref = index_sampler
+        self._pinner = pinning.PinThread(self, *pin)
+
+    def __next__(self) -> Any:
+        if self._arena is not None:
+            # the reuse guard's tick: the loop's current stream, and a fence
+            # for the batches it freed since its last next()
+            self._arena.tick()
+        return self._pinner.next()
+
+    def __len__(self) -> int:
+        return len(self._index_sampler_ref)
+
+    @property
+    def _position(self) -> Any:
+        return self._pinner.read(self, "_position")
+
+    @property
+    def _iterable_position(self) -> Any:
+        return self._pinner.read(self, "_iterable_position")
+
+    @property
+    def _lane_snapshot(self) -> Any:
+        return self._pinner.read(self, "_lane_snapshot")
+
+    @property
+    def _closed(self) -> Any:
+        return self._pinner.read(self, "_closed")
+
+    @property
+    def _stats(self) -> Any:
+        return self._pinner.stats(self)
+
+    def _reset(self, loader: DataLoader[Any], first_iter: bool = False) -> None:
+        # the stopped thread keeps the old epoch's position (what it had
+        # queued is dropped) while the new epoch is set up
+        self._pinner.stop()
+        super()._reset(loader, first_iter)
+        self._pinner = pinning.PinThread(self, *self._pin)
+
+    def _shutdown_workers(self) -> None:
+        pinner = getattr(self, "_pinner", None)
+        if pinner is not None:
+            pinner.stop()
+        super()._shutdown_workers()
 
 
 # File descriptors the main process holds per worker (its socket, mailbox,

@@ -22,11 +22,12 @@ use super::error::Class;
 use super::ffi::{record_leaf_capsule, with_tensor_over, DlView};
 use super::torch::torch;
 use crate::collate::{gather_rows, stack_into};
+use crate::pin::Held;
 use crate::record::tree::MAX_DEPTH;
 use crate::record::{
     DecodeError, DlDtype, Leaf, LeafKind, ParsedRecord, RecordLayout, Token, TreeReader, TreeWriter,
 };
-use crate::ring::{RecordHandle, RecordRef};
+use crate::ring::RecordRef;
 use crate::worker::Records;
 
 struct Collected {
@@ -276,7 +277,7 @@ fn write_arrays(py: Python<'_>, arrays: &[Py<PyAny>], dst: &mut [u8]) -> PyResul
 /// Rebuilds leaves over a record in the main process.
 #[pyclass(module = "ferroloader._core")]
 struct LeafLoader {
-    record: Arc<RecordHandle>,
+    record: Arc<Held>,
     leaves: Vec<Leaf>,
 }
 
@@ -312,7 +313,7 @@ impl DlpackHolder {
 }
 
 /// Loads the batch in an opened record; its leaves share the record.
-pub fn decode_batch<'py>(py: Python<'py>, handle: RecordHandle) -> PyResult<Bound<'py, PyAny>> {
+pub fn decode_batch<'py>(py: Python<'py>, handle: Held) -> PyResult<Bound<'py, PyAny>> {
     let parsed = ParsedRecord::parse(handle.bytes()).map_err(crate::Error::from)?;
     let record = Arc::new(handle);
     let mut dec = TreeDecoder {
@@ -398,7 +399,7 @@ impl<'py> TreeEncoder<'_, 'py> {
 /// Rebuilds a batch from its tree, leaves as tensors over the record.
 struct TreeDecoder<'a, 'py> {
     py: Python<'py>,
-    record: &'a Arc<RecordHandle>,
+    record: &'a Arc<Held>,
     tree: TreeReader<'a>,
     leaves: &'a [Leaf],
     loader: Option<Bound<'py, LeafLoader>>,
@@ -472,7 +473,7 @@ impl<'py> TreeDecoder<'_, 'py> {
 /// memory, holding a share of it.
 fn make_leaf<'py>(
     py: Python<'py>,
-    record: &Arc<RecordHandle>,
+    record: &Arc<Held>,
     leaves: &[Leaf],
     id: usize,
 ) -> PyResult<Bound<'py, PyAny>> {

@@ -25,8 +25,8 @@ use pyo3::ffi as pyffi;
 use pyo3::prelude::*;
 
 use super::error::Class;
+use crate::pin::Held;
 use crate::record::{DecodeError, Leaf};
-use crate::ring::RecordHandle;
 
 use crate::dlpack::{self, DlManagedTensor, TensorView};
 pub use crate::dlpack::{DlDtype, DL_CPU};
@@ -222,7 +222,7 @@ unsafe fn export_capsule<'py>(
 /// segment mapped until the last tensor over it is freed.
 pub fn record_leaf_capsule<'py>(
     py: Python<'py>,
-    record: &Arc<RecordHandle>,
+    record: &Arc<Held>,
     leaf: &Leaf,
 ) -> PyResult<Bound<'py, PyAny>> {
     let range = leaf.offset as usize..(leaf.offset as usize).saturating_add(leaf.nbytes());

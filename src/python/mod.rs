@@ -8,11 +8,13 @@ use pyo3::prelude::*;
 mod codec;
 mod collate;
 mod error;
+mod fake_cuda;
 mod fetch;
 mod ffi;
 mod indices;
 mod loader;
 mod multiproc;
+mod pinning;
 mod sampler;
 mod shards;
 mod stats;
@@ -36,5 +38,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sampler::BatchSamplerIter>()?;
     m.add_class::<loader::SingleProcessIter>()?;
     m.add_class::<multiproc::MultiProcessIter>()?;
+    m.add_class::<multiproc::StopFlag>()?;
+    m.add_class::<pinning::PinArena>()?;
+    m.add_class::<fake_cuda::FakeCudaRuntime>()?;
     Ok(())
 }

@@ -16,27 +16,63 @@ use super::error::Class;
 use super::ffi::adopt_fd;
 use super::indices::{Indices, Item};
 use super::loader::warn_past_reported_len;
+use super::pinning::PinArena;
 use super::shards::{snapshot_to_py, AddressBatches, ShardPlan};
 use super::stats::{MainTimes, StatsTuple};
 use super::torch::torch;
+use crate::pin::Held;
 use crate::scheduler::protocol::TaskIndices;
 use crate::scheduler::transport::Blocking;
 use crate::scheduler::{Loader, Next, Payload, Waiter, WorkerPool};
 
 /// Releases the GIL around the engine's blocking waits and delivers
-/// signals (Ctrl-C) between them.
-struct Gil<'py>(Python<'py>);
+/// signals (Ctrl-C) between them; a raised [`StopFlag`] ends the wait too.
+struct Gil<'py, 'a>(Python<'py>, Option<&'a StopFlag>);
 
-impl Blocking for Gil<'_> {
+impl Blocking for Gil<'_, '_> {
     fn blocking<R: Send>(&mut self, f: impl FnOnce() -> R + Send) -> R {
         self.0.detach(f)
     }
 }
 
-impl Waiter for Gil<'_> {
+impl Waiter for Gil<'_, '_> {
     type Error = PyErr;
     fn check_interrupts(&mut self) -> PyResult<()> {
+        if self.1.is_some_and(StopFlag::is_set) {
+            return Err(pyo3::exceptions::PyInterruptedError::new_err(
+                "ferroloader: the pin thread was asked to stop",
+            ));
+        }
         self.0.check_signals()
+    }
+}
+
+/// Asks a thread waiting in `_next_unpinned` to stop (within one
+/// interrupt slice): the pin thread's off switch.
+#[pyclass(frozen, module = "ferroloader._core")]
+#[derive(Default)]
+pub struct StopFlag(std::sync::atomic::AtomicBool);
+
+impl StopFlag {
+    fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+#[pymethods]
+impl StopFlag {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+
+    fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    #[getter]
+    fn is_stopped(&self) -> bool {
+        self.is_set()
     }
 }
 
@@ -89,6 +125,9 @@ pub struct MultiProcessIter {
     iterable: bool,
     timeout: Option<(Duration, String)>,
     pin: Option<(Py<PyAny>, Py<PyAny>)>,
+    /// Pinned arenas: batches are pinned where they lie (`pin` then finds
+    /// their tensors pinned already).
+    pin_arena: Option<Py<PinArena>>,
     index_sampler: Py<PyAny>,
     dataset: Py<PyAny>,
     len_called: Option<usize>,
@@ -101,7 +140,7 @@ pub struct MultiProcessIter {
 #[pymethods]
 impl MultiProcessIter {
     #[new]
-    #[pyo3(signature = (workers, source, dataset, *, iterable, batch_size, auto_collation, prefetch_factor, in_order, persistent, timeout, timeout_text, pin, index_sampler, len_called))]
+    #[pyo3(signature = (workers, source, dataset, *, iterable, batch_size, auto_collation, prefetch_factor, in_order, persistent, timeout, timeout_text, pin, index_sampler, len_called, pin_arena=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         workers: Vec<(i32, i32)>,
@@ -118,6 +157,7 @@ impl MultiProcessIter {
         pin: Option<(Py<PyAny>, Py<PyAny>)>,
         index_sampler: Py<PyAny>,
         len_called: Option<usize>,
+        pin_arena: Option<Py<PinArena>>,
     ) -> PyResult<Self> {
         let workers = workers
             .into_iter()
@@ -131,6 +171,7 @@ impl MultiProcessIter {
             iterable,
             timeout: (timeout > 0.0).then(|| (Duration::from_secs_f64(timeout), timeout_text)),
             pin,
+            pin_arena,
             index_sampler,
             dataset,
             len_called,
@@ -166,7 +207,7 @@ impl MultiProcessIter {
         self.ended = false;
         let source = &self.source;
         self.core
-            .restart_epoch(&mut Gil(py), &mut || source.draw(py))?;
+            .restart_epoch(&mut Gil(py, None), &mut || source.draw(py))?;
         if let Some(plan) = plan {
             self.core.start_lanes(plan.plan.clone())?;
         }
@@ -182,6 +223,9 @@ impl MultiProcessIter {
         if let Some((f, d)) = &self.pin {
             visit.call(f)?;
             visit.call(d)?;
+        }
+        if let Some(a) = &self.pin_arena {
+            visit.call(a)?;
         }
         visit.call(&self.index_sampler)?;
         visit.call(&self.dataset)
@@ -281,12 +325,49 @@ impl MultiProcessIter {
     /// worker that misses the frame still sees EOF.
     fn _close(&mut self) {
         self.core.close();
+        if let Some(arena) = &self.pin_arena {
+            arena.get().pinning.close();
+        }
     }
 
     fn __getstate__(&self) -> PyResult<()> {
         Err(pyo3::exceptions::PyNotImplementedError::new_err(
             "MultiProcessIter cannot be pickled",
         ))
+    }
+
+    /// The next batch, not pinned (`None` at the end of the epoch): what
+    /// the pin thread takes from the engine. A raised `stop` ends a wait
+    /// with `InterruptedError`.
+    #[pyo3(signature = (stop=None))]
+    fn _next_unpinned<'py>(
+        &mut self,
+        py: Python<'py>,
+        stop: Option<PyRef<'py, StopFlag>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let got = self.take(py, stop.as_deref());
+        if matches!(got, Ok(Some(_))) {
+            self.times.batches += 1;
+        }
+        got
+    }
+
+    /// The pinned arenas' counters (see `PinArena.counts`), if pinned.
+    #[getter]
+    fn _pin_counts(&self) -> Option<(u64, u64, u64, u64, u64)> {
+        self.pin_arena.as_ref().map(|a| {
+            let c = a.get().pinning.counts();
+            (c.segments, c.bytes, c.failed, c.fenced, c.unfenced)
+        })
+    }
+}
+
+impl Drop for MultiProcessIter {
+    fn drop(&mut self) {
+        // no next() will fence what its batches' owners free from now on
+        if let Some(arena) = &self.pin_arena {
+            arena.get().pinning.close();
+        }
     }
 }
 
@@ -297,6 +378,36 @@ impl MultiProcessIter {
             return Ok(None);
         }
         self.times.enter();
+        if let Some(arena) = &self.pin_arena {
+            arena.get().tick_now(py);
+        }
+        let Some(data) = self.take(py, None)? else {
+            return Ok(None);
+        };
+        let data = match &self.pin {
+            Some((pin_fn, device)) => {
+                let t2 = std::time::Instant::now();
+                let pinned = pin_fn.bind(py).call1((data, device))?;
+                self.times.pin += crate::stats::since(t2);
+                pinned
+            }
+            None => data,
+        };
+        self.times.leave();
+        self.times.maybe_warn(py, self.core.worker_times())?;
+        Ok(Some(data))
+    }
+
+    /// The next batch as the engine hands it over, decoded (`None` at the
+    /// end of the epoch); counts its wait and decode times.
+    fn take<'py>(
+        &mut self,
+        py: Python<'py>,
+        stop: Option<&StopFlag>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if self.core.is_closed() {
+            return Ok(None);
+        }
         let t0 = std::time::Instant::now();
         let (worker, payload) = loop {
             match self.core.step() {
@@ -305,7 +416,7 @@ impl MultiProcessIter {
                     self.ended = true;
                     return Ok(None);
                 }
-                Next::Wait => self.wait(py)?,
+                Next::Wait => self.wait(py, stop)?,
             }
         };
         self.times.wait += crate::stats::since(t0);
@@ -314,7 +425,14 @@ impl MultiProcessIter {
         self.core.put_task(&mut || source.draw(py))?;
         let t1 = std::time::Instant::now();
         let data = match payload {
-            Payload::Batch(record) => decode_batch(py, self.core.open(worker, record)?)?,
+            Payload::Batch(record) => {
+                let handle = self.core.open(worker, record)?;
+                let held = match &self.pin_arena {
+                    Some(arena) => arena.get().pinning.hold(worker, handle),
+                    None => Held::plain(handle),
+                };
+                decode_batch(py, held)?
+            }
             Payload::Error(bytes) => {
                 let wrapper = torch(py)?
                     .loads
@@ -325,18 +443,7 @@ impl MultiProcessIter {
             }
         };
         self.times.decode += crate::stats::since(t1);
-        let data = match &self.pin {
-            Some((pin_fn, device)) => {
-                let t2 = std::time::Instant::now();
-                let pinned = pin_fn.bind(py).call1((data, device))?;
-                self.times.pin += crate::stats::since(t2);
-                pinned
-            }
-            None => data,
-        };
         self.num_yielded += 1;
-        self.times.leave();
-        self.times.maybe_warn(py, self.core.worker_times())?;
         if self.iterable {
             warn_past_reported_len(
                 py,
@@ -351,10 +458,10 @@ impl MultiProcessIter {
 
     /// Blocks until at least one answer arrives, a worker fails, or the
     /// timeout passes (the engine's wait, with the GIL released).
-    fn wait(&mut self, py: Python<'_>) -> PyResult<()> {
+    fn wait(&mut self, py: Python<'_>, stop: Option<&StopFlag>) -> PyResult<()> {
         let source = &self.source;
         let timeout = self.timeout.as_ref().map(|(t, s)| (*t, s.as_str()));
         self.core
-            .wait(&mut Gil(py), &mut || source.draw(py), timeout)
+            .wait(&mut Gil(py, stop), &mut || source.draw(py), timeout)
     }
 }

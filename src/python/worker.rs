@@ -276,7 +276,7 @@ impl Host for PyHost<'_> {
 
 /// Serves tasks until the main process says stop or goes away.
 #[pyfunction]
-#[pyo3(signature = (fd, *, dataset, iterable, auto_collation, drop_last, collate_fn, getitems, tensors, main_pid, shm_initial, shm_limit, prefetch_factor, make_iter, wrap_exception, init_exception, on_epoch=None, state_fn=None, sharded=None, batch_size=None, table=None))]
+#[pyo3(signature = (fd, *, dataset, iterable, auto_collation, drop_last, collate_fn, getitems, tensors, main_pid, shm_initial, shm_limit, prefetch_factor, make_iter, wrap_exception, init_exception, on_epoch=None, state_fn=None, sharded=None, batch_size=None, table=None, trim=true))]
 #[allow(clippy::too_many_arguments)]
 pub fn worker_loop(
     py: Python<'_>,
@@ -300,6 +300,7 @@ pub fn worker_loop(
     sharded: Option<ShardsArg>,
     batch_size: Option<usize>,
     table: Option<TableArg>,
+    trim: bool,
 ) -> PyResult<()> {
     let fd = adopt_fd(fd)?;
     let fetcher = Fetcher::new(
@@ -340,6 +341,7 @@ pub fn worker_loop(
         shm_initial,
         shm_limit,
         prefetch_factor,
+        trim,
     };
     serve(&mut host, fd, config)
 }

@@ -178,6 +178,7 @@ fn child_worker_entry() {
         shm_initial: 1 << 20,
         shm_limit: 64 << 20,
         prefetch_factor: 2,
+        trim: true,
     };
     serve(&mut host, fd, config).unwrap();
 }

@@ -208,6 +208,11 @@ pub struct Config {
     pub shm_initial: usize,
     pub shm_limit: usize,
     pub prefetch_factor: usize,
+    /// Whether free pages may be given back (hole punching). Off when the
+    /// main process registers the arena with the GPU runtime: a punched
+    /// page would be replaced by a new one that the registration (and so
+    /// the GPU's copies) does not see.
+    pub trim: bool,
 }
 
 /// Serves tasks until the main process says stop or goes away (the state
@@ -227,7 +232,9 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
     let mut times = crate::stats::StageTimes::default();
     let mut reported = Instant::now();
     loop {
-        records.maybe_trim(Instant::now())?;
+        if config.trim {
+            records.maybe_trim(Instant::now())?;
+        }
         let msg = match chan.recv_or_idle(host, Some(TRIM_EVERY))? {
             Received::Message(msg) => msg,
             Received::Idle => continue,

@@ -1,0 +1,322 @@
+"""``pin_memory=True``: where batches are pinned, and by whom.
+
+torch copies every batch into page-locked memory on a background thread.
+ferroloader's batches already lie in shared memory it owns, so with CUDA the
+main process registers each worker's arena with the CUDA runtime torch
+loaded (``cudaHostRegister``, once per arena segment) and the tensors built
+over a record are pinned as they are: ``tensor.is_pinned()`` is ``True``
+and nothing is copied. A record whose tensors were handed to an asynchronous
+copy is kept from its worker until that copy has run (``_core.PinArena``).
+
+Where registration is not possible (no CUDA runtime found, the runtime
+refuses shared memory, another accelerator) or the batch is not the default
+collate's (a ``collate_fn`` may return a type with its own ``pin_memory()``),
+batches are pinned on a background thread ahead of the training loop, as
+torch's pin thread does (:class:`PinThread`); its results, errors and
+warnings are torch's.
+
+``FERROLOADER_DISABLE=cuda-register`` turns registration off (the pin
+thread then does torch's copy).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+from torch._utils import ExceptionWrapper
+from torch.utils.data._utils import collate as _torch_collate
+
+from ferroloader import _core
+from ferroloader.collate import default_collate as _ferro_default_collate
+from ferroloader.errors import ConfigError
+
+DISABLE = "cuda-register"
+PIN_THREAD_NAME = "pt_data_pin"
+# How many batches the pin thread takes ahead of the training loop: enough
+# to pin the next batch during the loop's step; the workers' own prefetch
+# window holds the rest.
+PIN_AHEAD = 2
+
+# Tests install a factory of pinned arenas over the fake runtime.
+arena_factory: Optional[Callable[[], Optional[_core.PinArena]]] = None
+
+_DEFAULT_COLLATES = (
+    _torch_collate.default_collate,
+    _torch_collate.default_convert,
+    _ferro_default_collate,
+)
+
+
+def _disabled() -> bool:
+    names = os.environ.get("FERROLOADER_DISABLE", "").split(",")
+    return DISABLE in {n.strip().lower() for n in names}
+
+
+def cuda_runtime_path() -> Optional[str]:
+    """The CUDA runtime library (``libcudart.so.*``) mapped in this process,
+    which torch loaded; ``None`` if there is none (a static runtime)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6:
+                    path = fields[5].strip()
+                    if os.path.basename(path).startswith("libcudart.so"):
+                        return path
+    except OSError:
+        return None
+    return None
+
+
+def current_stream() -> Optional[tuple[int, int]]:
+    """``(device, raw stream)`` current on this thread for torch, without
+    initialising CUDA; ``None`` before CUDA is initialised."""
+    if not torch.cuda.is_initialized():
+        return None
+    device = torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return device, int(raw(device))
+    return device, int(torch.cuda.current_stream(device).cuda_stream)
+
+
+# Whether the runtime at a path registers shared memory (asked once).
+_registers: dict[str, Optional[str]] = {}
+
+
+def _cuda_arena() -> Optional[_core.PinArena]:
+    if _disabled() or not torch.cuda.is_available():
+        return None
+    torch.cuda.init()  # pinning initialises CUDA, as torch's pin_memory does
+    path = cuda_runtime_path()
+    if path is None:
+        return None
+    try:
+        arena = _core.PinArena.cuda(path, current_stream)
+    except ConfigError:
+        return None
+    if path not in _registers:
+        _registers[path] = arena.check()
+    return arena if _registers[path] is None else None
+
+
+def _device_type(device: Any) -> Optional[str]:
+    if device:
+        return str(device).split(":")[0]
+    acc = torch.accelerator.current_accelerator()
+    return acc.type if acc is not None else None
+
+
+def plan(loader: Any, pin: Any) -> tuple[Optional[_core.PinArena], bool]:
+    """How a multi-process iterator pins: ``(arena, thread)``. ``arena``:
+    pinned arenas (the batches' tensors are pinned where they lie);
+    ``thread``: ``pin_memory`` runs on a :class:`PinThread` (always where
+    there is no arena, and for batches of a custom ``collate_fn``)."""
+    if pin is None:
+        return None, False
+    arena: Optional[_core.PinArena] = None
+    if arena_factory is not None:
+        arena = arena_factory()
+        if arena is not None and arena.check() is not None:
+            arena = None
+    elif _device_type(pin[1]) == "cuda":
+        arena = _cuda_arena()
+    default_batches = any(loader.collate_fn is f for f in _DEFAULT_COLLATES)
+    return arena, arena is None or not default_batches
+
+
+def inline(pin: tuple[Callable[..., Any], Any]) -> tuple[Callable[..., Any], Any]:
+    """``pin`` for the training loop's thread (batches over pinned arenas:
+    their tensors are pinned already); its errors read as torch's pin
+    thread's."""
+    pin_fn, device = pin
+    where = f"in pin memory thread for device {device_index()}"
+
+    def pin_inline(data: Any, dev: Any) -> Any:
+        try:
+            return pin_fn(data, dev)
+        except Exception:
+            ExceptionWrapper(where=where).reraise()
+
+    return pin_inline, device
+
+
+def device_index() -> int:
+    """The device torch's pin thread is bound to (its error messages name it)."""
+    try:
+        return int(torch.accelerator.current_device_index())
+    except (RuntimeError, AttributeError):
+        return 0
+
+
+_Item = tuple[str, Any]
+
+
+class PinThread:
+    """torch's pin thread for a ferroloader iterator: it alone takes batches
+    from the engine (``_next_unpinned``), pins them and queues them, at most
+    ``PIN_AHEAD`` ahead; the training loop's ``next()`` takes them from the
+    queue, so a batch that is waiting has been pinned already.
+
+    The iterator's position for ``state_dict()`` is the one before the
+    oldest batch taken but not handed over: captured by the thread before
+    each take (``marks``), so a snapshot never counts a queued batch as
+    delivered. The thread holds only a weak reference to the iterator
+    between takes, so a dropped iterator still shuts its workers down.
+    """
+
+    def __init__(self, it: Any, pin_fn: Callable[..., Any], device: Any) -> None:
+        self._it = weakref.ref(it)
+        self._pin_fn = pin_fn
+        self._device = device
+        self._device_id = device_index()
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._marks: collections.deque[dict[str, Any]] = collections.deque()
+        self._last: Optional[dict[str, Any]] = None
+        self._stop = _core.StopFlag()
+        self._thread: Optional[threading.Thread] = None
+        self._ended = False
+        # after stop(): the position as of the last batch handed over
+        self._frozen: Optional[dict[str, Any]] = None
+        # the training loop's side of the stats (ns): waiting, its own time
+        self.wait_ns = 0
+        self.loop_ns = 0
+        self.pin_ns = 0
+        self.batches = 0
+        self._left: Optional[int] = None
+
+    # --- the thread ------------------------------------------------------
+
+    def _capture(self, it: Any) -> dict[str, Any]:
+        base = _core.MultiProcessIter
+        return {
+            "_position": base._position.__get__(it),
+            "_iterable_position": base._iterable_position.__get__(it),
+            "_lane_snapshot": base._lane_snapshot.__get__(it),
+            "_closed": base._closed.__get__(it),
+            "_stats": base._stats.__get__(it),
+        }
+
+    def _run(self) -> None:
+        # as torch's pin thread: one intra-op thread, its name, its device
+        torch.set_num_threads(1)
+        torch.multiprocessing._set_thread_name(PIN_THREAD_NAME)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.set_device(self._device_id)
+        while True:
+            with self._cond:
+                while len(self._queue) >= PIN_AHEAD and not self._stop.is_stopped:
+                    self._cond.wait()
+                if self._stop.is_stopped:
+                    return
+                it = self._it()
+                if it is None:
+                    return
+                self._marks.append(self._capture(it))
+            item = self._take(it)
+            with self._cond:
+                if self._stop.is_stopped:
+                    return
+                self._last = self._capture(it)
+                self._queue.append(item)
+                self._cond.notify_all()
+            del it
+            if item[0] == "end":
+                return
+
+    def _take(self, it: Any) -> _Item:
+        try:
+            batch = it._next_unpinned(self._stop)
+        except BaseException as e:  # delivered to the training loop
+            return ("error", e)
+        if batch is None:
+            return ("end", None)
+        t0 = time.perf_counter_ns()
+        try:
+            pinned = self._pin_fn(batch, self._device)
+        except Exception:
+            pinned = ExceptionWrapper(where=f"in pin memory thread for device {self._device_id}")
+            return ("error", pinned)
+        finally:
+            self.pin_ns += time.perf_counter_ns() - t0
+        return ("batch", pinned)
+
+    # --- the training loop's side -----------------------------------------
+
+    def next(self) -> Any:
+        now = time.perf_counter_ns()
+        if self._left is not None:
+            self.loop_ns += now - self._left
+        if self._ended:
+            raise StopIteration
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=PIN_THREAD_NAME, daemon=True)
+            self._thread.start()
+        with self._cond:
+            while not self._queue:
+                if not self._thread.is_alive():
+                    raise RuntimeError("Pin memory thread exited unexpectedly")
+                self._cond.wait(0.1)
+            kind, value = self._queue.popleft()
+            self._marks.popleft()
+            self._cond.notify_all()
+        self.wait_ns += time.perf_counter_ns() - now
+        if kind == "end":
+            self._ended = True
+            self._left = None
+            raise StopIteration
+        self._left = time.perf_counter_ns()
+        if kind == "error":
+            if isinstance(value, ExceptionWrapper):
+                value.reraise()
+            raise value
+        self.batches += 1
+        return value
+
+    def read(self, it: Any, name: str) -> Any:
+        """An engine getter as of the last batch handed over."""
+        with self._cond:
+            if self._marks:
+                return self._marks[0][name]
+            if self._frozen is not None and name != "_stats":
+                return self._frozen[name]
+            return getattr(_core.MultiProcessIter, name).__get__(it)
+
+    def stats(self, it: Any) -> Any:
+        """``_stats`` with the training loop's times measured here and the
+        engine's (decode, workers) as of the thread's last take."""
+        with self._cond:
+            busy = bool(self._marks)
+            raw = self._last["_stats"] if busy and self._last else None
+            if raw is None and not busy:
+                raw = _core.MultiProcessIter._stats.__get__(it)
+        if raw is None:
+            return ((0, 0, 0, 0, 0), [])
+        (_, decode, _, _, _), workers = raw
+        return ((self.wait_ns, decode, self.pin_ns, self.loop_ns, self.batches), workers)
+
+    def stop(self) -> None:
+        """Stops the thread (within one wait slice) and drops what it queued."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=10.0)
+        with self._cond:
+            if self._marks and self._frozen is None:
+                # what was queued is dropped: the epoch's position stays
+                # the one before it
+                self._frozen = self._marks[0]
+            self._queue.clear()
+            self._marks.clear()
+
+
+__all__ = ["PinThread", "cuda_runtime_path", "current_stream", "inline", "plan"]

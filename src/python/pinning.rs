@@ -1,0 +1,130 @@
+//! `PinArena`: one multi-process iterator's pinned arenas ([`Pinning`])
+//! over the CUDA runtime torch loaded (or, in tests, the fake runtime), and
+//! the host's part of the reuse guard: at each `next()` of the training
+//! loop, asking torch for its current stream and fencing what was freed
+//! since ([`Pinning::tick`]).
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+
+use super::error::Class;
+use super::fake_cuda::FakeCudaRuntime;
+use crate::pin::cuda::CudaRuntime;
+use crate::pin::{HostRuntime, Pinning, StreamId};
+use crate::ring::{page_size, Segment};
+
+#[pyclass(frozen, module = "ferroloader._core")]
+pub struct PinArena {
+    pub pinning: Arc<Pinning>,
+    runtime: Arc<dyn HostRuntime>,
+    /// `() -> (device, raw stream) | None`: torch's current stream.
+    stream_fn: Py<PyAny>,
+}
+
+/// `stream_fn()` as a [`StreamId`]; `None` if it says so or fails.
+fn current_stream(py: Python<'_>, stream_fn: &Py<PyAny>) -> Option<StreamId> {
+    let got: Option<(i32, u64)> = stream_fn.bind(py).call0().ok()?.extract().ok()?;
+    got.map(|(device, stream)| StreamId { device, stream })
+}
+
+impl PinArena {
+    fn with_runtime(runtime: Arc<dyn HostRuntime>, stream_fn: Py<PyAny>, guard: bool) -> Self {
+        let pinning = Pinning::new(Arc::clone(&runtime), guard);
+        PinArena {
+            pinning,
+            runtime,
+            stream_fn,
+        }
+    }
+
+    /// The training loop's `next()`: its current stream joins those fences
+    /// cover, and the records freed since the last one are fenced.
+    pub fn tick_now(&self, py: Python<'_>) {
+        let current = current_stream(py, &self.stream_fn);
+        py.detach(|| self.pinning.tick(current));
+    }
+}
+
+#[pymethods]
+impl PinArena {
+    /// Pinned arenas over the CUDA runtime library at `library` (the one
+    /// torch loaded). `stream_fn() -> (device, raw stream)` reports torch's
+    /// current stream.
+    #[staticmethod]
+    #[pyo3(signature = (library, stream_fn, guard=true))]
+    fn cuda(library: &str, stream_fn: Py<PyAny>, guard: bool) -> PyResult<Self> {
+        let rt = CudaRuntime::open(library).map_err(|e| Class::Config.err(e))?;
+        Ok(Self::with_runtime(Arc::new(rt), stream_fn, guard))
+    }
+
+    /// Pinned arenas over the fake runtime (tests). `guard=False` releases
+    /// freed records at once, to show what the guard prevents.
+    #[staticmethod]
+    #[pyo3(signature = (runtime, stream_fn, guard=true))]
+    fn fake(runtime: &Bound<'_, FakeCudaRuntime>, stream_fn: Py<PyAny>, guard: bool) -> Self {
+        let rt: Arc<dyn HostRuntime> = runtime.get().runtime.clone();
+        Self::with_runtime(rt, stream_fn, guard)
+    }
+
+    /// Registers and unregisters one page of shared memory, as the arenas
+    /// will be: `None` if that works, else why not (the loader then pins
+    /// on a background thread instead).
+    fn check(&self, py: Python<'_>) -> Option<String> {
+        let runtime = Arc::clone(&self.runtime);
+        py.detach(move || {
+            let seg = match Segment::create(page_size()) {
+                Ok(s) => s,
+                Err(e) => return Some(format!("shared memory: {e}")),
+            };
+            match runtime.register(seg.as_ptr(), seg.len()) {
+                Ok(()) => {
+                    runtime.unregister(seg.as_ptr());
+                    None
+                }
+                Err(e) => Some(e),
+            }
+        })
+    }
+
+    /// `(segments, bytes, failed, fenced, unfenced)`: segments registered
+    /// and their bytes, registrations that failed, records retired through
+    /// a fence and records released without one.
+    #[getter]
+    fn counts(&self) -> (u64, u64, u64, u64, u64) {
+        let c = self.pinning.counts();
+        (c.segments, c.bytes, c.failed, c.fenced, c.unfenced)
+    }
+
+    /// The training loop's `next()` (when a pin thread takes the batches
+    /// from the engine, the loop's own `next()` calls this).
+    fn tick(&self, py: Python<'_>) {
+        self.tick_now(py);
+    }
+
+    /// The iterator is closing: records freed from now on are fenced as
+    /// they are freed (there will be no next `next()`).
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.pinning.close());
+    }
+
+    /// The first registration error, if one failed.
+    #[getter]
+    fn first_error(&self) -> Option<String> {
+        self.pinning.first_error()
+    }
+
+    /// The `(device, stream)` pairs every fence covers.
+    #[getter]
+    fn streams(&self) -> Vec<(i32, u64)> {
+        self.pinning
+            .streams()
+            .into_iter()
+            .map(|s| (s.device, s.stream))
+            .collect()
+    }
+
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.stream_fn)
+    }
+}
