@@ -1,0 +1,83 @@
+"""Workers that start warm under forkserver: the server is started when the
+loader is built, with torch, numpy, ferroloader's worker module and the
+dataset's module preloaded, and the batches (worker seeds included) stay
+torch's. Each side runs in a fresh `python -c` interpreter, where the main
+module is not a file (as in a notebook or pytest) and no fork server runs
+yet."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+from helpers import assert_same, ferro_only, time_limit
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+_CHILD = textwrap.dedent(
+    """
+    import multiprocessing as mp, pickle, sys, time
+    sys.path.insert(0, sys.argv[1])
+    import torch
+    if sys.argv[2] == "torch":
+        import torch.utils.data as lib
+        info = lib.get_worker_info
+    else:
+        import ferroloader as lib
+        from ferroloader import forkserver
+        info = lib.get_worker_info
+    import mp_helpers as mh
+
+    ctx = mp.get_context("forkserver")
+    loader = lib.DataLoader(
+        mh.RngDataset(12, info), batch_size=2, num_workers=2, multiprocessing_context=ctx,
+        generator=torch.Generator().manual_seed(3),
+    )
+    report = {}
+    if sys.argv[2] != "torch":
+        pid = forkserver.server_pid()
+        report["started_at_construction"] = pid is not None
+        report["preload"] = list(mp.forkserver._forkserver._preload_modules)
+
+        def has_torch():
+            with open(f"/proc/{pid}/maps") as f:
+                return "libtorch" in f.read()
+
+        deadline = time.monotonic() + 120
+        while not has_torch() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        report["server_has_torch"] = has_torch()
+    epochs = [list(loader) for _ in range(2)]
+    sys.stdout.buffer.write(pickle.dumps((report, epochs)))
+    """
+)
+
+
+def _run(lib: str) -> tuple:
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, TESTS_DIR, lib],
+        capture_output=True,
+        timeout=240,
+        cwd=TESTS_DIR,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    return pickle.loads(proc.stdout)
+
+
+@ferro_only
+@time_limit(300)
+def test_forkserver_workers_fork_from_a_warm_server_with_torchs_batches():
+    """With forkserver, building the loader starts the fork server with
+    torch, ferroloader's worker module and the dataset's module preloaded
+    (the server has torch mapped before any worker starts); two epochs give
+    torch's batches and worker seeds."""
+    _, expected = _run("torch")
+    report, got = _run("ferroloader")
+    assert report["started_at_construction"], report
+    for name in ("__main__", "torch", "numpy", "ferroloader._worker", "mp_helpers"):
+        assert name in report["preload"], report
+    assert report["server_has_torch"], report
+    assert_same(expected, got)
