@@ -23,7 +23,9 @@ image_w2       samples 3x224x224 f32, batch 32, nw=2, MB/s                 >= 1.
                (and ferroloader >= half a one-thread memcpy of the batch)  >= 0.5x
 image_w2_rss   peak PSS/RSS of the process tree for the image_w2 job       <= 1x
 cpu_w2         pure-Python CPU-bound __getitem__ (~0.5 ms), nw=2           >= 0.9x
-ttfb_w2        time to first batch, nw=2, with fork and with spawn         <= 1x
+ttfb_w2        time to first batch, nw=2, with fork and with spawn;        <= 1x
+               with forkserver in a fresh interpreter: the first epoch    <= 1x
+               and the later ones (a new loader per epoch)               <= 0.5x
 state_w2       state_dict() mid-epoch, nw=2 and nw=8, against a 1 ms       <= 1x
                budget;
                load_state_dict() + first batch against a fresh epoch's     <= 1x
@@ -32,6 +34,11 @@ seeds_w2       per_sample_seed=True against unseeded, ~0.5 ms samples,    >= 0.9
 shards_w2      a ShardedDataset with one shard as large as its 16 small    >= 1.3x
                ones together, ~0.2 ms items, nw=2: dynamic sharding's
                epoch rate against static's
+gpu            (CUDA only; skipped without) images 3x224x224, batch 64,
+               4 and 8 workers: GB/s reaching the GPU with pin_memory=True  >= 3x,
+               against torch's, and against ferroloader's pin=False;       >= 1x
+               steps/s of a loop with a ~8.5 ms GPU step against the step  >= 0.95x
+               alone on a batch already on the GPU
 scaling        throughput against num_workers (1, 2, 4, ... up to the      (curve)
                machine's cores) on the image and CPU-bound jobs, torch and
                ferroloader; --png PATH draws it (default
@@ -624,7 +631,63 @@ def sc_ttfb_w2(st: Settings, fl: Any) -> List[Check]:
             t = ttfb(tud)
             check.add(t, ttfb(fl))
         checks.append(check)
+    checks.extend(forkserver_ttfb(st))
     return checks
+
+
+# A fresh interpreter whose main module is not a file (as in a notebook,
+# pytest or python -c): three loaders in turn, as three epochs without
+# persistent workers, each timed from construction to its first batch.
+_FORKSERVER_CHILD = """
+import json, multiprocessing as mp, sys, time
+sys.path.insert(0, sys.argv[2])
+import torch
+if sys.argv[1] == "torch":
+    import torch.utils.data as lib
+else:
+    import ferroloader as lib
+from bench_vs_torch import IntDataset
+ctx = mp.get_context("forkserver")
+out = []
+for _ in range(3):
+    t0 = time.perf_counter()
+    loader = lib.DataLoader(IntDataset(4096), batch_size=64, num_workers=2,
+                            multiprocessing_context=ctx)
+    it = iter(loader)
+    next(it)
+    out.append((time.perf_counter() - t0) * 1e3)
+    del it, loader
+print(json.dumps(out))
+"""
+
+
+def forkserver_ttfb(st: Settings) -> List[Check]:
+    """Time to first batch with forkserver, each library in its own fresh
+    interpreter: the first epoch (the fork server starts) and the later
+    ones (workers forked from the running server)."""
+    first = Check("ms to first batch (forkserver, first epoch)", "ms", "torch", target=1.0)
+    later = Check("ms to first batch (forkserver, later epochs)", "ms", "torch", target=0.5)
+    first.higher_is_better = later.higher_is_better = False
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def run(lib: str) -> List[float]:
+        proc = subprocess.run(
+            [sys.executable, "-c", _FORKSERVER_CHILD, lib, here],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"forkserver child ({lib}) failed:\n{proc.stderr[-2000:]}")
+        return [float(x) for x in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+    for _ in range(max(2, min(st.repeats, 3))):
+        t, f = run("torch"), run("ferroloader")
+        first.add(t[0], f[0])
+        later.add(statistics.mean(t[1:]), statistics.mean(f[1:]))
+    note = "a fresh `python -c` interpreter per library and round (main is not a file)"
+    first.note = later.note = note
+    return [first, later]
 
 
 def sc_state_w2(st: Settings, fl: Any) -> List[Check]:
@@ -765,6 +828,138 @@ def sc_shards_w2(st: Settings, fl: Any) -> List[Check]:
     del static, dynamic, s_step, d_step
     gc.collect()
     return [check]
+
+
+# --- the GPU: pinned batches and the training loop's clock ---------------------
+
+GPU_BATCH = 64
+
+
+def gpu_step_fn(ms: float) -> Tuple[Callable[[torch.Tensor], None], float]:
+    """A GPU step of about ``ms`` milliseconds (matmuls on one stream),
+    calibrated here; returns it and its measured time."""
+    a = torch.randn(2048, 2048, device="cuda")
+
+    def make(k: int) -> Callable[[torch.Tensor], None]:
+        def step(batch: torch.Tensor) -> None:
+            x = a
+            for _ in range(k):
+                x = x @ a
+                x = x / x.norm()
+            batch.sum()  # the step reads its batch
+
+        return step
+
+    one = make(1)
+    one(torch.empty(1, device="cuda"))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        one(torch.empty(1, device="cuda"))
+    torch.cuda.synchronize()
+    per = (time.perf_counter() - t0) / 20 * 1e3
+    k = max(1, round(ms / per))
+    step = make(k)
+    step(torch.empty(1, device="cuda"))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        step(torch.empty(1, device="cuda"))
+    torch.cuda.synchronize()
+    return step, (time.perf_counter() - t0) / 10 * 1e3
+
+
+def sc_gpu(st: Settings, fl: Any) -> List[Check]:
+    """GB/s reaching the GPU (each batch copied with non_blocking=True) with
+    and without pin_memory, and steps/s of a loop with a fixed GPU step,
+    torch and ferroloader side by side; images 3x224x224 f32, batch 64,
+    persistent workers, prefetch_factor 4."""
+    if not torch.cuda.is_available():
+        raise Skip("no CUDA device here: the GPU scenario needs one")
+    probe_workers(fl)
+    cores = os.cpu_count() or 1
+    counts = [w for w in (4, 8) if w <= cores] or [min(2, cores)]
+    samples = image_samples()
+    batches = 8 if st.quick else 48
+    n = GPU_BATCH * batches
+    gbytes = n * math.prod(IMAGE_SHAPE) * 4 / 1e9
+    step, step_ms = gpu_step_fn(8.5)
+    checks: List[Check] = []
+
+    def make(lib: Any, nw: int, pin: bool) -> Any:
+        return lib.DataLoader(
+            CycleDataset(samples, n),
+            batch_size=GPU_BATCH,
+            num_workers=nw,
+            pin_memory=pin,
+            persistent_workers=True,
+            prefetch_factor=4,
+        )
+
+    def copy_epoch(loader: Any) -> Callable[[], float]:
+        def run() -> float:
+            for b in loader:
+                b.to("cuda", non_blocking=True)
+            torch.cuda.synchronize()
+            return gbytes
+
+        return run
+
+    def train_epoch(loader: Any) -> Callable[[], float]:
+        def run() -> float:
+            for b in loader:
+                step(b.to("cuda", non_blocking=True))
+            torch.cuda.synchronize()
+            return float(batches)
+
+        return run
+
+    on_gpu = samples[0].to("cuda").expand(GPU_BATCH, *IMAGE_SHAPE).contiguous()
+
+    def alone() -> float:
+        for _ in range(batches):
+            step(on_gpu)
+        torch.cuda.synchronize()
+        return float(batches)
+
+    for nw in counts:
+        rates: Dict[Tuple[str, bool], float] = {}
+        pinned = Check(f"GB/s to the GPU, pin_memory=True, {nw} workers", "GB/s", "torch", 3.0)
+        own = Check(
+            f"GB/s to the GPU, {nw} workers, pin_memory=True", "GB/s", "own pin=False", 1.0
+        )
+        steps = Check(
+            f"steps/s with a {step_ms:.1f} ms GPU step, {nw} workers, pinned",
+            "steps/s",
+            "the step alone",
+            0.95,
+        )
+        loaders = {
+            (name, pin): make(lib, nw, pin)
+            for name, lib in (("torch", tud), ("ferroloader", fl))
+            for pin in (False, True)
+        }
+        for loader in loaders.values():
+            copy_epoch(loader)()  # starts the workers, warms the arenas
+        for _ in range(st.repeats):
+            for key, loader in loaders.items():
+                rates[key] = timed_rate(copy_epoch(loader), st.min_time)
+            pinned.add(rates[("torch", True)], rates[("ferroloader", True)])
+            own.add(rates[("ferroloader", False)], rates[("ferroloader", True)])
+            steps.add(
+                timed_rate(alone, st.min_time),
+                timed_rate(train_epoch(loaders[("ferroloader", True)]), st.min_time),
+            )
+        torch_steps = timed_rate(train_epoch(loaders[("torch", True)]), st.min_time)
+        pinned.note = (
+            f"pin_memory=False: torch {rates[('torch', False)]:.1f}, "
+            f"ferroloader {rates[('ferroloader', False)]:.1f} GB/s"
+        )
+        steps.note = f"torch's loader, same loop: {torch_steps:.1f} steps/s"
+        checks += [pinned, own, steps]
+        del loaders
+        gc.collect()
+    return checks
 
 
 # --- scaling with num_workers -------------------------------------------------
@@ -1272,11 +1467,12 @@ SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
     "image_w2": ("3x224x224 f32 samples, batch 32, num_workers=2", sc_image_w2),
     "image_w2_rss": ("peak memory of the process tree, image_w2 job", sc_image_w2_rss),
     "cpu_w2": ("pure-Python ~0.5 ms __getitem__, batch 32, num_workers=2", sc_cpu_w2),
-    "ttfb_w2": ("time to first batch, num_workers=2, fork and spawn", sc_ttfb_w2),
+    "ttfb_w2": ("time to first batch, num_workers=2, fork, spawn and forkserver", sc_ttfb_w2),
     "state_w2": ("snapshot and resume, num_workers=2", sc_state_w2),
     "seeds_w2": ("per-sample seeding, ~0.5 ms samples, num_workers=2", sc_seeds_w2),
     "shards_w2": ("dynamic vs static sharding, uneven shards, num_workers=2", sc_shards_w2),
     "scaling": ("throughput against num_workers, image and CPU-bound jobs", sc_scaling),
+    "gpu": ("batches to the GPU with pin_memory, and a loop with a GPU step", sc_gpu),
     "table": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=0", sc_table),
     "table_w2": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=2", sc_table_w2),
     "table_mem": ("memory of a 2-worker job over a memory-mapped 1 GB Arrow file", sc_table_mem),
