@@ -95,7 +95,7 @@ def fake_cuda(fake_accelerator, monkeypatch):
 
 
 def _current(rt: _core._FakeCudaRuntime) -> Callable[[], Any]:
-    return lambda: rt.current
+    return lambda: [rt.current] if rt.current is not None else []
 
 
 class Blocks(tud.Dataset):
@@ -473,10 +473,8 @@ def test_pinning_without_an_accelerator_stays_torchs():
 def test_the_cuda_runtime_is_found_only_where_torch_loaded_it():
     """The runtime library is looked up in the process's own mappings."""
     path = pinning.cuda_runtime_path()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        assert path is not None and "libcudart.so" in path
-    elif path is not None:
-        assert os.path.exists(path)
+    if path is not None:
+        assert "libcudart.so" in path and os.path.exists(path)
     with pytest.raises(ferroloader.ConfigError, match="nonexistent"):
         _core.PinArena.cuda("/nonexistent/libcudart.so.12", lambda: None)
 
@@ -496,13 +494,16 @@ def test_cuda_batches_are_pinned_in_place_and_equal_torchs():
     and copy to the GPU with non_blocking=True correctly."""
     ds = mh.MapDataset(32, "dict")
     expected = list(TORCH.DataLoader(ds, batch_size=4, num_workers=2, pin_memory=True))
+    if pinning.cuda_runtime_path() is None:
+        pytest.skip("torch's CUDA runtime is not a separate libcudart.so here: no registration")
     loader = FERRO.DataLoader(ds, batch_size=4, num_workers=2, pin_memory=True)
     it = iter(loader)
     assert type(it).__name__ == "_MultiProcessIter", "registration failed here"
     got = list(it)
     assert_same(expected, got)
     counts = it._pin_counts
-    assert counts is not None and counts[0] >= 2 and counts[2] == 0, counts
+    # segments registered, none failed, no record released without a fence
+    assert counts is not None and counts[0] >= 2 and counts[2] == 0 and counts[5] == 0, counts
     for b in got:
         assert b["x"].is_pinned() and b["arr"].is_pinned()
         assert torch.equal(b["x"].to("cuda", non_blocking=True).cpu(), b["x"])

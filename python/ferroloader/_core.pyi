@@ -174,7 +174,7 @@ class MultiProcessIter(Iterator[Any]):
         the end of the epoch); a raised ``stop`` ends a wait with
         ``InterruptedError``."""
     @property
-    def _pin_counts(self) -> Optional[tuple[int, int, int, int, int]]:
+    def _pin_counts(self) -> Optional[tuple[int, int, int, int, int, int]]:
         """``PinArena.counts`` of the pinned arenas, if pinned."""
     def _reset_epoch(
         self, source: Any, len_called: Optional[int], plan: Optional[ShardPlan] = None
@@ -249,7 +249,7 @@ class PinArena:
     @staticmethod
     def cuda(library: str, stream_fn: Any, guard: bool = True) -> PinArena:
         """Over the CUDA runtime library at ``library`` (the one torch
-        loaded); ``stream_fn() -> (device, raw stream) | None``."""
+        loaded); ``stream_fn() -> [(device, raw stream), ...]``."""
     @staticmethod
     def fake(runtime: _FakeCudaRuntime, stream_fn: Any, guard: bool = True) -> PinArena:
         """Over the fake runtime (tests)."""
@@ -261,8 +261,8 @@ class PinArena:
     def close(self) -> None:
         """The iterator is closing: records freed from now on are fenced at once."""
     @property
-    def counts(self) -> tuple[int, int, int, int, int]:
-        """``(segments, bytes, failed, fenced, unfenced)``."""
+    def counts(self) -> tuple[int, int, int, int, int, int]:
+        """``(segments, bytes, failed, fenced, synchronized, unfenced)``."""
     @property
     def first_error(self) -> Optional[str]: ...
     @property

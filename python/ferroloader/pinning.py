@@ -59,31 +59,50 @@ def _disabled() -> bool:
 
 
 def cuda_runtime_path() -> Optional[str]:
-    """The CUDA runtime library (``libcudart.so.*``) mapped in this process,
-    which torch loaded; ``None`` if there is none (a static runtime)."""
+    """The CUDA runtime library (``libcudart.so.<major>``) mapped in this
+    process for torch's CUDA version; ``None`` if there is none (a runtime
+    linked statically, or under another name)."""
+    major = (torch.version.cuda or "").split(".")[0]
+    found: list[str] = []
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
                 fields = line.split(maxsplit=5)
                 if len(fields) == 6:
                     path = fields[5].strip()
-                    if os.path.basename(path).startswith("libcudart.so"):
-                        return path
+                    if os.path.basename(path).startswith("libcudart.so") and path not in found:
+                        found.append(path)
     except OSError:
         return None
-    return None
+    # another library may have brought its own runtime: prefer torch's
+    for path in found:
+        if major and os.path.basename(path).startswith(f"libcudart.so.{major}"):
+            return path
+    return found[0] if found else None
 
 
-def current_stream() -> Optional[tuple[int, int]]:
-    """``(device, raw stream)`` current on this thread for torch, without
-    initialising CUDA; ``None`` before CUDA is initialised."""
+def current_streams() -> list[tuple[int, int]]:
+    """``(device, raw stream)``: torch's current stream on this thread for
+    the current device and every device with a context (a copy runs on its
+    destination device's current stream). Empty before CUDA is initialised
+    (and never initialises it)."""
     if not torch.cuda.is_initialized():
-        return None
-    device = torch.cuda.current_device()
+        return []
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return device, int(raw(device))
-    return device, int(torch.cuda.current_stream(device).cuda_stream)
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    current = torch.cuda.current_device()
+    devices = [current]
+    if has_context is not None:
+        devices += [
+            d for d in range(torch.cuda.device_count()) if d != current and has_context(d)
+        ]
+    out = []
+    for d in devices:
+        if raw is not None:
+            out.append((d, int(raw(d))))
+        else:
+            out.append((d, int(torch.cuda.current_stream(d).cuda_stream)))
+    return out
 
 
 # Whether the runtime at a path registers shared memory (asked once).
@@ -98,7 +117,7 @@ def _cuda_arena() -> Optional[_core.PinArena]:
     if path is None:
         return None
     try:
-        arena = _core.PinArena.cuda(path, current_stream)
+        arena = _core.PinArena.cuda(path, current_streams)
     except ConfigError:
         return None
     if path not in _registers:
@@ -319,4 +338,4 @@ class PinThread:
             self._marks.clear()
 
 
-__all__ = ["PinThread", "cuda_runtime_path", "current_stream", "inline", "plan"]
+__all__ = ["PinThread", "cuda_runtime_path", "current_streams", "inline", "plan"]

@@ -19,6 +19,9 @@ const HOST_REGISTER_PORTABLE: c_uint = 0x01;
 /// `cudaEventBlockingSync | cudaEventDisableTiming`: the reaper sleeps in
 /// `cudaEventSynchronize` instead of spinning, and the event is cheap.
 const EVENT_FLAGS: c_uint = 0x01 | 0x02;
+/// `cudaStreamCaptureModeRelaxed`: this thread's calls do not invalidate a
+/// CUDA graph another thread is capturing (as torch's own allocator does).
+const CAPTURE_MODE_RELAXED: c_int = 2;
 
 type HostRegisterFn = unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CudaError;
 type HostUnregisterFn = unsafe extern "C" fn(*mut c_void) -> CudaError;
@@ -30,6 +33,8 @@ type SetDeviceFn = unsafe extern "C" fn(c_int) -> CudaError;
 type StreamIsCapturingFn = unsafe extern "C" fn(*mut c_void, *mut c_int) -> CudaError;
 type GetLastErrorFn = unsafe extern "C" fn() -> CudaError;
 type GetErrorStringFn = unsafe extern "C" fn(CudaError) -> *const c_char;
+type ExchangeCaptureModeFn = unsafe extern "C" fn(*mut c_int) -> CudaError;
+type DeviceSynchronizeFn = unsafe extern "C" fn() -> CudaError;
 
 /// The CUDA runtime's entry points, resolved once.
 pub struct CudaRuntime {
@@ -44,6 +49,8 @@ pub struct CudaRuntime {
     stream_is_capturing: StreamIsCapturingFn,
     get_last_error: GetLastErrorFn,
     get_error_string: GetErrorStringFn,
+    exchange_capture_mode: ExchangeCaptureModeFn,
+    device_synchronize: DeviceSynchronizeFn,
     // Keeps the library loaded while the function pointers above are used
     // (declared last: dropped after them, though they are plain pointers).
     _lib: Library,
@@ -84,6 +91,8 @@ impl CudaRuntime {
                 stream_is_capturing: symbol(&lib, "cudaStreamIsCapturing")?,
                 get_last_error: symbol(&lib, "cudaGetLastError")?,
                 get_error_string: symbol(&lib, "cudaGetErrorString")?,
+                exchange_capture_mode: symbol(&lib, "cudaThreadExchangeStreamCaptureMode")?,
+                device_synchronize: symbol(&lib, "cudaDeviceSynchronize")?,
                 _lib: lib,
             })
         }
@@ -120,13 +129,36 @@ impl CudaRuntime {
         self.check("cudaGetDevice", code).map(|()| dev)
     }
 
-    /// One event recorded on `s` (its device made current meanwhile);
-    /// `None` for a stream under graph capture, where a recorded event
-    /// would become a graph node instead of marking the stream.
-    fn record_on(&self, s: StreamId) -> Result<Option<u64>, String> {
-        // SAFETY: `s.device` is a device index torch reported; the call
-        // only sets this thread's current device (restored by the caller).
-        self.check("cudaSetDevice", unsafe { (self.set_device)(s.device) })?;
+    /// Makes `device` current on this thread if it is not.
+    fn use_device(&self, device: c_int) -> Result<(), String> {
+        if self.current_device()? != device {
+            // SAFETY: `device` is an index torch reported; the call only
+            // sets this thread's current device.
+            self.check("cudaSetDevice", unsafe { (self.set_device)(device) })?;
+        }
+        Ok(())
+    }
+
+    /// Runs `f` in the relaxed stream-capture mode, then restores the
+    /// thread's mode.
+    fn relaxed<R>(&self, f: impl FnOnce() -> R) -> R {
+        let mut mode = CAPTURE_MODE_RELAXED;
+        // SAFETY: `mode` is a valid in/out pointer to a capture mode.
+        let swapped = unsafe { (self.exchange_capture_mode)(&mut mode) } == SUCCESS;
+        let out = f();
+        if swapped {
+            // SAFETY: as above; puts back the mode the thread had.
+            unsafe { (self.exchange_capture_mode)(&mut mode) };
+        }
+        out
+    }
+
+    /// One event recorded on `s` (its device made current); `None` for a
+    /// stream under graph capture, where a recorded event would become a
+    /// graph node instead of marking the stream (a captured copy reads its
+    /// source when the graph is replayed, which no fence can cover).
+    fn record_on(&self, s: StreamId) -> Result<Option<(i32, u64)>, String> {
+        self.use_device(s.device)?;
         let stream = s.stream as usize as *mut c_void;
         let mut capturing: c_int = 0;
         // SAFETY: `stream` is a raw cudaStream_t torch reported for this
@@ -149,62 +181,86 @@ impl CudaRuntime {
             unsafe { (self.event_destroy)(event) };
             return Err(e);
         }
-        Ok(Some(event as usize as u64))
+        Ok(Some((s.device, event as usize as u64)))
     }
 }
 
 impl HostRuntime for CudaRuntime {
-    fn register(&self, ptr: *mut u8, len: usize) -> Result<(), String> {
-        // SAFETY: `ptr..ptr+len` is a live shared mapping of the caller's
-        // (an arena segment) that stays mapped until `unregister`.
-        let code = unsafe { (self.host_register)(ptr.cast(), len, HOST_REGISTER_PORTABLE) };
-        self.check("cudaHostRegister", code)
+    fn register(&self, ptr: *mut u8, len: usize) -> Result<i32, String> {
+        self.relaxed(|| {
+            let device = self.current_device()?;
+            // SAFETY: `ptr..ptr+len` is a live shared mapping of the
+            // caller's (an arena segment) that stays mapped until
+            // `unregister`.
+            let code = unsafe { (self.host_register)(ptr.cast(), len, HOST_REGISTER_PORTABLE) };
+            self.check("cudaHostRegister", code).map(|()| device)
+        })
     }
 
-    fn unregister(&self, ptr: *mut u8) {
-        // SAFETY: `ptr` was registered by `register` and is still mapped.
-        let code = unsafe { (self.host_unregister)(ptr.cast()) };
-        // Nothing to do about a failure (the process is likely ending).
-        let _ = self.check("cudaHostUnregister", code);
+    fn unregister(&self, ptr: *mut u8, device: i32) {
+        self.relaxed(|| {
+            let _ = self.use_device(device);
+            // SAFETY: `ptr` was registered by `register` and is still mapped.
+            let code = unsafe { (self.host_unregister)(ptr.cast()) };
+            // Nothing to do about a failure (the process is likely ending).
+            let _ = self.check("cudaHostUnregister", code);
+        })
     }
 
     fn fence(&self, streams: &[StreamId]) -> Result<Fence, String> {
-        let before = self.current_device()?;
-        let mut events = Vec::with_capacity(streams.len());
-        let mut failed = None;
-        for &s in streams {
-            match self.record_on(s) {
-                Ok(Some(e)) => events.push(e),
-                Ok(None) => {}
-                Err(e) => {
-                    failed = Some(e);
-                    break;
+        self.relaxed(|| {
+            let mut events = Vec::with_capacity(streams.len());
+            for &s in streams {
+                match self.record_on(s) {
+                    Ok(Some(e)) => events.push(e),
+                    Ok(None) => {}
+                    Err(e) => {
+                        let _ = self.wait(Fence(events));
+                        return Err(e);
+                    }
                 }
             }
-        }
-        // SAFETY: `before` is the device that was current on this thread.
-        let code = unsafe { (self.set_device)(before) };
-        let restored = self.check("cudaSetDevice", code);
-        match failed.map(Err).unwrap_or(restored) {
-            Ok(()) => Ok(Fence(events)),
-            Err(e) => {
-                self.wait(Fence(events));
-                Err(e)
-            }
-        }
+            Ok(Fence(events))
+        })
     }
 
-    fn wait(&self, fence: Fence) {
-        for e in fence.0 {
-            let event = e as usize as *mut c_void;
-            // SAFETY: `event` was created and recorded by `fence` and is
-            // destroyed only here, once.
-            let code = unsafe { (self.event_synchronize)(event) };
-            let _ = self.check("cudaEventSynchronize", code);
-            // SAFETY: as above; nothing uses `event` after this.
-            let code = unsafe { (self.event_destroy)(event) };
-            let _ = self.check("cudaEventDestroy", code);
-        }
+    fn wait(&self, fence: Fence) -> Result<(), String> {
+        self.relaxed(|| {
+            let mut result = Ok(());
+            for (device, e) in fence.0 {
+                let event = e as usize as *mut c_void;
+                let _ = self.use_device(device);
+                // SAFETY: `event` was created and recorded by `fence` and is
+                // destroyed only here, once.
+                let code = unsafe { (self.event_synchronize)(event) };
+                if let Err(err) = self.check("cudaEventSynchronize", code) {
+                    result = result.and(Err(err));
+                }
+                // SAFETY: as above; nothing uses `event` after this.
+                let code = unsafe { (self.event_destroy)(event) };
+                let _ = self.check("cudaEventDestroy", code);
+            }
+            result
+        })
+    }
+
+    fn synchronize(&self, devices: &[i32]) -> Result<(), String> {
+        self.relaxed(|| {
+            for &d in devices {
+                self.use_device(d)?;
+                // SAFETY: takes nothing; waits for the current device.
+                let code = unsafe { (self.device_synchronize)() };
+                self.check("cudaDeviceSynchronize", code)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn reaper_started(&self) {
+        let mut mode = CAPTURE_MODE_RELAXED;
+        // SAFETY: `mode` is a valid in/out pointer; the reaper thread keeps
+        // the relaxed mode for its life.
+        unsafe { (self.exchange_capture_mode)(&mut mode) };
     }
 }
 

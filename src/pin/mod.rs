@@ -17,10 +17,20 @@
 //! gets the same protection here. When the last tensor over a pinned record
 //! is freed (on any thread, often with the GIL released, where torch's
 //! current stream cannot be asked), the record is set aside. At the
-//! training loop's next `next()` ([`Pinning::tick`]) one fence
-//! ([`HostRuntime::fence`], an event per stream) is taken for everything set
-//! aside since, on every stream that was current at a `next()`, and a
-//! reaper thread releases those records once the fence has passed.
+//! training loop's next `next()` ([`Pinning::tick`]) everything set aside
+//! since goes to the reaper thread, which takes one fence
+//! ([`HostRuntime::fence`], an event per stream) on every stream that was
+//! current at a `next()` (on every device in use), waits for it and then
+//! releases the records. A fence taken later than the tick covers more, never
+//! less. If no fence can be taken or waited for, the reaper synchronizes the
+//! devices instead; a record is released without either only when the device
+//! itself has failed (no copy can be running then).
+//!
+//! Every runtime call after registration (fences, waits, unregistering)
+//! runs on the reaper thread: none on the thread that frees a tensor (often
+//! with the GIL released, or one of torch's own threads), and the reaper's
+//! calls are made in the relaxed stream-capture mode, so a CUDA graph being
+//! captured elsewhere is not disturbed.
 //!
 //! That covers a copy on the stream current at `next()` (what Lightning,
 //! accelerate and a plain loop do) and a copy on a side stream that the loop
@@ -52,23 +62,29 @@ pub struct StreamId {
     pub stream: u64,
 }
 
-/// Opaque handles of the events that make one fence.
+/// Opaque handles of the events that make one fence, with their devices.
 #[derive(Debug, Default)]
-pub struct Fence(pub Vec<u64>);
+pub struct Fence(pub Vec<(i32, u64)>);
 
 /// What pinned arenas need from a GPU runtime.
 pub trait HostRuntime: Send + Sync {
     /// Page-locks `len` bytes at `ptr` for every device (`cudaHostRegister`
-    /// with `cudaHostRegisterPortable`).
-    fn register(&self, ptr: *mut u8, len: usize) -> Result<(), String>;
+    /// with `cudaHostRegisterPortable`), on the calling thread's device;
+    /// returns that device.
+    fn register(&self, ptr: *mut u8, len: usize) -> Result<i32, String>;
     /// Undoes [`register`](Self::register) (`cudaHostUnregister`); called
     /// before the memory is unmapped.
-    fn unregister(&self, ptr: *mut u8);
+    fn unregister(&self, ptr: *mut u8, device: i32);
     /// A fence after all work queued so far on each of `streams`.
     fn fence(&self, streams: &[StreamId]) -> Result<Fence, String>;
-    /// Blocks until `fence` has passed (or can never pass: the device
-    /// failed), then frees it.
-    fn wait(&self, fence: Fence);
+    /// Blocks until `fence` has passed, then frees it.
+    fn wait(&self, fence: Fence) -> Result<(), String>;
+    /// Blocks until all work queued so far on `devices` has finished (the
+    /// fallback when no fence can be taken or waited for).
+    fn synchronize(&self, devices: &[i32]) -> Result<(), String>;
+    /// Prepares the calling thread to be the reaper (e.g. the relaxed
+    /// stream-capture mode).
+    fn reaper_started(&self) {}
 }
 
 /// A segment registered with the runtime. Unregisters on drop, before its
@@ -77,6 +93,7 @@ pub trait HostRuntime: Send + Sync {
 pub struct Registration {
     runtime: Arc<dyn HostRuntime>,
     seg: Arc<Segment>,
+    device: i32,
     /// The registering process (a forked child's copy must not call the
     /// runtime).
     owner: u32,
@@ -85,7 +102,7 @@ pub struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         if std::process::id() == self.owner {
-            self.runtime.unregister(self.seg.as_ptr());
+            self.runtime.unregister(self.seg.as_ptr(), self.device);
         }
     }
 }
@@ -96,10 +113,15 @@ type Registry = HashMap<(usize, u32), Option<Arc<Registration>>>;
 /// A freed pinned record and the registration that keeps its memory pinned.
 type Freed = (RecordHandle, Arc<Registration>);
 
-/// Freed pinned records and the fence they wait for.
-struct Retired {
-    records: Vec<Freed>,
-    fence: Fence,
+/// The reaper's work, in order.
+enum Job {
+    /// Fence `streams`, wait, then release `records`.
+    Retire {
+        records: Vec<Freed>,
+        streams: Vec<StreamId>,
+    },
+    /// Registrations to drop on the reaper (unregistering there).
+    Drop(Vec<Arc<Registration>>),
 }
 
 /// Counters of a [`Pinning`], for stats and tests.
@@ -110,10 +132,21 @@ pub struct PinCounts {
     pub bytes: u64,
     /// Segments whose registration failed (their records are not pinned).
     pub failed: u64,
-    /// Records retired through a fence, and those released at once because
-    /// no fence could be taken.
+    /// Records released after a fence, after a device synchronization (no
+    /// fence could be used), and without either (the device failed).
     pub fenced: u64,
+    pub synchronized: u64,
     pub unfenced: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    segments: AtomicU64,
+    bytes: AtomicU64,
+    failed: AtomicU64,
+    fenced: AtomicU64,
+    synchronized: AtomicU64,
+    unfenced: AtomicU64,
 }
 
 /// One iterator's pinned arenas: registrations per (worker, segment), the
@@ -125,57 +158,77 @@ pub struct Pinning {
     /// Records freed since the last [`tick`](Self::tick), while the
     /// iterator is open (`None` once it is closed).
     pending: Mutex<Option<Vec<Freed>>>,
-    /// `None`: the guard is off (tests show what it prevents), records are
-    /// released as soon as their last tensor is freed.
-    reaper: Option<Sender<Retired>>,
+    /// `false`: freed records are released at once (only for showing what
+    /// the guard prevents).
+    guard: bool,
+    /// The reaper's queue; `None` if its thread could not be started (its
+    /// work is then done on the caller's thread).
+    reaper: Option<Sender<Job>>,
     first_error: Mutex<Option<String>>,
-    segments: AtomicU64,
-    bytes: AtomicU64,
-    failed: AtomicU64,
-    fenced: AtomicU64,
-    unfenced: AtomicU64,
+    counts: Arc<Counters>,
     /// The process whose CUDA context registered the arenas (a forked
     /// child must not call the runtime: CUDA does not survive fork).
     owner: u32,
+}
+
+/// Does one job of the reaper (on its thread, or inline without one).
+fn work(rt: &dyn HostRuntime, counts: &Counters, job: Job) {
+    let (records, streams) = match job {
+        Job::Retire { records, streams } => (records, streams),
+        Job::Drop(regs) => return drop(regs),
+    };
+    let n = records.len() as u64;
+    let fenced = rt.fence(&streams).and_then(|f| rt.wait(f));
+    let counter = if fenced.is_ok() {
+        &counts.fenced
+    } else {
+        let mut devices: Vec<i32> = streams.iter().map(|s| s.device).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        if rt.synchronize(&devices).is_ok() {
+            &counts.synchronized
+        } else {
+            // the device failed: no copy from these records can be running
+            &counts.unfenced
+        }
+    };
+    counter.fetch_add(n, Ordering::Relaxed);
+    drop(records);
 }
 
 impl Pinning {
     /// Pinned arenas over `runtime`. `guard=false` releases freed records at
     /// once (only for showing what the guard prevents).
     pub fn new(runtime: Arc<dyn HostRuntime>, guard: bool) -> Arc<Self> {
-        let reaper = guard.then(|| {
-            let (tx, rx) = channel::<Retired>();
-            let rt = Arc::clone(&runtime);
-            // Ends when every sender is gone (the iterator and all its
-            // pinned records) and the retired records are released.
-            let spawned = std::thread::Builder::new()
-                .name("ferroloader-pin-reaper".into())
-                .spawn(move || {
-                    for r in rx {
-                        rt.wait(r.fence);
-                        drop(r.records);
-                    }
-                });
-            spawned.ok().map(|_| tx)
-        });
+        let counts = Arc::new(Counters::default());
+        let (tx, rx) = channel::<Job>();
+        let rt = Arc::clone(&runtime);
+        let c = Arc::clone(&counts);
+        // Ends when every sender is gone (the iterator and all its pinned
+        // records) and its last job is done.
+        let spawned = std::thread::Builder::new()
+            .name("ferroloader-pin-reaper".into())
+            .spawn(move || {
+                rt.reaper_started();
+                for job in rx {
+                    work(rt.as_ref(), &c, job);
+                }
+            });
         Arc::new(Pinning {
             runtime,
             regs: Mutex::new(HashMap::new()),
             streams: Mutex::new(Vec::new()),
             pending: Mutex::new(Some(Vec::new())),
-            reaper: reaper.flatten(),
+            guard,
+            reaper: spawned.ok().map(|_| tx),
             first_error: Mutex::new(None),
-            segments: AtomicU64::new(0),
-            bytes: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            fenced: AtomicU64::new(0),
-            unfenced: AtomicU64::new(0),
+            counts,
             owner: std::process::id(),
         })
     }
 
-    /// Remembers `s` as a stream copies may run on (the current stream at a
-    /// `next()`); every later fence covers it.
+    /// Remembers `s` as a stream copies may run on (current at a `next()`);
+    /// every later fence covers it.
     pub fn note_stream(&self, s: StreamId) {
         let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
         if !streams.contains(&s) {
@@ -191,32 +244,54 @@ impl Pinning {
             .clone()
     }
 
+    /// Hands `job` to the reaper, or does it here without one.
+    fn submit(&self, job: Job) {
+        if std::process::id() != self.owner {
+            // A copy of these records in a forked child (garbage collected
+            // there): no copy of the child's can be in flight, and the
+            // parent's runtime is not the child's to call; the parent
+            // releases its own records.
+            std::mem::forget(job);
+            return;
+        }
+        let job = match &self.reaper {
+            Some(reaper) => match reaper.send(job) {
+                Ok(()) => return,
+                Err(back) => back.0,
+            },
+            None => job,
+        };
+        work(self.runtime.as_ref(), &self.counts, job);
+    }
+
     /// The registration of the segment `handle` lies in, made on first
     /// sight (`None` if registering failed: its records are not pinned).
     fn registration(&self, worker: usize, handle: &RecordHandle) -> Option<Arc<Registration>> {
         let seg = handle.segment();
         let key = (worker, handle.record().segment);
         let mut regs = self.regs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(known) = regs.get(&key) {
-            match known {
-                // the same mapping (a segment id can be mapped anew)
-                Some(r) if Arc::ptr_eq(&r.seg, seg) => return Some(Arc::clone(r)),
-                None => return None,
-                Some(_) => {}
-            }
-        }
+        let old = match regs.get(&key) {
+            // the same mapping (a segment id can be mapped anew)
+            Some(Some(r)) if Arc::ptr_eq(&r.seg, seg) => return Some(Arc::clone(r)),
+            Some(None) => return None,
+            Some(Some(r)) => Some(Arc::clone(r)),
+            None => None,
+        };
         let made = match self.runtime.register(seg.as_ptr(), seg.len()) {
-            Ok(()) => {
-                self.segments.fetch_add(1, Ordering::Relaxed);
-                self.bytes.fetch_add(seg.len() as u64, Ordering::Relaxed);
+            Ok(device) => {
+                self.counts.segments.fetch_add(1, Ordering::Relaxed);
+                self.counts
+                    .bytes
+                    .fetch_add(seg.len() as u64, Ordering::Relaxed);
                 Some(Arc::new(Registration {
                     runtime: Arc::clone(&self.runtime),
                     seg: Arc::clone(seg),
+                    device,
                     owner: self.owner,
                 }))
             }
             Err(e) => {
-                self.failed.fetch_add(1, Ordering::Relaxed);
+                self.counts.failed.fetch_add(1, Ordering::Relaxed);
                 self.first_error
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -225,6 +300,10 @@ impl Pinning {
             }
         };
         regs.insert(key, made.clone());
+        drop(regs);
+        if let Some(old) = old {
+            self.submit(Job::Drop(vec![old]));
+        }
         made
     }
 
@@ -254,26 +333,38 @@ impl Pinning {
     }
 
     pub fn counts(&self) -> PinCounts {
+        let c = &self.counts;
         PinCounts {
-            segments: self.segments.load(Ordering::Relaxed),
-            bytes: self.bytes.load(Ordering::Relaxed),
-            failed: self.failed.load(Ordering::Relaxed),
-            fenced: self.fenced.load(Ordering::Relaxed),
-            unfenced: self.unfenced.load(Ordering::Relaxed),
+            segments: c.segments.load(Ordering::Relaxed),
+            bytes: c.bytes.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+            fenced: c.fenced.load(Ordering::Relaxed),
+            synchronized: c.synchronized.load(Ordering::Relaxed),
+            unfenced: c.unfenced.load(Ordering::Relaxed),
         }
     }
 
     /// Drops the registry's shares of the registrations: each segment is
-    /// unregistered as soon as no record over it is held or waiting.
+    /// unregistered (by the reaper) as soon as no record over it is held or
+    /// waiting.
     pub fn forget_segments(&self) {
-        self.regs.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let regs: Vec<_> = self
+            .regs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .filter_map(|(_, r)| r)
+            .collect();
+        if !regs.is_empty() {
+            self.submit(Job::Drop(regs));
+        }
     }
 
-    /// The training loop's `next()`: `current` (its current stream, if
-    /// known) joins the streams fences cover, and the records freed since
-    /// the last tick are fenced and handed to the reaper.
-    pub fn tick(&self, current: Option<StreamId>) {
-        if let Some(s) = current {
+    /// The training loop's `next()`: the streams in `current` (the current
+    /// stream of each device in use) join those fences cover, and the
+    /// records freed since the last tick go to the reaper.
+    pub fn tick(&self, current: &[StreamId]) {
+        for &s in current {
             self.note_stream(s);
         }
         let freed = {
@@ -283,11 +374,14 @@ impl Pinning {
                 _ => return,
             }
         };
-        self.fence_and_reap(freed);
+        self.submit(Job::Retire {
+            records: freed,
+            streams: self.streams(),
+        });
     }
 
-    /// The iterator is closing: what was freed is fenced now, and records
-    /// freed from here on are fenced as they are freed.
+    /// The iterator is closing: what was freed goes to the reaper now, and
+    /// records freed from here on go as they are freed.
     pub fn close(&self) {
         let freed = self
             .pending
@@ -295,15 +389,19 @@ impl Pinning {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         if let Some(freed) = freed.filter(|f| !f.is_empty()) {
-            self.fence_and_reap(freed);
+            self.submit(Job::Retire {
+                records: freed,
+                streams: self.streams(),
+            });
         }
     }
 
     /// A freed pinned record: set aside until the next tick, or, once the
-    /// iterator is closed, fenced now. With the guard off it is released.
+    /// iterator is closed, handed to the reaper now. With the guard off it
+    /// is released at once.
     fn retire(&self, record: RecordHandle, registration: Arc<Registration>) {
-        if self.reaper.is_none() {
-            return; // guard off: `record` is released on return
+        if !self.guard {
+            return; // `record` is released on return
         }
         {
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -312,45 +410,20 @@ impl Pinning {
                 return;
             }
         }
-        self.fence_and_reap(vec![(record, registration)]);
-    }
-
-    fn fence_and_reap(&self, records: Vec<Freed>) {
-        let n = records.len() as u64;
-        if std::process::id() != self.owner {
-            // A copy of these records in a forked child (garbage collected
-            // there): no copy of the child's can be in flight, and the
-            // parent's runtime is not the child's to call.
-            std::mem::forget(records);
-            return;
-        }
-        match self.runtime.fence(&self.streams()) {
-            Ok(fence) => {
-                self.fenced.fetch_add(n, Ordering::Relaxed);
-                let retired = Retired { records, fence };
-                let sent = match &self.reaper {
-                    Some(reaper) => reaper.send(retired).map_err(|back| back.0),
-                    None => Err(retired),
-                };
-                if let Err(back) = sent {
-                    // the reaper is gone (it could not be started): wait here
-                    self.runtime.wait(back.fence);
-                }
-            }
-            Err(_) => {
-                // No fence (the device failed): nothing can be waited on,
-                // and holding the records forever would starve the workers.
-                self.unfenced.fetch_add(n, Ordering::Relaxed);
-            }
-        }
+        self.submit(Job::Retire {
+            records: vec![(record, registration)],
+            streams: self.streams(),
+        });
     }
 }
 
 impl Drop for Pinning {
     /// The last share is gone (the iterator and every pinned record): what
-    /// is still set aside is fenced before the reaper ends.
+    /// is still set aside, and the registry's registrations, go to the
+    /// reaper before it ends.
     fn drop(&mut self) {
         self.close();
+        self.forget_segments();
     }
 }
 

@@ -15,6 +15,7 @@ struct FakeState {
     queued: HashMap<StreamId, u64>,
     ran: HashMap<StreamId, u64>,
     fences: u64,
+    syncs: u64,
     fail_register: bool,
     fail_fence: bool,
 }
@@ -46,15 +47,15 @@ impl Fake {
 }
 
 impl HostRuntime for Fake {
-    fn register(&self, ptr: *mut u8, len: usize) -> Result<(), String> {
+    fn register(&self, ptr: *mut u8, len: usize) -> Result<i32, String> {
         let mut st = self.state.lock().unwrap();
         if st.fail_register {
             return Err("cudaHostRegister failed: fake".into());
         }
         st.registered.push((ptr as usize, len));
-        Ok(())
+        Ok(0)
     }
-    fn unregister(&self, ptr: *mut u8) {
+    fn unregister(&self, ptr: *mut u8, _device: i32) {
         self.state.lock().unwrap().unregistered.push(ptr as usize);
     }
     fn fence(&self, streams: &[StreamId]) -> Result<Fence, String> {
@@ -69,10 +70,10 @@ impl HostRuntime for Fake {
             .collect();
         let mut table = self.table.lock().unwrap();
         table.push(marks);
-        Ok(Fence(vec![(table.len() - 1) as u64]))
+        Ok(Fence(vec![(0, (table.len() - 1) as u64)]))
     }
-    fn wait(&self, fence: Fence) {
-        for id in fence.0 {
+    fn wait(&self, fence: Fence) -> Result<(), String> {
+        for (_, id) in fence.0 {
             let marks = self.table.lock().unwrap()[id as usize].clone();
             let mut st = self.state.lock().unwrap();
             while !marks
@@ -82,6 +83,20 @@ impl HostRuntime for Fake {
                 st = self.moved.wait(st).unwrap();
             }
         }
+        Ok(())
+    }
+    fn synchronize(&self, _devices: &[i32]) -> Result<(), String> {
+        let mut st = self.state.lock().unwrap();
+        st.syncs += 1;
+        // everything queued now must run first
+        let marks: Vec<_> = st.queued.iter().map(|(s, n)| (*s, *n)).collect();
+        while !marks
+            .iter()
+            .all(|(s, n)| st.ran.get(s).copied().unwrap_or(0) >= *n)
+        {
+            st = self.moved.wait(st).unwrap();
+        }
+        Ok(())
     }
 }
 
@@ -169,7 +184,7 @@ fn reused(w: &mut ArenaWriter, rec: crate::ring::RecordRef, len: usize) -> bool 
 fn a_freed_record_waits_for_its_fence_before_the_worker_may_reuse_it() {
     let fake = Arc::new(Fake::default());
     let pin = Pinning::new(fake.clone(), true);
-    pin.tick(Some(S1));
+    pin.tick(&[S1]);
     let (mut w, r) = arena();
     let held = pin.hold(0, batch(&mut w, &r, 4096, 7));
     let rec = held.record();
@@ -183,8 +198,8 @@ fn a_freed_record_waits_for_its_fence_before_the_worker_may_reuse_it() {
     );
     std::thread::sleep(Duration::from_millis(20));
     assert!(!reused(&mut w, rec, 4096), "released before any fence");
-    pin.tick(Some(S1));
-    assert_eq!(fake.state.lock().unwrap().fences, 1);
+    pin.tick(&[S1]);
+    assert!(eventually(|| fake.state.lock().unwrap().fences == 1));
     std::thread::sleep(Duration::from_millis(50));
     assert!(
         !reused(&mut w, rec, 4096),
@@ -215,8 +230,8 @@ fn without_the_guard_the_record_is_reused_under_a_pending_copy() {
 fn one_fence_covers_every_stream_current_at_a_tick_and_all_records_freed_since() {
     let fake = Arc::new(Fake::default());
     let pin = Pinning::new(fake.clone(), true);
-    pin.tick(Some(S0));
-    pin.tick(Some(S0));
+    pin.tick(&[S0]);
+    pin.tick(&[S0]);
     assert_eq!(pin.streams(), vec![S0]);
     let (mut w, r) = arena();
     let a = pin.hold(0, batch(&mut w, &r, 4096, 1));
@@ -226,9 +241,12 @@ fn one_fence_covers_every_stream_current_at_a_tick_and_all_records_freed_since()
     fake.enqueue(S1);
     drop((a, b));
     // the loop's next next() runs with S1 current
-    pin.tick(Some(S1));
+    pin.tick(&[S1]);
     assert_eq!(pin.streams(), vec![S0, S1]);
-    assert_eq!(fake.state.lock().unwrap().fences, 1, "one fence for both");
+    assert!(
+        eventually(|| fake.state.lock().unwrap().fences == 1),
+        "one fence for both"
+    );
     fake.run(S0);
     std::thread::sleep(Duration::from_millis(50));
     assert!(!reused(&mut w, ra, 4096), "S1's copy had not run yet");
@@ -243,14 +261,14 @@ fn one_fence_covers_every_stream_current_at_a_tick_and_all_records_freed_since()
 fn after_close_a_freed_record_is_fenced_at_once() {
     let fake = Arc::new(Fake::default());
     let pin = Pinning::new(fake.clone(), true);
-    pin.tick(Some(S0));
+    pin.tick(&[S0]);
     let (mut w, r) = arena();
     let held = pin.hold(0, batch(&mut w, &r, 4096, 1));
     let rec = held.record();
     pin.close();
     fake.enqueue(S0);
     drop(held);
-    assert_eq!(fake.state.lock().unwrap().fences, 1);
+    assert!(eventually(|| fake.state.lock().unwrap().fences == 1));
     std::thread::sleep(Duration::from_millis(50));
     assert!(!reused(&mut w, rec, 4096));
     fake.run(S0);
@@ -261,11 +279,10 @@ fn after_close_a_freed_record_is_fenced_at_once() {
 fn unregistering_waits_for_the_last_record_and_precedes_the_unmap() {
     let fake = Arc::new(Fake::default());
     let pin = Pinning::new(fake.clone(), true);
-    pin.tick(Some(S0));
+    pin.tick(&[S0]);
     let (mut w, r) = arena();
     let held = pin.hold(0, batch(&mut w, &r, 4096, 1));
     let base = held.segment().as_ptr() as usize;
-    pin.forget_segments();
     pin.close();
     drop(pin);
     assert!(fake.unregistered().is_empty(), "a record is still held");
@@ -300,19 +317,26 @@ fn a_failed_registration_leaves_records_unpinned_and_is_reported_once() {
 }
 
 #[test]
-fn without_a_fence_the_record_is_released_rather_than_held_forever() {
+fn without_a_fence_the_devices_are_synchronized_before_the_release() {
     let fake = Arc::new(Fake::default());
     let pin = Pinning::new(fake.clone(), true);
+    pin.tick(&[S1]);
     let (mut w, r) = arena();
     let held = pin.hold(0, batch(&mut w, &r, 100, 1));
     let rec = held.record();
     fake.state.lock().unwrap().fail_fence = true;
+    fake.enqueue(S1);
     drop(held);
-    pin.tick(None);
-    w.reclaim();
-    let n = w.alloc(100).unwrap();
-    assert_eq!(n.offset, rec.offset);
-    assert_eq!(pin.counts().unfenced, 1);
+    pin.tick(&[]);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !reused(&mut w, rec, 100),
+        "released before the device was idle"
+    );
+    fake.run(S1);
+    assert!(eventually(|| reused(&mut w, rec, 100)));
+    assert!(eventually(|| fake.state.lock().unwrap().syncs == 1));
+    assert_eq!(pin.counts().synchronized, 1);
 }
 
 #[test]

@@ -86,20 +86,35 @@ impl FakeRuntime {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Blocks until each stream in `marks` has run that many operations.
+    fn wait_until<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        marks: &[(StreamId, usize)],
+    ) -> MutexGuard<'a, State> {
+        while !marks
+            .iter()
+            .all(|(s, n)| st.streams.get(s).map_or(0, |q| q.ran) >= *n)
+        {
+            st = self.ran.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        st
+    }
 }
 
 impl HostRuntime for FakeRuntime {
-    fn register(&self, ptr: *mut u8, len: usize) -> Result<(), String> {
+    fn register(&self, ptr: *mut u8, len: usize) -> Result<i32, String> {
         let mut st = self.lock();
         if st.fail_register {
             return Err("cudaHostRegister failed: operation not supported (fake runtime)".into());
         }
         st.registered.push((ptr as usize, len));
         st.register_calls.push((ptr as usize, len));
-        Ok(())
+        Ok(0)
     }
 
-    fn unregister(&self, ptr: *mut u8) {
+    fn unregister(&self, ptr: *mut u8, _device: i32) {
         let mut st = self.lock();
         st.registered.retain(|&(p, _)| p != ptr as usize);
         st.unregister_calls.push(ptr as usize);
@@ -112,22 +127,28 @@ impl HostRuntime for FakeRuntime {
             .map(|s| (*s, st.streams.get(s).map_or(0, |q| q.ops.len())))
             .collect();
         st.fences.push(marks);
-        Ok(Fence(vec![(st.fences.len() - 1) as u64]))
+        Ok(Fence(vec![(0, (st.fences.len() - 1) as u64)]))
     }
 
-    fn wait(&self, fence: Fence) {
+    fn wait(&self, fence: Fence) -> Result<(), String> {
         let mut st = self.lock();
-        for id in fence.0 {
-            loop {
-                let passed = st.fences[id as usize]
-                    .iter()
-                    .all(|(s, n)| st.streams.get(s).map_or(0, |q| q.ran) >= *n);
-                if passed {
-                    break;
-                }
-                st = self.ran.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
+        for (_, id) in fence.0 {
+            let marks = st.fences[id as usize].clone();
+            st = self.wait_until(st, &marks);
         }
+        Ok(())
+    }
+
+    fn synchronize(&self, devices: &[i32]) -> Result<(), String> {
+        let st = self.lock();
+        let marks: Vec<_> = st
+            .streams
+            .iter()
+            .filter(|(s, _)| devices.contains(&s.device))
+            .map(|(s, q)| (*s, q.ops.len()))
+            .collect();
+        drop(self.wait_until(st, &marks));
+        Ok(())
     }
 }
 

@@ -16,7 +16,7 @@ use super::error::Class;
 use super::ffi::adopt_fd;
 use super::indices::{Indices, Item};
 use super::loader::warn_past_reported_len;
-use super::pinning::PinArena;
+use super::pinning::{counts_tuple, PinArena, PinCountsTuple};
 use super::shards::{snapshot_to_py, AddressBatches, ShardPlan};
 use super::stats::{MainTimes, StatsTuple};
 use super::torch::torch;
@@ -354,11 +354,10 @@ impl MultiProcessIter {
 
     /// The pinned arenas' counters (see `PinArena.counts`), if pinned.
     #[getter]
-    fn _pin_counts(&self) -> Option<(u64, u64, u64, u64, u64)> {
-        self.pin_arena.as_ref().map(|a| {
-            let c = a.get().pinning.counts();
-            (c.segments, c.bytes, c.failed, c.fenced, c.unfenced)
-        })
+    fn _pin_counts(&self) -> Option<PinCountsTuple> {
+        self.pin_arena
+            .as_ref()
+            .map(|a| counts_tuple(&a.get().pinning))
     }
 }
 
@@ -428,7 +427,15 @@ impl MultiProcessIter {
             Payload::Batch(record) => {
                 let handle = self.core.open(worker, record)?;
                 let held = match &self.pin_arena {
-                    Some(arena) => arena.get().pinning.hold(worker, handle),
+                    Some(arena) => {
+                        let pinning = &arena.get().pinning;
+                        if pinning.is_registered(worker, record.segment) {
+                            pinning.hold(worker, handle)
+                        } else {
+                            // a new segment is page-locked (slow): not under the GIL
+                            py.detach(|| pinning.hold(worker, handle))
+                        }
+                    }
                     None => Held::plain(handle),
                 };
                 decode_batch(py, held)?

@@ -14,18 +14,41 @@ use crate::pin::cuda::CudaRuntime;
 use crate::pin::{HostRuntime, Pinning, StreamId};
 use crate::ring::{page_size, Segment};
 
+/// See [`PinArena::counts`].
+pub type PinCountsTuple = (u64, u64, u64, u64, u64, u64);
+
+pub fn counts_tuple(p: &Pinning) -> PinCountsTuple {
+    let c = p.counts();
+    (
+        c.segments,
+        c.bytes,
+        c.failed,
+        c.fenced,
+        c.synchronized,
+        c.unfenced,
+    )
+}
+
 #[pyclass(frozen, module = "ferroloader._core")]
 pub struct PinArena {
     pub pinning: Arc<Pinning>,
     runtime: Arc<dyn HostRuntime>,
-    /// `() -> (device, raw stream) | None`: torch's current stream.
+    /// `() -> [(device, raw stream), ...]`: torch's current stream on each
+    /// device in use.
     stream_fn: Py<PyAny>,
 }
 
-/// `stream_fn()` as a [`StreamId`]; `None` if it says so or fails.
-fn current_stream(py: Python<'_>, stream_fn: &Py<PyAny>) -> Option<StreamId> {
-    let got: Option<(i32, u64)> = stream_fn.bind(py).call0().ok()?.extract().ok()?;
-    got.map(|(device, stream)| StreamId { device, stream })
+/// `stream_fn()` as [`StreamId`]s (none if it fails).
+fn current_streams(py: Python<'_>, stream_fn: &Py<PyAny>) -> Vec<StreamId> {
+    let got: Option<Vec<(i32, u64)>> = stream_fn
+        .bind(py)
+        .call0()
+        .ok()
+        .and_then(|v| v.extract().ok());
+    got.unwrap_or_default()
+        .into_iter()
+        .map(|(device, stream)| StreamId { device, stream })
+        .collect()
 }
 
 impl PinArena {
@@ -41,16 +64,16 @@ impl PinArena {
     /// The training loop's `next()`: its current stream joins those fences
     /// cover, and the records freed since the last one are fenced.
     pub fn tick_now(&self, py: Python<'_>) {
-        let current = current_stream(py, &self.stream_fn);
-        py.detach(|| self.pinning.tick(current));
+        let current = current_streams(py, &self.stream_fn);
+        self.pinning.tick(&current);
     }
 }
 
 #[pymethods]
 impl PinArena {
     /// Pinned arenas over the CUDA runtime library at `library` (the one
-    /// torch loaded). `stream_fn() -> (device, raw stream)` reports torch's
-    /// current stream.
+    /// torch loaded). `stream_fn() -> [(device, raw stream), ...]` reports
+    /// torch's current stream on each device in use.
     #[staticmethod]
     #[pyo3(signature = (library, stream_fn, guard=true))]
     fn cuda(library: &str, stream_fn: Py<PyAny>, guard: bool) -> PyResult<Self> {
@@ -78,8 +101,8 @@ impl PinArena {
                 Err(e) => return Some(format!("shared memory: {e}")),
             };
             match runtime.register(seg.as_ptr(), seg.len()) {
-                Ok(()) => {
-                    runtime.unregister(seg.as_ptr());
+                Ok(device) => {
+                    runtime.unregister(seg.as_ptr(), device);
                     None
                 }
                 Err(e) => Some(e),
@@ -87,13 +110,13 @@ impl PinArena {
         })
     }
 
-    /// `(segments, bytes, failed, fenced, unfenced)`: segments registered
-    /// and their bytes, registrations that failed, records retired through
-    /// a fence and records released without one.
+    /// `(segments, bytes, failed, fenced, synchronized, unfenced)`:
+    /// segments registered and their bytes, registrations that failed,
+    /// records released after a fence, after a device synchronization, and
+    /// without either (a failed device).
     #[getter]
-    fn counts(&self) -> (u64, u64, u64, u64, u64) {
-        let c = self.pinning.counts();
-        (c.segments, c.bytes, c.failed, c.fenced, c.unfenced)
+    fn counts(&self) -> PinCountsTuple {
+        counts_tuple(&self.pinning)
     }
 
     /// The training loop's `next()` (when a pin thread takes the batches
