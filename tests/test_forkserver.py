@@ -81,3 +81,29 @@ def test_forkserver_workers_fork_from_a_warm_server_with_torchs_batches():
         assert name in report["preload"], report
     assert report["server_has_torch"], report
     assert_same(expected, got)
+
+
+@ferro_only
+def test_a_loader_built_while_a_child_imports_main_starts_no_server(monkeypatch):
+    """The fork server imports the main module to preload it; a loader built
+    at that module's top level must not start a server from inside the
+    server (one would start the next)."""
+    import multiprocessing
+    from multiprocessing import forkserver as mp_forkserver
+
+    import ferroloader
+    from ferroloader import forkserver
+
+    server = mp_forkserver._forkserver
+    monkeypatch.setattr(server, "_forkserver_pid", None)
+    monkeypatch.setattr(server, "_preload_modules", ["__main__"])
+    started = []
+    monkeypatch.setattr(server, "ensure_running", lambda: started.append(True))
+    ctx = multiprocessing.get_context("forkserver")
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    ferroloader.DataLoader(list(range(4)), num_workers=2, multiprocessing_context=ctx)
+    assert started == []
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", False)
+    loader = ferroloader.DataLoader(list(range(4)), num_workers=2, multiprocessing_context=ctx)
+    assert started == [True]
+    assert forkserver.preload_for(loader)[:3] == ["torch", "numpy", "ferroloader._worker"]

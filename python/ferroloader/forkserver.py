@@ -23,6 +23,7 @@ preload into, so it pays torch's import as torch's loader does.
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 from multiprocessing import forkserver as _forkserver
 from typing import Any, Optional
@@ -72,6 +73,11 @@ def warm(loader: Any) -> bool:
     they use ``forkserver`` and the server is not running yet. Returns
     whether it started the server."""
     if loader.num_workers == 0 or start_method(loader) != "forkserver":
+        return False
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # importing the main module for a child (the fork server's own
+        # preload, a spawned worker): a loader built at module level must
+        # not start another server from there
         return False
     server = getattr(_forkserver, "_forkserver", None)
     if server is None or getattr(server, "_forkserver_pid", None) is not None:
