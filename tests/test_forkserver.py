@@ -107,3 +107,21 @@ def test_a_loader_built_while_a_child_imports_main_starts_no_server(monkeypatch)
     loader = ferroloader.DataLoader(list(range(4)), num_workers=2, multiprocessing_context=ctx)
     assert started == [True]
     assert forkserver.preload_for(loader)[:3] == ["torch", "numpy", "ferroloader._worker"]
+
+
+@ferro_only
+def test_building_a_loader_leaves_the_start_method_unset():
+    """Building a loader with workers does not fix the process's start
+    method (torch's does not): set_start_method() still works after it."""
+    code = textwrap.dedent(
+        """
+        import multiprocessing as mp
+        import ferroloader
+        ferroloader.DataLoader(list(range(4)), num_workers=2)
+        assert mp.get_start_method(allow_none=True) is None
+        mp.set_start_method("spawn")
+        print("ok")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]

@@ -34,11 +34,18 @@ ALWAYS = ("torch", "numpy", "ferroloader._worker")
 
 
 def start_method(loader: Any) -> Optional[str]:
-    """The start method the loader's workers will use."""
+    """The start method the loader's workers will use, read without fixing
+    the process's default context (``set_start_method`` stays possible)."""
     ctx = loader.multiprocessing_context or torch.multiprocessing
     try:
-        return str(ctx.get_start_method())
-    except (RuntimeError, ValueError, AttributeError):
+        method = ctx.get_start_method(allow_none=True)
+        if method is None:
+            # not fixed yet: the platform's default is what the first
+            # worker start would fix
+            default = getattr(multiprocessing.context, "_default_context", None)
+            method = getattr(getattr(default, "_default_context", None), "_name", None)
+        return None if method is None else str(method)
+    except (RuntimeError, ValueError, AttributeError, TypeError):
         return None
 
 
