@@ -619,21 +619,10 @@ class _PinnedMultiProcessIter(_MultiProcessIter):
     def __len__(self) -> int:
         return len(self._index_sampler_ref)
 
-    @property
-    def _position(self) -> Any:
-        return self._pinner.read(self, "_position")
-
-    @property
-    def _iterable_position(self) -> Any:
-        return self._pinner.read(self, "_iterable_position")
-
-    @property
-    def _lane_snapshot(self) -> Any:
-        return self._pinner.read(self, "_lane_snapshot")
-
-    @property
-    def _closed(self) -> Any:
-        return self._pinner.read(self, "_closed")
+    _position = property(lambda self: self._pinner.read(self, "_position"))
+    _iterable_position = property(lambda self: self._pinner.read(self, "_iterable_position"))
+    _lane_snapshot = property(lambda self: self._pinner.read(self, "_lane_snapshot"))
+    _closed = property(lambda self: self._pinner.read(self, "_closed"))
 
     @property
     def _stats(self) -> Any:

@@ -88,21 +88,24 @@ def current_streams() -> list[tuple[int, int]]:
     (and never initialises it)."""
     if not torch.cuda.is_initialized():
         return []
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
     current = torch.cuda.current_device()
     devices = [current]
-    if has_context is not None:
+    if _HAS_CONTEXT is not None:
         devices += [
-            d for d in range(torch.cuda.device_count()) if d != current and has_context(d)
+            d for d in range(torch.cuda.device_count()) if d != current and _HAS_CONTEXT(d)
         ]
-    out = []
-    for d in devices:
-        if raw is not None:
-            out.append((d, int(raw(d))))
-        else:
-            out.append((d, int(torch.cuda.current_stream(d).cuda_stream)))
-    return out
+    return [(d, _raw_stream(d)) for d in devices]
+
+
+# called at every next() with registered arenas: looked up once
+_HAS_CONTEXT = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _raw_stream(device: int) -> int:
+    if _RAW_STREAM is not None:
+        return int(_RAW_STREAM(device))
+    return int(torch.cuda.current_stream(device).cuda_stream)
 
 
 # Whether the runtime at a path registers shared memory (asked once).
@@ -175,6 +178,8 @@ def device_index() -> int:
 
 
 _Item = tuple[str, Any]
+# the engine's getters that make the iterator's position, read through marks
+_POSITION = ("_position", "_iterable_position", "_lane_snapshot", "_closed")
 
 
 class PinThread:
@@ -198,7 +203,7 @@ class PinThread:
         self._cond = threading.Condition()
         self._queue: collections.deque[_Item] = collections.deque()
         self._marks: collections.deque[dict[str, Any]] = collections.deque()
-        self._last: Optional[dict[str, Any]] = None
+        self._last_stats: Any = None
         self._stop = _core.StopFlag()
         self._thread: Optional[threading.Thread] = None
         self._ended = False
@@ -213,15 +218,11 @@ class PinThread:
 
     # --- the thread ------------------------------------------------------
 
-    def _capture(self, it: Any) -> dict[str, Any]:
-        base = _core.MultiProcessIter
-        return {
-            "_position": base._position.__get__(it),
-            "_iterable_position": base._iterable_position.__get__(it),
-            "_lane_snapshot": base._lane_snapshot.__get__(it),
-            "_closed": base._closed.__get__(it),
-            "_stats": base._stats.__get__(it),
-        }
+    @staticmethod
+    def _capture(it: Any) -> dict[str, Any]:
+        """The iterator's position as the engine reports it now (the
+        thread holds the engine)."""
+        return {n: getattr(_core.MultiProcessIter, n).__get__(it) for n in _POSITION}
 
     def _run(self) -> None:
         # as torch's pin thread: one intra-op thread, its name, its device
@@ -243,7 +244,7 @@ class PinThread:
             with self._cond:
                 if self._stop.is_stopped:
                     return
-                self._last = self._capture(it)
+                self._last_stats = _core.MultiProcessIter._stats.__get__(it)
                 self._queue.append(item)
                 self._cond.notify_all()
             del it
@@ -304,7 +305,7 @@ class PinThread:
         with self._cond:
             if self._marks:
                 return self._marks[0][name]
-            if self._frozen is not None and name != "_stats":
+            if self._frozen is not None:
                 return self._frozen[name]
             return getattr(_core.MultiProcessIter, name).__get__(it)
 
@@ -312,9 +313,9 @@ class PinThread:
         """``_stats`` with the training loop's times measured here and the
         engine's (decode, workers) as of the thread's last take."""
         with self._cond:
-            busy = bool(self._marks)
-            raw = self._last["_stats"] if busy and self._last else None
-            if raw is None and not busy:
+            if self._marks:  # the thread holds the engine
+                raw = self._last_stats
+            else:
                 raw = _core.MultiProcessIter._stats.__get__(it)
         if raw is None:
             return ((0, 0, 0, 0, 0), [])

@@ -20,7 +20,7 @@ use pyo3::types::PyBytes;
 
 use crate::pin::{Fence, HostRuntime, StreamId};
 
-struct Copy {
+struct HostCopy {
     src: usize,
     len: usize,
     out: Option<Vec<u8>>,
@@ -46,7 +46,7 @@ struct State {
     register_calls: Vec<(usize, usize)>,
     unregister_calls: Vec<usize>,
     fail_register: bool,
-    copies: Vec<Copy>,
+    copies: Vec<HostCopy>,
     streams: HashMap<StreamId, StreamQueue>,
     /// Fences: per stream, the queue length when taken.
     fences: Vec<Vec<(StreamId, usize)>>,
@@ -59,20 +59,16 @@ impl State {
             .any(|&(p, l)| ptr >= p && ptr.saturating_add(len) <= p + l)
     }
 
-    /// Reads `len` bytes at `ptr`. Called with the state locked, so no
-    /// registration can be undone (and its memory unmapped) meanwhile.
-    fn read(&self, ptr: usize, len: usize) -> Vec<u8> {
-        let mut out = vec![0u8; len];
-        if len > 0 {
-            // SAFETY: `ptr..ptr+len` lies inside a registered range (checked
-            // by every caller), and a registered arena segment stays mapped
-            // until `unregister`, which needs this state's lock, held here.
-            // The bytes are read as plain bytes; a concurrent write by a
-            // worker (the torn batch this model exists to show) can only
-            // change their values.
-            unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, out.as_mut_ptr(), len) };
-        }
-        out
+    /// Reads `len` bytes at `ptr` if they lie in a registered range.
+    /// Called with the state locked, so no registration can be undone (and
+    /// its memory unmapped) meanwhile.
+    fn read_registered(&self, ptr: usize, len: usize) -> Option<Vec<u8>> {
+        // SAFETY: the range is registered (checked first), and a registered
+        // arena segment stays mapped until `unregister`, which needs this
+        // state's lock, held here. A concurrent write by a worker (the torn
+        // batch this model exists to show) can only change the values read.
+        self.is_registered(ptr, len)
+            .then(|| unsafe { copy_host(ptr, len) })
     }
 }
 
@@ -192,9 +188,15 @@ impl FakeCudaRuntime {
     #[pyo3(signature = (ptr, nbytes, stream, device=0))]
     fn copy_async(&self, ptr: usize, nbytes: usize, stream: u64, device: i32) -> usize {
         let mut st = self.runtime.lock();
-        let out = (!st.is_registered(ptr, nbytes)).then(|| st.read_pageable(ptr, nbytes));
+        let out = (!st.is_registered(ptr, nbytes)).then(|| {
+            // SAFETY: memory the fake did not register is the caller's
+            // tensor (its `data_ptr()`, `nbytes` long), kept alive by the
+            // caller for this call, as a real copy from pageable memory
+            // needs; it is read at once.
+            unsafe { copy_host(ptr, nbytes) }
+        });
         let id = st.copies.len();
-        st.copies.push(Copy {
+        st.copies.push(HostCopy {
             src: ptr,
             len: nbytes,
             out,
@@ -245,12 +247,8 @@ impl FakeCudaRuntime {
                     }
                     Op::Copy(c) => {
                         let (src, len) = (st.copies[c].src, st.copies[c].len);
-                        // still registered: the guard (or the test) kept it so
-                        let bytes = if st.is_registered(src, len) {
-                            st.read(src, len)
-                        } else {
-                            Vec::new()
-                        };
+                        // empty if unregistered meanwhile (nothing kept it)
+                        let bytes = st.read_registered(src, len).unwrap_or_default();
                         st.copies[c].out = Some(bytes);
                     }
                 }
@@ -296,17 +294,15 @@ impl FakeCudaRuntime {
     }
 }
 
-impl State {
-    /// A copy from memory the fake did not register: the caller's tensor
-    /// (alive while `copy_async` runs), read at once.
-    fn read_pageable(&self, ptr: usize, len: usize) -> Vec<u8> {
-        let mut out = vec![0u8; len];
-        if len > 0 {
-            // SAFETY: `ptr` is the `data_ptr()` of a tensor of `len` bytes
-            // that the caller passes and keeps alive for the duration of
-            // `copy_async` (the test's own tensor), as a real copy needs.
-            unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, out.as_mut_ptr(), len) };
-        }
-        out
+/// The `len` bytes at `ptr`, copied out.
+///
+/// # Safety
+/// `ptr..ptr+len` must be readable memory that stays mapped for the call.
+unsafe fn copy_host(ptr: usize, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    if len > 0 {
+        // SAFETY: the caller's promise: `len` readable bytes at `ptr`.
+        unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, out.as_mut_ptr(), len) };
     }
+    out
 }

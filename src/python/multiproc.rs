@@ -378,7 +378,7 @@ impl MultiProcessIter {
         }
         self.times.enter();
         if let Some(arena) = &self.pin_arena {
-            arena.get().tick_now(py);
+            arena.get().tick(py);
         }
         let Some(data) = self.take(py, None)? else {
             return Ok(None);

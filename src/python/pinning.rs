@@ -60,13 +60,6 @@ impl PinArena {
             stream_fn,
         }
     }
-
-    /// The training loop's `next()`: its current stream joins those fences
-    /// cover, and the records freed since the last one are fenced.
-    pub fn tick_now(&self, py: Python<'_>) {
-        let current = current_streams(py, &self.stream_fn);
-        self.pinning.tick(&current);
-    }
 }
 
 #[pymethods]
@@ -119,10 +112,13 @@ impl PinArena {
         counts_tuple(&self.pinning)
     }
 
-    /// The training loop's `next()` (when a pin thread takes the batches
-    /// from the engine, the loop's own `next()` calls this).
-    fn tick(&self, py: Python<'_>) {
-        self.tick_now(py);
+    /// The training loop's `next()` (called by the iterator; when a pin
+    /// thread takes the batches from the engine, by the loop's own
+    /// `next()`): the current streams join those fences cover, and the
+    /// records freed since the last tick go to the reaper.
+    pub fn tick(&self, py: Python<'_>) {
+        let current = current_streams(py, &self.stream_fn);
+        self.pinning.tick(&current);
     }
 
     /// The iterator is closing: records freed from now on are fenced as
