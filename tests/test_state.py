@@ -503,15 +503,20 @@ def test_resume_iterable_with_workers_out_of_order_and_persistent():
 
 def test_iterable_resume_with_other_workers_is_refused_with_a_reason():
     """An IterableDataset saved mid-epoch with 2 workers refuses to resume
-    with 3 (or 0) with a ValueError that says why and what to do."""
+    with 3 (or 0): the iter() after load_state_dict() raises an error that
+    says why and what to do, a ValueError and (torchdata's type there) an
+    AssertionError."""
     loader = fl.DataLoader(ShardedCounter(), batch_size=2, num_workers=2)
     it = iter(loader)
     next(it)
     sd = loader.state_dict()
     del it
     for nw in (3, 0):
-        with pytest.raises(ValueError, match="same num_workers"):
-            fl.DataLoader(ShardedCounter(), batch_size=2, num_workers=nw).load_state_dict(sd)
+        other = fl.DataLoader(ShardedCounter(), batch_size=2, num_workers=nw)
+        other.load_state_dict(sd)
+        with pytest.raises(ValueError, match="same num_workers") as err:
+            iter(other)
+        assert isinstance(err.value, AssertionError)
 
 
 @pytest.mark.parametrize(

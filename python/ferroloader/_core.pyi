@@ -195,8 +195,8 @@ class MultiProcessIter(Iterator[Any]):
     @property
     def _iterable_position(
         self,
-    ) -> tuple[list[int], list[Optional[bytes]], list[bool], int]:
-        """``(delivered, states, exhausted, next_worker)`` per worker."""
+    ) -> tuple[list[int], list[Optional[bytes]], list[bool], int, list[bool]]:
+        """``(delivered, states, exhausted, next_worker, done)`` per worker."""
     def _restore_round_robin(self, next_worker: int, exhausted: list[bool]) -> None: ...
     @property
     def _closed(self) -> bool:

@@ -36,32 +36,73 @@ def _wrapper(worker_id: int) -> Callable[[BaseException], bytes]:
     return wrap
 
 
-def _iterable_hooks(
+def _stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+def _state_hooks(
     dataset: Any,
     iterable: bool,
     resume: Optional[dict[str, Any]],
-) -> tuple[Callable[[], Any], Optional[Callable[[], bytes]]]:
-    """``make_iter`` (a new replica iterator per epoch; the first one of a
-    resumed epoch loads the replica's state or skips the batches it had
-    handed over) and ``state_fn`` (the replica's pickled state, sent with
-    each batch when the dataset has state methods)."""
-    stateful = callable(getattr(dataset, "state_dict", None)) and callable(
-        getattr(dataset, "load_state_dict", None)
-    )
+) -> tuple[Callable[[], Any], Optional[Callable[[], Optional[bytes]]]]:
+    """``make_iter`` (a new replica iterator per epoch) and ``state_fn``
+    (the replica's pickled state, sent with each batch and with an
+    iterable's end; ``None`` when nothing in it keeps a state).
+
+    The state is ``{"dataset": ..., "iterator": ...}``, torchdata's order:
+    a resumed worker loads the dataset's state before ``iter(dataset)`` and
+    the iterator's after it (an iterator that is the dataset itself is
+    saved once, as the iterator). Without either, a resumed iterable skips
+    the samples it had handed over."""
+    ds_stateful = _stateful(dataset)
+    current: list[Any] = [None, False]  # this epoch's iterator, and whether it keeps state
+    iter_state: list[Any] = [None]
     skip = [0]
-    if iterable and resume is not None:
-        if "state" in resume:
-            dataset.load_state_dict(resume["state"])
+    if resume is not None:
+        st = resume.get("state")
+        if st is not None:
+            if st.get("dataset") is not None and ds_stateful:
+                dataset.load_state_dict(st["dataset"])
+            iter_state[0] = st.get("iterator")
+            if resume.get("between") and iterable:
+                # the state an epoch ended in, on persistent workers: the
+                # ended iterator is restored (as torchdata does; its state
+                # may hold e.g. the worker's RNG), the next epoch makes its own
+                it, iter_state[0] = iter(dataset), None
+                if st.get("iterator") is not None and _stateful(it):
+                    it.load_state_dict(st["iterator"])
         else:
-            skip[0] = int(resume["skip_samples"])
+            skip[0] = int(resume.get("skip_samples", 0))
 
     def make_iter() -> Any:
         it = iter(dataset)
+        current[0], current[1] = it, _stateful(it)
+        st, iter_state[0] = iter_state[0], None
+        if st is not None and current[1]:
+            it.load_state_dict(st)
         n, skip[0] = skip[0], 0
         return itertools.islice(it, n, None) if n else it
 
-    state_fn = (lambda: pickle.dumps(dataset.state_dict())) if iterable and stateful else None
-    return make_iter, state_fn
+    def iterable_state() -> Optional[bytes]:
+        it, it_stateful = current
+        own = ds_stateful and it is not dataset
+        if not (own or it_stateful):
+            return None
+        return pickle.dumps(
+            {
+                "dataset": dataset.state_dict() if own else None,
+                "iterator": it.state_dict() if it_stateful else None,
+            }
+        )
+
+    def map_state() -> bytes:
+        return pickle.dumps({"dataset": dataset.state_dict(), "iterator": None})
+
+    if iterable:
+        return make_iter, iterable_state
+    return make_iter, (map_state if ds_stateful else None)
 
 
 def worker_entry(
@@ -133,7 +174,14 @@ def worker_entry(
             if seeder is not None:
                 on_epoch = seeder.start_epoch
         getitems, tensors, table = fetch_plan(dataset, iterable)
-        make_iter, state_fn = _iterable_hooks(dataset, iterable, resume)
+        try:
+            make_iter, state_fn = _state_hooks(dataset, iterable, resume)
+        except Exception as e:
+            # a state that the dataset's load_state_dict() refuses: the
+            # first task re-raises it, as a failed worker_init_fn
+            make_iter, state_fn = _state_hooks(dataset, iterable, None)
+            if init_exception is None:
+                init_exception = wrap(e)
         _core.worker_loop(
             fd,
             dataset=dataset,

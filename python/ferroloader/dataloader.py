@@ -57,6 +57,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         seed: Optional[int] = None,
         per_sample_seed: bool = False,
         sharding: Optional[Sharding] = None,
+        snapshot_every_n_steps: Optional[int] = 1,
     ) -> None:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"seed should be an int or None, but got seed={seed!r}")
@@ -102,10 +103,22 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
+        # torchdata's StatefulDataLoader argument: how often its workers send
+        # their state. ferroloader's state is exact after every batch, so it
+        # changes nothing here (see the README); kept as an attribute.
+        self.snapshot_every_n_steps = snapshot_every_n_steps
         self._epochs_started = 0
         self._epoch: Optional[state.Epoch] = None
         self._resume: Optional[dict[str, Any]] = None
         self._resume_sampler_state: Any = None
+        # a loaded state not yet consumed by iter() (state_dict() returns it),
+        # its parts that outlive an epoch, and the worker count it was saved with
+        self._pending_state: Optional[dict[str, Any]] = None
+        self._resume_extra: dict[str, Any] = {}
+        self._resume_workers = 0
+        # the next epoch begins on the saved persistent workers' seed and states
+        self._next_base_seed: Optional[int] = None
+        self._next_worker_states: Optional[list[Any]] = None
         self.seed = seed
         self.per_sample_seed = bool(per_sample_seed)
         self._seeded_generator = own
@@ -296,10 +309,7 @@ def _index_source(loader: DataLoader[Any]) -> Any:
     return native if native is not None else iter(index_sampler)
 
 
-def _draw_base_seed(loader: DataLoader[Any]) -> int:
-    """The loader's base seed, drawn where torch draws it (the generator
-    advances even when no worker needs it)."""
-    return int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
+_draw_base_seed = state._draw_base_seed
 
 
 def _single_process_iter(loader: DataLoader[Any]) -> Any:
@@ -319,7 +329,7 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
         raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
     if iterable:
         per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
-        source = state.resume_iterable(rec, iter(dataset), resume, now, per_batch)
+        source = state.resume_iterable(rec, dataset, resume, now, per_batch)
     else:
         source = state.resume_source(rec, source, resume, now, window=1)
     seeds = loader._sample_seeds()
@@ -335,7 +345,7 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
         tensors=tensors,
         auto_collation=loader._auto_collation,
         batch_size=loader.batch_size or 0,
-        drop_last=loader.drop_last,
+        drop_last=bool(loader.drop_last),
         collate_fn=loader.collate_fn,
         pin=pin,
         index_sampler=loader._index_sampler,
@@ -369,7 +379,7 @@ def _single_process_sharded(
         tensors=None,
         auto_collation=loader._auto_collation,
         batch_size=loader.batch_size or 0,
-        drop_last=loader.drop_last,
+        drop_last=bool(loader.drop_last),
         collate_fn=loader.collate_fn,
         pin=pin,
         index_sampler=loader._index_sampler,
@@ -437,6 +447,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
 
     _procs: list[Any]
     _owner_pid: int
+    _base_seed_value: int
     _stats_box: list[LoaderStats]
 
     @classmethod
@@ -448,7 +459,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
         rec, resume, now = state.open_epoch(loader)
         ep: Optional[ShardEpoch] = None
         if loader._sharded():
-            base_seed = _draw_base_seed(loader)
+            base_seed = state.base_seed(loader, rec, resume)
             try:
                 ep = ShardEpoch(loader, rec.number, state.shard_resume(resume))
             finally:
@@ -457,7 +468,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
             resume = None  # the plan carries the position
         else:
             source = _index_source(loader)
-            base_seed = _draw_base_seed(loader)
+            base_seed = state.base_seed(loader, rec, resume)
             window = (loader.prefetch_factor or 2) * loader.num_workers
             source = state.resume_source(rec, source, resume, now, window)
         ctx = loader.multiprocessing_context or torch.multiprocessing
@@ -481,7 +492,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
                         iterable,
                         loader._auto_collation,
                         loader.collate_fn,
-                        loader.drop_last,
+                        bool(loader.drop_last),
                         base_seed,
                         loader.worker_init_fn,
                         i,
@@ -492,7 +503,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
                         loader.prefetch_factor,
                         close_fds,
                         loader._sample_seeds(),
-                        state.worker_resume(resume, i, per_batch),
+                        state.worker_resume(loader, resume, i, per_batch),
                         None
                         if ep is None
                         else (list(ep.descriptors), loader._shard_seeder(rec.number)),
@@ -522,8 +533,8 @@ class _MultiProcessIter(_core.MultiProcessIter):
                 batch_size=loader.batch_size,
                 auto_collation=loader._auto_collation,
                 prefetch_factor=loader.prefetch_factor,
-                in_order=loader.in_order,
-                persistent=loader.persistent_workers,
+                in_order=bool(loader.in_order),
+                persistent=bool(loader.persistent_workers),
                 timeout=timeout,
                 timeout_text=str(loader.timeout),
                 pin=None if pin_thread or pin is None else pinning.inline(pin),
@@ -548,8 +559,9 @@ class _MultiProcessIter(_core.MultiProcessIter):
         it._stats_box = loader._stats_box
         rec.shards = ep
         rec.attach(it, multiprocess=True)
+        it._base_seed_value = base_seed
         if resume is not None and "workers" in resume:
-            it._restore_round_robin(int(resume["next_worker"]), [False] * n)
+            it._restore_round_robin(int(resume["next_worker"]), state.finished_workers(resume, n))
         it._prime()
         return it
 
@@ -559,6 +571,9 @@ class _MultiProcessIter(_core.MultiProcessIter):
     def _reset(self, loader: DataLoader[Any], first_iter: bool = False) -> None:
         """A new epoch on persistent workers (``DataLoader.__iter__``)."""
         rec, resume, now = state.open_epoch(loader)
+        # torch draws no base seed for persistent workers: they keep theirs
+        rec.reset = True
+        rec.base_seed = self._base_seed_value
         if loader._sharded():
             try:
                 ep = ShardEpoch(loader, rec.number, state.shard_resume(resume))

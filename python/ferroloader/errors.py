@@ -47,6 +47,14 @@ class ConfigError(FerroloaderError, ValueError):
     cannot be used."""
 
 
+class StateMismatchError(ConfigError, AssertionError):
+    """A loaded state cannot resume this loader as configured (e.g. another
+    ``num_workers`` where the position lives in the workers' replicas).
+    Raised at the ``iter()`` after ``load_state_dict()``, where torchdata's
+    ``StatefulDataLoader`` raises ``AssertionError``; also a ``ValueError``,
+    like every other refused state."""
+
+
 class InternalError(FerroloaderError, RuntimeError):
     """An invariant of the engine did not hold; please report it."""
 
@@ -58,6 +66,7 @@ __all__ = [
     "ProtocolError",
     "SharedMemoryError",
     "SharedMemoryLimitError",
+    "StateMismatchError",
     "WorkerDiedError",
     "WorkerTimeoutError",
 ]

@@ -26,6 +26,7 @@ fast-forwarded by drawing and dropping the indices already used.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import pickle
 import weakref
@@ -37,12 +38,14 @@ import torch.utils.data.dataloader as _tdl
 import torch.utils.data.sampler as _ts
 
 from ferroloader import _core
-from ferroloader.errors import ConfigError
+from ferroloader.errors import ConfigError, StateMismatchError
 from ferroloader.seeds import epoch_seed
 from ferroloader.shards import ElasticBatchSampler
 
-FORMAT = 1
-"""Version of the state's layout; a state of another version is refused."""
+FORMAT = 2
+"""Version of the state's layout; a state of another version is refused.
+Version 2: plain JSON types only (generator states as base64 text), worker
+replica states for map-style datasets, states at an epoch's end."""
 
 _KEY = "ferroloader_state"
 
@@ -155,6 +158,7 @@ class Epoch:
 
     def __init__(self, loader: Any, number: int) -> None:
         self.number = number
+        self.dataset = loader.dataset
         self.groups = _generators(loader)
         self.start = [g.get_state() for _, g in self.groups]
         self.sampler = _stateful_sampler(loader)
@@ -173,6 +177,15 @@ class Epoch:
         # a sharded epoch (ferroloader.shards.ShardEpoch): its position is
         # the lanes' (or the elastic sequence's), in absolute terms
         self.shards: Optional[Any] = None
+        # the workers' base seed, and whether the epoch began on persistent
+        # workers (torch draws a base seed only for new workers)
+        self.base_seed: Optional[int] = None
+        self.reset = False
+        # a map-style dataset with state methods, in workers: each worker's
+        # replica state travels with its batches
+        self.worker_states = (
+            not self.iterable and loader.num_workers > 0 and _stateful(loader.dataset)
+        )
 
     def attach(self, iterator: Any, multiprocess: bool) -> None:
         self.iterator = weakref.ref(iterator)
@@ -213,8 +226,9 @@ class Epoch:
             out["workers"] = [
                 {
                     "delivered": old["delivered"] + new["delivered"],
-                    "state": new["state"] if new["delivered"] else old["state"],
+                    "state": old["state"] if new["state"] is None else new["state"],
                     "exhausted": new["exhausted"],
+                    "done": new["done"],
                 }
                 for old, new in zip(self.base["workers"], pos["workers"])
             ]
@@ -244,15 +258,16 @@ class Epoch:
             }
         drawn, pending, ended = it._position
         pos: dict[str, Any] = {"drawn": int(drawn), "pending": list(pending), "ended": bool(ended)}
-        if self.iterable:
-            delivered, states, exhausted, next_worker = it._iterable_position
+        if self.iterable or self.worker_states:
+            delivered, states, exhausted, next_worker, done = it._iterable_position
             pos["workers"] = [
                 {
                     "delivered": int(d),
                     "state": None if s is None else pickle.loads(s),
                     "exhausted": bool(e),
+                    "done": bool(f),
                 }
-                for d, s, e in zip(delivered, states, exhausted)
+                for d, s, e, f in zip(delivered, states, exhausted, done)
             ]
             pos["next_worker"] = int(next_worker)
         return pos
@@ -267,8 +282,22 @@ def _set(groups: list[tuple[list[str], torch.Generator]], states: list[Any]) -> 
         g.set_state(s)
 
 
+def _encode(g: torch.Tensor) -> str:
+    """A generator state as JSON-ready text (base64 of its bytes)."""
+    return base64.b64encode(g.numpy().tobytes()).decode("ascii")
+
+
+def _pristine(loader: Any) -> Optional[dict[str, Any]]:
+    """A loaded state that no ``iter()`` has consumed yet: ``state_dict()``
+    returns it as it was loaded (torchdata's contract)."""
+    return loader._pending_state
+
+
 def snapshot(loader: Any) -> dict[str, Any]:
     """``DataLoader.state_dict()``."""
+    pending = _pristine(loader)
+    if pending is not None:
+        return _copy(pending)
     rec: Optional[Epoch] = loader._epoch
     groups = _generators(loader)
     state: dict[str, Any] = {
@@ -277,7 +306,7 @@ def snapshot(loader: Any) -> dict[str, Any]:
         "epochs_started": loader._epochs_started,
         "num_workers": loader.num_workers,
         "generators": [
-            {"roles": list(roles), "state": bytes(g.get_state().numpy())} for roles, g in groups
+            {"roles": list(roles), "state": _encode(g.get_state())} for roles, g in groups
         ],
         "epoch": None,
     }
@@ -285,31 +314,34 @@ def snapshot(loader: Any) -> dict[str, Any]:
     if sampler is not None:
         # between epochs too: a stateful sampler may count epochs itself
         state["sampler_state"] = sampler.state_dict()
-    if loader._resume is not None:
-        # loaded and not yet iterated: the loaded position still stands
-        state["epoch"] = loader._resume
-        if loader._resume_sampler_state is not None:
-            state["sampler_state"] = loader._resume_sampler_state
-        return state
+    dataset = loader.dataset
+    if loader.num_workers == 0 and not loader._sharded() and _stateful(dataset):
+        # the dataset is iterated here: its state is the main process's
+        it = rec.dataset_iter if rec is not None and rec.iterable else None
+        if it is not dataset:
+            state["dataset_state"] = dataset.state_dict()
     if rec is None:
         return state
     pos = rec.position()
     if pos["ended"]:
+        _between_epochs(loader, rec, pos, state)
         return state
     if "shards" in pos:
         # the lanes' positions (or the elastic sequence's) say it all
         state["epoch"] = {
             "shards": pos["shards"],
-            "generators_at_start": [bytes(s.numpy()) for s in rec.start],
+            "generators_at_start": [_encode(s) for s in rec.start],
         }
+        _persistent_seed(rec, state["epoch"])
         return state
     pending = pos["pending"]
     epoch: dict[str, Any] = {
         "drawn": pos["drawn"],
         "pending": pending,
-        "generators_at_start": [bytes(s.numpy()) for s in rec.start],
+        "generators_at_start": [_encode(s) for s in rec.start],
         "exhausted": pos.get("exhausted", False),
     }
+    _persistent_seed(rec, epoch)
     if "workers" in pos:
         # each worker's replica: batches handed over, and the state that
         # came with its last one (when the dataset has state methods)
@@ -331,23 +363,49 @@ def snapshot(loader: Any) -> dict[str, Any]:
             epoch["sampler_state"] = rec.sampler.state_dict()
         if rec.recorder is not None and pending:
             epoch["pending_batches"] = rec.recorder.batches(pending)
-    dataset = loader.dataset
-    if rec.iterable and rec.multiprocess:
-        pass  # the replicas live in the workers: their states are above
-    elif rec.iterable:
-        if _stateful(dataset):
-            epoch["dataset_state"] = dataset.state_dict()
-        if rec.dataset_iter is not None and _stateful(rec.dataset_iter):
-            epoch["iterator_state"] = rec.dataset_iter.state_dict()
-    elif _stateful(dataset):
-        epoch["dataset_state"] = dataset.state_dict()
+    if rec.iterable and not rec.multiprocess:
+        it = rec.dataset_iter
+        if it is not None and _stateful(it):
+            epoch["iterator_state"] = it.state_dict()
     state["epoch"] = epoch
     return state
+
+
+def _persistent_seed(rec: Epoch, epoch: dict[str, Any]) -> None:
+    """An epoch begun on persistent workers drew no base seed: its resume
+    must not draw one either, and its workers keep the seed they had."""
+    if rec.reset and rec.base_seed is not None:
+        epoch["reset"] = True
+        epoch["base_seed"] = int(rec.base_seed)
+
+
+def _between_epochs(loader: Any, rec: Epoch, pos: dict[str, Any], state: dict[str, Any]) -> None:
+    """An ended epoch whose persistent workers live on: the next epoch
+    begins on them (no base-seed draw), each replica in the state it ended
+    with."""
+    it = rec.iterator() if rec.iterator is not None else None
+    if not loader.persistent_workers or it is None or getattr(it, "_closed", True):
+        return
+    if rec.base_seed is None or rec.shards is not None:
+        return
+    state["base_seed"] = int(rec.base_seed)
+    if "workers" in pos:
+        states = [w["state"] for w in pos["workers"]]
+        if any(s is not None for s in states):
+            state["worker_states"] = states
+
+
+def _copy(state: dict[str, Any]) -> dict[str, Any]:
+    import copy
+
+    return copy.deepcopy(state)
 
 
 def _tensor(raw: Any) -> torch.Tensor:
     if isinstance(raw, torch.Tensor):
         return raw
+    if isinstance(raw, str):
+        raw = base64.b64decode(raw.encode("ascii"), validate=True)
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
@@ -382,29 +440,23 @@ def load(loader: Any, state: dict[str, Any]) -> None:
     """``DataLoader.load_state_dict()``: validate, restore the generators,
     and leave the epoch to resume for the next ``iter()``."""
     validate(loader, state)
+    loaded = state
     epoch = state["epoch"]
-    sharded = epoch is not None and "shards" in epoch
     if epoch is not None and "elastic_sampler" in epoch:
         # the global position decides; any number of ranks continues it
         e = epoch["elastic_sampler"]
         loader._index_sampler.resume_at(e["epoch"], e["consumed"])
         epoch = dict(epoch, drawn=0, pending=[], elastic=True)
         state = dict(state, epoch=epoch)
-    if epoch is not None and not sharded and loader._dataset_kind == _tdl._DatasetKind.Iterable:
-        saved = len(epoch["workers"]) if "workers" in epoch else 0
-        if saved != loader.num_workers:
-            raise ConfigError(
-                f"load_state_dict(): an IterableDataset saved mid-epoch with num_workers={saved} "
-                f"resumes only with num_workers={saved} (each worker iterates its own replica "
-                f"of the dataset); this loader has num_workers={loader.num_workers}. Resume "
-                "with the same num_workers, save at an epoch boundary, or make the dataset a "
-                "ferroloader.ShardedDataset (its position does not depend on num_workers)"
-            )
     groups = _generators(loader)
     _set(groups, [_tensor(g["state"]) for g in state["generators"]])
     loader._epochs_started = int(state["epochs_started"])
     loader._resume = state["epoch"]
     loader._resume_sampler_state = state.get("sampler_state")
+    loader._resume_extra = {
+        k: state[k] for k in ("dataset_state", "base_seed", "worker_states") if k in state
+    }
+    loader._resume_workers = int(state["num_workers"])
     sampler = _stateful_sampler(loader)
     if state["epoch"] is None and sampler is not None and "sampler_state" in state:
         # Between epochs: the sampler's state describes the epoch just
@@ -416,6 +468,29 @@ def load(loader: Any, state: dict[str, Any]) -> None:
     loader._epoch = None
     # persistent workers serve the old position: the next iter() starts anew
     loader._iterator = None
+    loader._pending_state = _copy(loaded)
+
+
+def _check_workers(loader: Any, resume: Optional[dict[str, Any]], extra: dict[str, Any]) -> None:
+    """A state that lives in the workers' replicas (an IterableDataset's
+    position, a dataset's own state) resumes only with as many workers;
+    torchdata refuses the same at ``iter()``."""
+    saved = loader._resume_workers
+    if saved == loader.num_workers:
+        return
+    sharded = resume is not None and "shards" in resume
+    iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
+    mid_epoch = resume is not None and not sharded and not resume.get("elastic")
+    stateful = _stateful(loader.dataset)
+    if (mid_epoch and (iterable or stateful)) or "worker_states" in extra:
+        kind = "an IterableDataset" if iterable else "a dataset with state_dict()"
+        raise StateMismatchError(
+            f"load_state_dict(): {kind} saved with num_workers={saved} resumes only with "
+            f"num_workers={saved} (each worker keeps its own replica of the dataset and its "
+            f"state); this loader has num_workers={loader.num_workers}. Resume with the same "
+            "num_workers, save at an epoch boundary without persistent workers, or make the "
+            "dataset a ferroloader.ShardedDataset (its position does not depend on num_workers)"
+        )
 
 
 def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
@@ -423,8 +498,18 @@ def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
     returns it and the generators' current states, after setting the
     generators to their states at the epoch's start."""
     resume = loader._resume
+    extra = loader._resume_extra
+    if loader._pending_state is not None:
+        _check_workers(loader, resume, extra)
+    loader._pending_state = None
     loader._resume = None
     loader._resume_sampler_state = None
+    loader._resume_extra = {}
+    loader._next_base_seed = extra.get("base_seed")
+    loader._next_worker_states = extra.get("worker_states")
+    if "dataset_state" in extra and resume is None:
+        # between epochs: the dataset continues from its saved state
+        loader.dataset.load_state_dict(extra["dataset_state"])
     if resume is None:
         loader._epochs_started += 1
         if loader._seeded_generator is not None:
@@ -440,10 +525,36 @@ def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
     _set(rec.groups, rec.start)
     if rec.sampler is not None and "sampler_state" in resume:
         rec.sampler.load_state_dict(resume["sampler_state"])
-    if "dataset_state" in resume:
-        loader.dataset.load_state_dict(resume["dataset_state"])
+    if "dataset_state" in extra:
+        # loaded once the generators are back where the snapshot left them
+        # (resume_source / resume_iterable): the dataset's own state, e.g.
+        # of the global RNG, has the last word
+        resume = dict(resume, dataset_state=extra["dataset_state"])
     loader._epoch = rec
     return rec, resume, now
+
+
+def base_seed(loader: Any, rec: Epoch, resume: Optional[dict[str, Any]]) -> int:
+    """The workers' base seed for an epoch on new workers: drawn where torch
+    draws it, unless the epoch (or, between epochs, the next one) began on
+    persistent workers, which draw none; then the seed they had."""
+    if resume is not None and resume.get("reset"):
+        seed = int(resume["base_seed"])
+        rec.reset = True
+    elif resume is None and loader._next_base_seed is not None:
+        seed = int(loader._next_base_seed)
+        rec.reset = True
+    else:
+        seed = _draw_base_seed(loader)
+    loader._next_base_seed = None
+    rec.base_seed = seed
+    return seed
+
+
+def _draw_base_seed(loader: Any) -> int:
+    """The loader's base seed, drawn where torch draws it (the generator
+    advances even when no worker needs it)."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
 
 
 def shard_resume(resume: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
@@ -478,7 +589,10 @@ def resume_source(
     try:
         if rec.iterable:
             # each worker resumes its replica (worker_resume)
-            rec.base = {"drawn": 0, "kept": [], "workers": resume.get("workers")}
+            # its tasks are numbered on from the batches handed over
+            in_flight = list(resume["pending"])
+            handed = min(in_flight) if in_flight else int(resume["drawn"])
+            rec.base = {"drawn": handed, "kept": [], "workers": resume.get("workers")}
             return source
         if resume.get("elastic"):
             # the sampler starts at the saved global position itself
@@ -519,43 +633,69 @@ def resume_source(
         return itertools.chain(kept, source)
     finally:
         _set(rec.groups, now)
+        if "dataset_state" in resume:
+            rec.dataset.load_state_dict(resume["dataset_state"])
 
 
 def resume_iterable(
-    rec: Epoch, dataset_iter: Any, resume: Optional[dict[str, Any]], now: Any, per_batch: int
+    rec: Epoch, dataset: Any, resume: Optional[dict[str, Any]], now: Any, per_batch: int
 ) -> Any:
-    """An ``IterableDataset``'s iterator (``num_workers=0``), resumed: from
-    its own state when it has state methods, else by skipping the samples
-    already used."""
-    rec.dataset_iter = dataset_iter
+    """An ``IterableDataset``'s iterator (``num_workers=0``), resumed in
+    torchdata's order: the dataset's state, then ``iter(dataset)``, then
+    the iterator's state; without either, by skipping the samples already
+    used."""
     if resume is None:
-        return dataset_iter
+        rec.dataset_iter = iter(dataset)
+        return rec.dataset_iter
     rec.base = {"drawn": int(resume["drawn"]), "kept": []}
+    restored = False
     try:
+        if "dataset_state" in resume:
+            _set(rec.groups, now)
+            restored = True
+            dataset.load_state_dict(resume["dataset_state"])
+        it = rec.dataset_iter = iter(dataset)
         if resume.get("exhausted"):
             # the epoch's last batch was handed over: nothing is left of it
             return iter(())
-        if "iterator_state" in resume:
-            dataset_iter.load_state_dict(resume["iterator_state"])
+        if "iterator_state" in resume and _stateful(it):
+            if not restored:
+                _set(rec.groups, now)
+                restored = True
+            it.load_state_dict(resume["iterator_state"])
         elif "dataset_state" not in resume:
-            for _ in itertools.islice(dataset_iter, resume["drawn"] * per_batch):
+            for _ in itertools.islice(it, resume["drawn"] * per_batch):
                 pass
-        return dataset_iter
+        return it
     finally:
-        _set(rec.groups, now)
+        if not restored:
+            _set(rec.groups, now)
 
 
 def worker_resume(
-    resume: Optional[dict[str, Any]], worker_id: int, per_batch: int
+    loader: Any, resume: Optional[dict[str, Any]], worker_id: int, per_batch: int
 ) -> Optional[dict[str, Any]]:
-    """What worker ``worker_id`` of a resumed iterable epoch does before its
-    first batch: load its replica's state, or skip the batches it had
-    handed over. ``None``: start from the beginning. (A replica that had
-    run out says so again at its first task: a worker's exhaustion can be
-    known before its last batches are handed over, so it is not restored.)"""
+    """What worker ``worker_id`` does before its first batch: load its
+    replica's state, or skip the batches it had handed over (an iterable
+    without state methods). ``None``: start from the beginning. Between
+    epochs, persistent workers' replicas continue from their saved states."""
     if resume is None or "workers" not in resume:
+        states = loader._next_worker_states
+        if resume is None and states is not None and worker_id < len(states):
+            s = states[worker_id]
+            return None if s is None else {"state": s, "between": True}
         return None
     w = resume["workers"][worker_id]
     if w["state"] is not None:
         return {"state": w["state"]}
+    if loader._dataset_kind != _tdl._DatasetKind.Iterable:
+        return None
     return {"skip_samples": int(w["delivered"]) * per_batch}
+
+
+def finished_workers(resume: Optional[dict[str, Any]], n: int) -> list[bool]:
+    """Workers of a resumed epoch whose replica had run out with every
+    batch handed over: they get no task."""
+    if resume is None or "workers" not in resume:
+        return [False] * n
+    return [bool(w.get("done", False)) for w in resume["workers"]][:n]

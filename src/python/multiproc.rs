@@ -263,20 +263,26 @@ impl MultiProcessIter {
     }
 
     /// An iterable epoch's position per worker: `(delivered, states,
-    /// exhausted, next_worker)` (see `crate::scheduler::IterablePosition`).
+    /// exhausted, next_worker, done)` (see `crate::scheduler::IterablePosition`).
     #[getter]
     #[allow(clippy::type_complexity)]
     fn _iterable_position<'py>(
         &self,
         py: Python<'py>,
-    ) -> (Vec<u64>, Vec<Option<Bound<'py, PyBytes>>>, Vec<bool>, usize) {
+    ) -> (
+        Vec<u64>,
+        Vec<Option<Bound<'py, PyBytes>>>,
+        Vec<bool>,
+        usize,
+        Vec<bool>,
+    ) {
         let p = self.core.iterable_position();
         let states = p
             .states
             .iter()
             .map(|s| s.as_ref().map(|b| PyBytes::new(py, b)))
             .collect();
-        (p.delivered, states, p.exhausted, p.next_worker)
+        (p.delivered, states, p.exhausted, p.next_worker, p.done)
     }
 
     /// A sharded epoch: tasks go to `plan`'s lanes. Before the first task

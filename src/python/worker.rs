@@ -229,6 +229,10 @@ impl Host for PyHost<'_> {
             return Ok(None);
         };
         let state = f.bind(self.py).call0()?;
+        if state.is_none() {
+            // neither the replica nor its iterator keeps a state
+            return Ok(None);
+        }
         Ok(Some(state.cast_into::<PyBytes>()?.as_bytes().to_vec()))
     }
 

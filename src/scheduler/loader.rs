@@ -55,6 +55,8 @@ pub struct Loader {
     delivered: Vec<u64>,
     states: Vec<VecDeque<Vec<u8>>>,
     last_state: Vec<Option<Vec<u8>>>,
+    /// The state a worker's replica sent when it ran out (its epoch's end).
+    end_state: Vec<Option<Vec<u8>>>,
     prefetch_factor: usize,
     in_order: bool,
     /// A sharded epoch's lanes (`None`: tasks go to workers as in torch).
@@ -82,10 +84,13 @@ struct Lanes {
 pub struct IterablePosition {
     /// Batches each worker has handed over this epoch.
     pub delivered: Vec<u64>,
-    /// The replica state that came with each worker's last handed-over batch.
+    /// The replica state that came with each worker's last handed-over
+    /// batch, or with its end once it is `done`.
     pub states: Vec<Option<Vec<u8>>>,
     /// Workers whose replica ran out (or that are gone).
     pub exhausted: Vec<bool>,
+    /// Workers whose replica ran out and whose every batch was handed over.
+    pub done: Vec<bool>,
     /// The worker whose batch comes next in the round-robin.
     pub next_worker: usize,
 }
@@ -104,6 +109,7 @@ impl Loader {
             delivered: vec![0; n],
             states: vec![VecDeque::new(); n],
             last_state: vec![None; n],
+            end_state: vec![None; n],
             prefetch_factor,
             in_order,
             lanes: None,
@@ -302,12 +308,27 @@ impl Loader {
     /// Where each worker of an iterable epoch stands (see
     /// [`IterablePosition`]); read between batches.
     pub fn iterable_position(&self) -> IterablePosition {
+        let n = self.pool.len();
+        let exhausted: Vec<bool> = (0..n).map(|w| !self.sched.is_active(w)).collect();
+        let done: Vec<bool> = (0..n)
+            .map(|w| {
+                exhausted[w]
+                    && self.states[w].is_empty()
+                    && !self.sched.holds_result_of(w)
+                    && !self.early.iter().any(|(_, e, _)| *e == w)
+            })
+            .collect();
+        let states = (0..n)
+            .map(|w| match (&self.end_state[w], done[w]) {
+                (Some(end), true) => Some(end.clone()),
+                _ => self.last_state[w].clone(),
+            })
+            .collect();
         IterablePosition {
             delivered: self.delivered.clone(),
-            states: self.last_state.clone(),
-            exhausted: (0..self.pool.len())
-                .map(|w| !self.sched.is_active(w))
-                .collect(),
+            states,
+            exhausted,
+            done,
             next_worker: self.sched.next_worker(),
         }
     }
@@ -452,6 +473,8 @@ impl Loader {
                         self.pool.stop(worker)?;
                     }
                 } else {
+                    // the replica's state at its end came just before
+                    self.end_state[worker] = self.states[worker].pop_back();
                     self.sched.on_exhausted(worker);
                     if !self.persistent {
                         // `_mark_worker_as_unavailable`: this replica is done.
@@ -568,6 +591,7 @@ impl Loader {
         self.delivered = vec![0; n];
         self.states = vec![VecDeque::new(); n];
         self.last_state = vec![None; n];
+        self.end_state = vec![None; n];
         for w in 0..self.pool.len() {
             self.pool.send(w, &ToWorker::Resume)?;
         }

@@ -209,6 +209,13 @@ impl<T> Scheduler<T> {
         self.workers_status[worker]
     }
 
+    /// Whether a result of `worker`'s has arrived and waits its turn.
+    pub fn holds_result_of(&self, worker: usize) -> bool {
+        self.task_info
+            .values()
+            .any(|i| i.worker == worker && i.data.is_some())
+    }
+
     /// Workers that still owe a result for a task in flight.
     pub fn workers_with_pending_tasks(&self) -> Vec<usize> {
         let mut v: Vec<usize> = self

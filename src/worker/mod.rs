@@ -304,6 +304,17 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                     Reply::Exhausted if lane_task => FromWorker::Exhausted { seq },
                     Reply::Exhausted => {
                         drained = true;
+                        // the replica's state at its end (a snapshot taken
+                        // between epochs carries it)
+                        if let Some(payload) = host.state_after_batch()? {
+                            let m = FromWorker::State { seq, payload };
+                            if let Err(e) = chan.send(&mut records.arena, &m) {
+                                if e.is_peer_gone() {
+                                    return Ok(());
+                                }
+                                return Err(e.into());
+                            }
+                        }
                         FromWorker::Exhausted { seq }
                     }
                 };
