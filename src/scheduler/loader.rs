@@ -590,7 +590,11 @@ impl Loader {
         let n = self.pool.len();
         self.delivered = vec![0; n];
         self.states = vec![VecDeque::new(); n];
-        self.last_state = vec![None; n];
+        // a persistent replica begins the epoch in the state it ended the
+        // last one in: a snapshot before its first batch carries that
+        self.last_state = (0..n)
+            .map(|w| self.end_state[w].take().or(self.last_state[w].take()))
+            .collect();
         self.end_state = vec![None; n];
         for w in 0..self.pool.len() {
             self.pool.send(w, &ToWorker::Resume)?;
