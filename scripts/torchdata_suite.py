@@ -1,0 +1,120 @@
+"""Runs torchdata's own StatefulDataLoader resume suite twice: as written
+(with torchdata's class), and with ``ferroloader.DataLoader`` in its place
+(its one import line swapped), and compares the outcomes test by test.
+
+Usage: scripts/torchdata-suite PATH [pytest args...]
+
+PATH is a checkout of the pytorch/data repository, or its
+``test/stateful_dataloader/test_state_dict.py``. The file is not in
+torchdata's wheel (and torchdata publishes no source distribution), so it is
+not part of the test command; see the README. Exits 1 when a test that
+passes with torchdata fails with ferroloader, other than those listed in
+EXCEPTIONS (each with its reason, also in the README).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+IMPORT = "from torchdata.stateful_dataloader import Stateful, StatefulDataLoader\n"
+SWAPPED = (
+    "from torchdata.stateful_dataloader import Stateful\n"
+    "from ferroloader import DataLoader as StatefulDataLoader\n"
+)
+
+# Tests that read torchdata's private state layout, or pin a behaviour in
+# which torchdata differs from torch (ferroloader follows torch there).
+EXCEPTIONS = {
+    "TestInitialState_shard0::test_initial_state": "reads state['_snapshot']['_worker_snapshots']",
+    "TestInitialState_shard0::test_load_state_after_initial_state_dict": "reads state['_snapshot']",
+    "TestDynamicStateIterableDataset_shard0::test": "reads state['_snapshot'] worker states",
+    "TestDatasetIteratorStateDuplication_shard0::test": "reads state['_snapshot'] and "
+    "state['fetcher_state']",
+    "TestSingleIterCalled_shard0::test_inline": "reads state['dataset_state'] layout",
+    "TestSingleIterCalled_shard0::test_inline_iter": "reads state['fetcher_state']",
+    "TestSingleIterCalled_shard0::test_mp": "reads state['_snapshot']",
+    "TestSingleIterCalled_shard0::test_mp_iter": "reads state['_snapshot']",
+    "TestOutOfOrderWithCheckpointing::test_out_of_order_iterable_ds_one_completed_worker": (
+        "reads state['_snapshot'] fetcher_ended"
+    ),
+    "TestOutOfOrderWithCheckpointing::test_out_of_order_iterable_ds_no_completed_workers": (
+        "reads state['_snapshot'] fetcher_ended"
+    ),
+    "TestInitialState_shard0::test_init_error": "expects worker_init_fn's error at iter(); "
+    "torch (and so ferroloader) raises it at the first next()",
+}
+
+
+def _outcomes(test_file: Path, extra: list[str]) -> dict[str, str]:
+    with tempfile.TemporaryDirectory() as d:
+        report = Path(d) / "report.xml"
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--timeout",
+                "300",
+                f"--junitxml={report}",
+                str(test_file),
+                *extra,
+            ],
+            cwd=test_file.parent,
+            check=False,
+        )
+        out: dict[str, str] = {}
+        for case in ET.parse(report).getroot().iter("testcase"):
+            name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+            kinds = {child.tag for child in case}
+            if kinds & {"failure", "error"}:
+                out[name] = "failed"
+            elif "skipped" in kinds:
+                out[name] = "skipped"
+            else:
+                out[name] = "passed"
+        return out
+
+
+def main() -> int:
+    if len(sys.argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    src = Path(sys.argv[1])
+    if src.is_dir():
+        src = src / "test" / "stateful_dataloader" / "test_state_dict.py"
+    text = src.read_text()
+    if text.count(IMPORT) != 1:
+        print(f"{src}: the StatefulDataLoader import line was not found once", file=sys.stderr)
+        return 2
+    extra = sys.argv[2:]
+    with tempfile.TemporaryDirectory() as d:
+        theirs = Path(d) / "theirs" / "test_state_dict.py"
+        ours = Path(d) / "ours" / "test_state_dict.py"
+        for path, body in ((theirs, text), (ours, text.replace(IMPORT, SWAPPED))):
+            path.parent.mkdir()
+            path.write_text(body)
+        ref = _outcomes(theirs, extra)
+        got = _outcomes(ours, extra)
+    passing = sorted(t for t, o in ref.items() if o == "passed")
+    regressions = [t for t in passing if got.get(t) != "passed" and t not in EXCEPTIONS]
+    excepted = [t for t in passing if got.get(t) != "passed" and t in EXCEPTIONS]
+    both = [t for t in passing if got.get(t) == "passed"]
+    print(f"\ntorchdata passes {len(passing)} of {len(ref)} tests")
+    print(f"ferroloader.DataLoader in its place passes {len(both)} of those")
+    for t in excepted:
+        print(f"  excepted: {t}: {EXCEPTIONS[t]}")
+    for t in regressions:
+        print(f"  FAILS: {t}")
+    print(f"{len(both)} passed, {len(regressions)} failed, {len(excepted)} skipped")
+    return 1 if regressions else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
