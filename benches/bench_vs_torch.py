@@ -28,7 +28,7 @@ ttfb_w2        time to first batch, nw=2, with fork and with spawn;        <= 1x
                and the later ones (a new loader per epoch)               <= 0.5x
 state_w2       state_dict() mid-epoch, nw=2 and nw=8, against a 1 ms       <= 1x
                budget;
-               load_state_dict() + first batch against a fresh epoch's     <= 1x
+               load_state_dict() + first batch against a fresh epoch's     <= 1.1x
 seeds_w2       per_sample_seed=True against unseeded, ~0.5 ms samples,    >= 0.9x
                nw=2 (the note gives the microseconds added per sample)
 shards_w2      a ShardedDataset with one shard as large as its 16 small    >= 1.3x
@@ -699,7 +699,8 @@ def sc_state_w2(st: Settings, fl: Any) -> List[Check]:
     snap.higher_is_better = False
     snap8 = Check("state_dict() mid-epoch, 8 workers", "us", "1 ms budget", target=1.0)
     snap8.higher_is_better = False
-    resume = Check("ms to first batch after load_state_dict", "ms", "fresh epoch", target=1.0)
+    # the resume contract (issue 19): within 1.1x of a fresh epoch's first batch
+    resume = Check("ms to first batch after load_state_dict", "ms", "fresh epoch", target=1.1)
     resume.higher_is_better = False
 
     def make() -> Any:

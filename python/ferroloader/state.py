@@ -116,7 +116,11 @@ def _fingerprint(loader: Any) -> dict[str, Any]:
     if sharding is not None:
         shards, lens = loader._shard_info()
         shard_count = len(shards)
-        shard_digest = _shard_digest(shards, lens)
+        cached = getattr(loader, "_shard_digest_cache", None)
+        if cached is None or cached[0] is not shards:
+            # read once per shard list: state_dict() stays cheap
+            cached = loader._shard_digest_cache = (shards, _shard_digest(shards, lens))
+        shard_digest = cached[1]
     return {
         "dataset kind": "iterable" if iterable else "map",
         "sharding": sharded,
