@@ -23,6 +23,8 @@ TORCH_BASE: dict[type[BaseException], type[BaseException]] = {
     errors.ProtocolError: RuntimeError,
     errors.InternalError: RuntimeError,
     errors.ConfigError: ValueError,
+    # raised where torchdata's StatefulDataLoader raises AssertionError
+    errors.StateMismatchError: AssertionError,
 }
 
 

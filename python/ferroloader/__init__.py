@@ -43,6 +43,7 @@ from ferroloader.errors import (
     ProtocolError,
     SharedMemoryError,
     SharedMemoryLimitError,
+    StateMismatchError,
     WorkerDiedError,
     WorkerTimeoutError,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "SharedMemoryError",
     "SharedMemoryLimitError",
     "StackDataset",
+    "StateMismatchError",
     "Subset",
     "SubsetRandomSampler",
     "TableDataset",
