@@ -56,6 +56,26 @@ class Squares(tud.Dataset):
         return {"i": i, "x": torch.tensor([i, i * i], dtype=torch.float32)}
 
 
+class RngStateMap(tud.Dataset):
+    """A map-style dataset whose items draw from torch's global RNG and
+    whose state is that RNG (torchdata's test dataset does this)."""
+
+    def __init__(self, n: int = 24) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return int(torch.randint(1000, ())) * 100 + i
+
+    def state_dict(self) -> dict:
+        return {"g": torch.get_rng_state().tolist()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        torch.set_rng_state(torch.tensor(sd["g"], dtype=torch.uint8))
+
+
 class GlobalRngSampler(tud.Sampler):
     """A user sampler without state methods that draws from the global RNG
     while it iterates: resume must fast-forward it on the same draws."""
@@ -501,22 +521,25 @@ def test_resume_iterable_with_workers_out_of_order_and_persistent():
             assert got == expected
 
 
-def test_iterable_resume_with_other_workers_is_refused_with_a_reason():
-    """An IterableDataset saved mid-epoch with 2 workers refuses to resume
-    with 3 (or 0): the iter() after load_state_dict() raises an error that
-    says why and what to do, a ValueError and (torchdata's type there) an
-    AssertionError."""
-    loader = fl.DataLoader(ShardedCounter(), batch_size=2, num_workers=2)
+@pytest.mark.parametrize("make", [ShardedCounter, RngStateMap], ids=["iterable", "map_stateful"])
+def test_resume_with_other_workers_is_refused_with_a_reason(make):
+    """A state that lives in the workers' replicas (an IterableDataset's
+    position, a map-style dataset's own state) saved with 2 workers refuses
+    to resume with 3 (or 0): the iter() after load_state_dict() raises an
+    error that says why and what to do, a ValueError and (torchdata's type
+    there) an AssertionError."""
+    loader = fl.DataLoader(make(), batch_size=2, num_workers=2)
     it = iter(loader)
     next(it)
     sd = loader.state_dict()
     del it
     for nw in (3, 0):
-        other = fl.DataLoader(ShardedCounter(), batch_size=2, num_workers=nw)
+        other = fl.DataLoader(make(), batch_size=2, num_workers=nw)
         other.load_state_dict(sd)
         with pytest.raises(ValueError, match="same num_workers") as err:
             iter(other)
         assert isinstance(err.value, AssertionError)
+        assert "num_workers=2" in str(err.value)
 
 
 @pytest.mark.parametrize(

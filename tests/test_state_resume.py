@@ -18,33 +18,13 @@ from helpers import ferro_only, time_limit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shard_cases import Counted
-from test_state import KINDS, _expected, _loader, plain
+from test_state import KINDS, RngStateMap, _expected, _loader, plain
 
 pytestmark = [ferro_only, time_limit(120)]
 
 
 def identity(x: Any) -> Any:
     return x
-
-
-class RngStateMap(tud.Dataset):
-    """A map-style dataset whose items draw from torch's global RNG and
-    whose state is that RNG (torchdata's test dataset does this)."""
-
-    def __init__(self, n: int = 24) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return int(torch.randint(1000, ())) * 100 + i
-
-    def state_dict(self) -> dict:
-        return {"g": torch.get_rng_state().tolist()}
-
-    def load_state_dict(self, sd: dict) -> None:
-        torch.set_rng_state(torch.tensor(sd["g"], dtype=torch.uint8))
 
 
 class EpochCounting(tud.IterableDataset):
@@ -257,23 +237,6 @@ def test_loaded_state_is_what_state_dict_returns_until_iter():
     other.load_state_dict(sd)
     assert other.state_dict() == sd
     assert [plain(b) for b in other] == expected
-
-
-def test_num_workers_mismatch_of_worker_states_is_refused_at_iter():
-    """A dataset whose state lives in its workers resumes only with as many
-    workers: the iter() after loading raises a ValueError that is also the
-    AssertionError torchdata raises there."""
-    loader = fl.DataLoader(RngStateMap(), batch_size=2, num_workers=2)
-    it = iter(loader)
-    next(it)
-    sd = loader.state_dict()
-    del it
-    for nw in (0, 3):
-        other = fl.DataLoader(RngStateMap(), batch_size=2, num_workers=nw)
-        other.load_state_dict(sd)
-        with pytest.raises(AssertionError, match="num_workers=2") as err:
-            iter(other)
-        assert isinstance(err.value, ValueError)
 
 
 def test_truthy_arguments_are_taken_as_torch_takes_them():

@@ -24,6 +24,7 @@ from torch.utils.data._utils import worker as _torch_worker
 from ferroloader import _core
 from ferroloader._fetch import fetch_plan
 from ferroloader.seeds import SeededDataset
+from ferroloader.state import stateful
 
 
 def _wrapper(worker_id: int) -> Callable[[BaseException], bytes]:
@@ -34,12 +35,6 @@ def _wrapper(worker_id: int) -> Callable[[BaseException], bytes]:
         return pickle.dumps(wrapped)
 
     return wrap
-
-
-def _stateful(obj: Any) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(
-        getattr(obj, "load_state_dict", None)
-    )
 
 
 def _state_hooks(
@@ -56,7 +51,7 @@ def _state_hooks(
     the iterator's after it (an iterator that is the dataset itself is
     saved once, as the iterator). Without either, a resumed iterable skips
     the samples it had handed over."""
-    ds_stateful = _stateful(dataset)
+    ds_stateful = stateful(dataset)
     current: list[Any] = [None, False]  # this epoch's iterator, and whether it keeps state
     iter_state: list[Any] = [None]
     skip = [0]
@@ -71,14 +66,14 @@ def _state_hooks(
                 # ended iterator is restored (as torchdata does; its state
                 # may hold e.g. the worker's RNG), the next epoch makes its own
                 it, iter_state[0] = iter(dataset), None
-                if st.get("iterator") is not None and _stateful(it):
+                if st.get("iterator") is not None and stateful(it):
                     it.load_state_dict(st["iterator"])
         else:
             skip[0] = int(resume.get("skip_samples", 0))
 
     def make_iter() -> Any:
         it = iter(dataset)
-        current[0], current[1] = it, _stateful(it)
+        current[0], current[1] = it, stateful(it)
         st, iter_state[0] = iter_state[0], None
         if st is not None and current[1]:
             it.load_state_dict(st)

@@ -309,9 +309,6 @@ def _index_source(loader: DataLoader[Any]) -> Any:
     return native if native is not None else iter(index_sampler)
 
 
-_draw_base_seed = state._draw_base_seed
-
-
 def _single_process_iter(loader: DataLoader[Any]) -> Any:
     """Builds the iterator in the order ``_SingleProcessDataLoaderIter``
     does its work: index sampler iterator, base-seed draw, fetcher."""
@@ -324,7 +321,7 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
     if loader._sharded():
         return _single_process_sharded(loader, rec, resume, now, pin)
     source = _index_source(loader)
-    _draw_base_seed(loader)
+    state.draw_base_seed(loader)
     if loader.timeout != 0:
         raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
     if iterable:
@@ -363,7 +360,7 @@ def _single_process_sharded(
 ) -> Any:
     """A sharded epoch in this process: the engine's lanes (or address
     batches) over ``iter_shard``."""
-    _draw_base_seed(loader)
+    state.draw_base_seed(loader)
     if loader.timeout != 0:
         raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
     try:

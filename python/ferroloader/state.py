@@ -27,6 +27,7 @@ fast-forwarded by drawing and dropping the indices already used.
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import itertools
 import json
@@ -53,7 +54,8 @@ replica states for map-style datasets, states at an epoch's end."""
 _KEY = "ferroloader_state"
 
 
-def _stateful(obj: Any) -> bool:
+def stateful(obj: Any) -> bool:
+    """Whether `obj` has torchdata's ``Stateful`` methods."""
     return callable(getattr(obj, "state_dict", None)) and callable(
         getattr(obj, "load_state_dict", None)
     )
@@ -85,9 +87,9 @@ def _stateful_sampler(loader: Any) -> Optional[Any]:
     """The sampler whose own state methods save the epoch's position: the
     index sampler, or the sampler inside a ``BatchSampler``."""
     index_sampler = loader._index_sampler
-    if _stateful(index_sampler):
+    if stateful(index_sampler):
         return index_sampler
-    if isinstance(index_sampler, _ts.BatchSampler) and _stateful(index_sampler.sampler):
+    if isinstance(index_sampler, _ts.BatchSampler) and stateful(index_sampler.sampler):
         return index_sampler.sampler
     return None
 
@@ -116,11 +118,10 @@ def _fingerprint(loader: Any) -> dict[str, Any]:
     if sharding is not None:
         shards, lens = loader._shard_info()
         shard_count = len(shards)
-        cached = getattr(loader, "_shard_digest_cache", None)
-        if cached is None or cached[0] is not shards:
-            # read once per shard list: state_dict() stays cheap
-            cached = loader._shard_digest_cache = (shards, _shard_digest(shards, lens))
-        shard_digest = cached[1]
+        # the shard list is read once per loader, and so is its digest
+        shard_digest = getattr(loader, "_shard_digest_cache", None)
+        if shard_digest is None:
+            shard_digest = loader._shard_digest_cache = _shard_digest(shards, lens)
     return {
         "dataset kind": "iterable" if iterable else "map",
         "sharding": sharded,
@@ -219,7 +220,7 @@ class Epoch:
         # a map-style dataset with state methods, in workers: each worker's
         # replica state travels with its batches
         self.worker_states = (
-            not self.iterable and loader.num_workers > 0 and _stateful(loader.dataset)
+            not self.iterable and loader.num_workers > 0 and stateful(loader.dataset)
         )
 
     def attach(self, iterator: Any, multiprocess: bool) -> None:
@@ -350,7 +351,7 @@ def snapshot(loader: Any) -> dict[str, Any]:
         # between epochs too: a stateful sampler may count epochs itself
         state["sampler_state"] = sampler.state_dict()
     dataset = loader.dataset
-    if loader.num_workers == 0 and not loader._sharded() and _stateful(dataset):
+    if loader.num_workers == 0 and not loader._sharded() and stateful(dataset):
         # the dataset is iterated here: its state is the main process's
         it = rec.dataset_iter if rec is not None and rec.iterable else None
         if it is not dataset:
@@ -400,7 +401,7 @@ def snapshot(loader: Any) -> dict[str, Any]:
             epoch["pending_batches"] = rec.recorder.batches(pending)
     if rec.iterable and not rec.multiprocess:
         it = rec.dataset_iter
-        if it is not None and _stateful(it):
+        if it is not None and stateful(it):
             epoch["iterator_state"] = it.state_dict()
     state["epoch"] = epoch
     return state
@@ -431,8 +432,6 @@ def _between_epochs(loader: Any, rec: Epoch, pos: dict[str, Any], state: dict[st
 
 
 def _copy(state: dict[str, Any]) -> dict[str, Any]:
-    import copy
-
     return copy.deepcopy(state)
 
 
@@ -663,8 +662,7 @@ def _check_workers(loader: Any, resume: Optional[dict[str, Any]], extra: dict[st
     sharded = resume is not None and "shards" in resume
     iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
     mid_epoch = resume is not None and not sharded and not resume.get("elastic")
-    stateful = _stateful(loader.dataset)
-    if (mid_epoch and (iterable or stateful)) or "worker_states" in extra:
+    if (mid_epoch and (iterable or stateful(loader.dataset))) or "worker_states" in extra:
         kind = "an IterableDataset" if iterable else "a dataset with state_dict()"
         raise StateMismatchError(
             f"load_state_dict(): {kind} saved with num_workers={saved} resumes only with "
@@ -727,13 +725,13 @@ def base_seed(loader: Any, rec: Epoch, resume: Optional[dict[str, Any]]) -> int:
         seed = int(loader._next_base_seed)
         rec.reset = True
     else:
-        seed = _draw_base_seed(loader)
+        seed = draw_base_seed(loader)
     loader._next_base_seed = None
     rec.base_seed = seed
     return seed
 
 
-def _draw_base_seed(loader: Any) -> int:
+def draw_base_seed(loader: Any) -> int:
     """The loader's base seed, drawn where torch draws it (the generator
     advances even when no worker needs it)."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
@@ -840,7 +838,7 @@ def resume_iterable(
         if resume.get("exhausted"):
             # the epoch's last batch was handed over: nothing is left of it
             return iter(())
-        if "iterator_state" in resume and _stateful(it):
+        if "iterator_state" in resume and stateful(it):
             if not restored:
                 _set(rec.groups, now)
                 restored = True

@@ -55,9 +55,12 @@ struct PyHost<'py> {
     epochs: usize,
     /// Called at the start of every epoch (per-sample seeding's epoch count).
     on_epoch: Option<Py<PyAny>>,
-    /// An iterable replica with state methods: returns its pickled state
-    /// (sent with each batch, for snapshots).
+    /// A replica with state methods: returns its pickled state (sent with
+    /// each batch, for snapshots), or `None` when nothing in it keeps one.
     state_fn: Option<Py<PyAny>>,
+    /// `state_fn` answered `None` this epoch: what keeps state is fixed
+    /// for an epoch, so it is not called again until the next.
+    stateless_epoch: bool,
     sharded: Option<Sharded>,
     /// Stage timings since the last report.
     times: crate::stats::StageTimes,
@@ -200,6 +203,7 @@ impl Host for PyHost<'_> {
 
     fn start_epoch(&mut self) {
         let first = self.epochs == 0;
+        self.stateless_epoch = false;
         self.epochs += 1;
         if let Some(sh) = &mut self.sharded {
             // the epoch's lanes arrive in a `Lanes` message
@@ -225,12 +229,13 @@ impl Host for PyHost<'_> {
     }
 
     fn state_after_batch(&mut self) -> PyResult<Option<Vec<u8>>> {
-        let Some(f) = &self.state_fn else {
+        let Some(f) = self.state_fn.as_ref().filter(|_| !self.stateless_epoch) else {
             return Ok(None);
         };
         let state = f.bind(self.py).call0()?;
         if state.is_none() {
             // neither the replica nor its iterator keeps a state
+            self.stateless_epoch = true;
             return Ok(None);
         }
         Ok(Some(state.cast_into::<PyBytes>()?.as_bytes().to_vec()))
@@ -330,6 +335,7 @@ pub fn worker_loop(
         epochs: 0,
         on_epoch,
         state_fn,
+        stateless_epoch: false,
         sharded: sharded.map(|(iter_shard, shards, seed)| Sharded {
             src: PyShards::new(iter_shard, shards, seed),
             batch: batch_size.filter(|_| auto_collation),

@@ -265,33 +265,21 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                         None => {}
                     }
                 }
+                // what goes ahead of the answer: the replica's state, the
+                // lane's position, the stage timings when due
+                let mut before = Vec::new();
                 let msg = match host.run(indices, &mut records)? {
                     Reply::Batch(record) => {
-                        let mut before = Vec::new();
                         if let Some(payload) = host.state_after_batch()? {
                             before.push(FromWorker::State { seq, payload });
                         }
                         if let Some((lane, pos)) = host.lane_after_batch() {
                             before.push(FromWorker::LanePos { seq, lane, pos });
                         }
-                        for m in &before {
-                            if let Err(e) = chan.send(&mut records.arena, m) {
-                                if e.is_peer_gone() {
-                                    return Ok(());
-                                }
-                                return Err(e.into());
-                            }
-                        }
                         times.add(&host.take_times());
                         if times.due(reported) {
                             reported = Instant::now();
-                            let report = FromWorker::Stats(std::mem::take(&mut times));
-                            if let Err(e) = chan.send(&mut records.arena, &report) {
-                                if e.is_peer_gone() {
-                                    return Ok(());
-                                }
-                                return Err(e.into());
-                            }
+                            before.push(FromWorker::Stats(std::mem::take(&mut times)));
                         }
                         FromWorker::Batch { seq, record }
                     }
@@ -307,17 +295,19 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                         // the replica's state at its end (a snapshot taken
                         // between epochs carries it)
                         if let Some(payload) = host.state_after_batch()? {
-                            let m = FromWorker::State { seq, payload };
-                            if let Err(e) = chan.send(&mut records.arena, &m) {
-                                if e.is_peer_gone() {
-                                    return Ok(());
-                                }
-                                return Err(e.into());
-                            }
+                            before.push(FromWorker::State { seq, payload });
                         }
                         FromWorker::Exhausted { seq }
                     }
                 };
+                for m in &before {
+                    if let Err(e) = chan.send(&mut records.arena, m) {
+                        if e.is_peer_gone() {
+                            return Ok(());
+                        }
+                        return Err(e.into());
+                    }
+                }
                 chan.send(&mut records.arena, &msg)
             }
             ToWorker::Resume => chan
