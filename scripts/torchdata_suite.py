@@ -1,8 +1,12 @@
 """Runs torchdata's own StatefulDataLoader resume suite twice: as written
-(with torchdata's class), and with ``ferroloader.DataLoader`` in its place
-(its one import line swapped), and compares the outcomes test by test.
+(with torchdata's class), and with ferroloader's in its place (its one import
+line swapped: ``ferroloader.stateful_dataloader``), and compares the
+outcomes test by test.
 
-Usage: scripts/torchdata-suite PATH [pytest args...]
+Usage: scripts/torchdata-suite [--dataloader] PATH [pytest args...]
+
+``--dataloader`` swaps in ``ferroloader.DataLoader`` itself, which follows
+torch where torchdata's class differs from it (one test, listed).
 
 PATH is a checkout of the pytorch/data repository, or its
 ``test/stateful_dataloader/test_state_dict.py``. The file is not in
@@ -21,13 +25,13 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 IMPORT = "from torchdata.stateful_dataloader import Stateful, StatefulDataLoader\n"
-SWAPPED = (
-    "from torchdata.stateful_dataloader import Stateful\n"
+SWAPPED = "from ferroloader.stateful_dataloader import Stateful, StatefulDataLoader\n"
+SWAPPED_DATALOADER = (
+    "from ferroloader.stateful_dataloader import Stateful\n"
     "from ferroloader import DataLoader as StatefulDataLoader\n"
 )
 
-# Tests that read torchdata's private state layout, or pin a behaviour in
-# which torchdata differs from torch (ferroloader follows torch there).
+# Tests that read torchdata's private state layout.
 EXCEPTIONS = {
     "TestInitialState_shard0::test_initial_state": "reads state['_snapshot']['_worker_snapshots']",
     "TestInitialState_shard0::test_load_state_after_initial_state_dict": "reads state['_snapshot']",
@@ -44,8 +48,11 @@ EXCEPTIONS = {
     "TestOutOfOrderWithCheckpointing::test_out_of_order_iterable_ds_no_completed_workers": (
         "reads state['_snapshot'] fetcher_ended"
     ),
+}
+# With ferroloader.DataLoader: where torchdata's class differs from torch's.
+EXCEPTIONS_DATALOADER = {
     "TestInitialState_shard0::test_init_error": "expects worker_init_fn's error at iter(); "
-    "torch (and so ferroloader) raises it at the first next()",
+    "torch (and so ferroloader.DataLoader) raises it at the first next()",
 }
 
 
@@ -83,33 +90,40 @@ def _outcomes(test_file: Path, extra: list[str]) -> dict[str, str]:
 
 
 def main() -> int:
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    plain = bool(args) and args[0] == "--dataloader"
+    if plain:
+        args = args[1:]
+    if not args:
         print(__doc__, file=sys.stderr)
         return 2
-    src = Path(sys.argv[1])
+    swapped = SWAPPED_DATALOADER if plain else SWAPPED
+    exceptions = {**EXCEPTIONS, **EXCEPTIONS_DATALOADER} if plain else EXCEPTIONS
+    src = Path(args[0])
     if src.is_dir():
         src = src / "test" / "stateful_dataloader" / "test_state_dict.py"
     text = src.read_text()
     if text.count(IMPORT) != 1:
         print(f"{src}: the StatefulDataLoader import line was not found once", file=sys.stderr)
         return 2
-    extra = sys.argv[2:]
+    extra = args[1:]
     with tempfile.TemporaryDirectory() as d:
         theirs = Path(d) / "theirs" / "test_state_dict.py"
         ours = Path(d) / "ours" / "test_state_dict.py"
-        for path, body in ((theirs, text), (ours, text.replace(IMPORT, SWAPPED))):
+        for path, body in ((theirs, text), (ours, text.replace(IMPORT, swapped))):
             path.parent.mkdir()
             path.write_text(body)
         ref = _outcomes(theirs, extra)
         got = _outcomes(ours, extra)
     passing = sorted(t for t, o in ref.items() if o == "passed")
-    regressions = [t for t in passing if got.get(t) != "passed" and t not in EXCEPTIONS]
-    excepted = [t for t in passing if got.get(t) != "passed" and t in EXCEPTIONS]
+    regressions = [t for t in passing if got.get(t) != "passed" and t not in exceptions]
+    excepted = [t for t in passing if got.get(t) != "passed" and t in exceptions]
     both = [t for t in passing if got.get(t) == "passed"]
     print(f"\ntorchdata passes {len(passing)} of {len(ref)} tests")
-    print(f"ferroloader.DataLoader in its place passes {len(both)} of those")
+    name = "ferroloader.DataLoader" if plain else "ferroloader's StatefulDataLoader"
+    print(f"{name} in its place passes {len(both)} of those")
     for t in excepted:
-        print(f"  excepted: {t}: {EXCEPTIONS[t]}")
+        print(f"  excepted: {t}: {exceptions[t]}")
     for t in regressions:
         print(f"  FAILS: {t}")
     print(f"{len(both)} passed, {len(regressions)} failed, {len(excepted)} skipped")

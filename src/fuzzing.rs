@@ -210,6 +210,9 @@ mod tests {
                 payload: b"wrapped".to_vec(),
             },
             FromWorker::Exhausted { seq: 5 },
+            FromWorker::Started {
+                error: Some(b"init".to_vec()),
+            },
             FromWorker::State {
                 seq: 6,
                 payload: b"state".to_vec(),

@@ -57,6 +57,7 @@ from ferroloader.sampler import (
     WeightedRandomSampler,
 )
 from ferroloader.shards import ElasticBatchSampler, FileShards, ShardedDataset, Sharding
+from ferroloader.stateful_dataloader import Stateful, StatefulDataLoader
 from ferroloader.stats import LoaderStats, WorkerStats
 from ferroloader.table import TableDataset, TableShards
 from ferroloader.worker import get_worker_info
@@ -90,6 +91,8 @@ __all__ = [
     "SharedMemoryLimitError",
     "StackDataset",
     "StateMismatchError",
+    "Stateful",
+    "StatefulDataLoader",
     "Subset",
     "SubsetRandomSampler",
     "TableDataset",

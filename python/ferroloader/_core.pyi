@@ -61,6 +61,8 @@ class SamplerIter(Iterator[int]):
         n: int, num_samples: int, replacement: bool, generator: Optional[torch.Generator] = None
     ) -> SamplerIter: ...
     @staticmethod
+    def permutation(n: int, generator: torch.Generator) -> SamplerIter: ...
+    @staticmethod
     def subset_random(
         indices: list[int], generator: Optional[torch.Generator] = None
     ) -> SamplerIter: ...
@@ -198,6 +200,7 @@ class MultiProcessIter(Iterator[Any]):
     ) -> tuple[list[int], list[Optional[bytes]], list[bool], int, list[bool]]:
         """``(delivered, states, exhausted, next_worker, done)`` per worker."""
     def _restore_round_robin(self, next_worker: int, exhausted: list[bool]) -> None: ...
+    def _await_setup(self) -> None: ...
     @property
     def _closed(self) -> bool:
         """The workers were stopped (a failure, or a non-persistent epoch's end)."""

@@ -14,7 +14,7 @@ import os
 import socket
 import time
 import warnings
-from typing import Any, Callable, Iterable, Optional, TypeVar, Union
+from typing import Any, Callable, ClassVar, Iterable, Optional, TypeVar, Union
 
 import torch
 import torch.utils.data.dataloader as _tdl
@@ -33,6 +33,13 @@ _T_co = TypeVar("_T_co", covariant=True)
 
 class DataLoader(_tdl.DataLoader[_T_co]):
     __doc__ = _tdl.DataLoader.__doc__
+
+    # torch reports a worker's failed setup (``worker_init_fn``) at the first
+    # ``next()``; torchdata's ``StatefulDataLoader`` at ``iter()``.
+    _setup_at_iter: ClassVar[bool] = False
+    # torchdata's multi-process iterator iterates the sampler once before
+    # and once after drawing the base seed; torch's draws from it once.
+    _index_stream_twice: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -82,6 +89,18 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         # seed=: a private generator, reseeded per epoch, decides the order
         # and the workers' base seed; generator= keeps priority
         own = torch.Generator() if seed is not None and generator is None else None
+        if (
+            shuffle not in (None, False)
+            and sampler is None
+            and batch_sampler is None
+            and own is None
+            and not sharded
+            and not isinstance(dataset, _tdl.IterableDataset)
+        ):
+            chosen = self._shuffle_sampler(dataset, generator)
+            if chosen is not None:
+                # passed as torch's sampler=, torch's checks unchanged
+                sampler, shuffle = chosen, None
         super().__init__(
             dataset,
             batch_size,
@@ -132,6 +151,11 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         # forkserver: workers fork from a server that has imported torch
         # (started now, so that its imports overlap the user's set-up)
         forkserver.warm(self)
+
+    @classmethod
+    def _shuffle_sampler(cls, dataset: Any, generator: Optional[torch.Generator]) -> Any:
+        """The sampler of ``shuffle=True``: ``None`` for torch's choice."""
+        return None
 
     def stats(self) -> LoaderStats:
         """Where this loader's batches spent their time, over every epoch so
@@ -466,6 +490,10 @@ class _MultiProcessIter(_core.MultiProcessIter):
         else:
             source = _index_source(loader)
             base_seed = state.base_seed(loader, rec, resume)
+            if loader._index_stream_twice and not rec.reset:
+                # torchdata's iterator: iter(sampler) again in _reset, after
+                # the base seed (its sampler draws when iterated)
+                source = _index_source(loader)
             window = (loader.prefetch_factor or 2) * loader.num_workers
             source = state.resume_source(rec, source, resume, now, window)
         ctx = loader.multiprocessing_context or torch.multiprocessing
@@ -560,6 +588,12 @@ class _MultiProcessIter(_core.MultiProcessIter):
         if resume is not None and "workers" in resume:
             it._restore_round_robin(int(resume["next_worker"]), state.finished_workers(resume, n))
         it._prime()
+        if loader._setup_at_iter:
+            try:
+                it._await_setup()
+            except BaseException:
+                it._shutdown_workers()
+                raise
         return it
 
     def __iter__(self) -> _MultiProcessIter:
@@ -579,11 +613,15 @@ class _MultiProcessIter(_core.MultiProcessIter):
             rec.shards = ep
             rec.attach(self, multiprocess=True)
             self._reset_epoch(ep.addresses, None, ep.plan)
+            if loader._setup_at_iter:
+                self._await_setup()
             return
         window = (loader.prefetch_factor or 2) * loader.num_workers
         source = state.resume_source(rec, _index_source(loader), resume, now, window)
         rec.attach(self, multiprocess=True)
         self._reset_epoch(source, loader._IterableDataset_len_called)
+        if loader._setup_at_iter:
+            self._await_setup()
 
     def _shutdown_workers(self) -> None:
         rec = getattr(self, "_epoch_record", None)

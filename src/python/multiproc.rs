@@ -315,6 +315,21 @@ impl MultiProcessIter {
     /// Stage timings (ns) since this iterator began: the main process's
     /// `(wait, decode, pin, loop, batches)` and each worker's `(fetch,
     /// collate, transfer, batches)`.
+    /// Waits until every worker that was given a task has set up, and
+    /// raises the first error one raised while it did (torchdata's
+    /// `iter()`); the batches stay queued.
+    fn _await_setup(&mut self, py: Python<'_>) -> PyResult<()> {
+        let source = &self.source;
+        let timeout = self.timeout.as_ref().map(|(t, s)| (*t, s.as_str()));
+        let failed = self
+            .core
+            .await_setup(&mut Gil(py, None), &mut || source.draw(py), timeout)?;
+        match failed {
+            Some(bytes) => Err(reraise(py, &bytes)),
+            None => Ok(()),
+        }
+    }
+
     #[getter]
     fn _stats(&self) -> StatsTuple {
         self.times.tuple(self.core.worker_times().to_vec())
@@ -446,14 +461,7 @@ impl MultiProcessIter {
                 };
                 decode_batch(py, held)?
             }
-            Payload::Error(bytes) => {
-                let wrapper = torch(py)?
-                    .loads
-                    .bind(py)
-                    .call1((PyBytes::new(py, &bytes),))?;
-                wrapper.call_method0("reraise")?;
-                return Err(Class::Internal.err("ExceptionWrapper.reraise returned"));
-            }
+            Payload::Error(bytes) => return Err(reraise(py, &bytes)),
         };
         self.times.decode += crate::stats::since(t1);
         self.num_yielded += 1;
@@ -476,5 +484,17 @@ impl MultiProcessIter {
         let timeout = self.timeout.as_ref().map(|(t, s)| (*t, s.as_str()));
         self.core
             .wait(&mut Gil(py, stop), &mut || source.draw(py), timeout)
+    }
+}
+
+/// The user's exception a worker serialised (an `ExceptionWrapper`), raised
+/// here as torch re-raises it.
+fn reraise(py: Python<'_>, bytes: &[u8]) -> PyErr {
+    let raised = torch(py)
+        .and_then(|t| t.loads.bind(py).call1((PyBytes::new(py, bytes),)))
+        .and_then(|wrapper| wrapper.call_method0("reraise"));
+    match raised {
+        Err(e) => e,
+        Ok(_) => Class::Internal.err("ExceptionWrapper.reraise returned"),
     }
 }

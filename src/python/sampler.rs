@@ -244,6 +244,14 @@ impl SamplerIter {
         ))))
     }
 
+    /// `randperm(n, generator=generator)` drawn now (torchdata's
+    /// `RandomSampler` draws its permutation when iterated, not on first use).
+    #[staticmethod]
+    fn permutation(py: Python<'_>, n: usize, generator: Py<PyAny>) -> PyResult<Self> {
+        let perm = TorchGen::new(py, Some(generator))?.with_rng(|g| randperm(n, g))?;
+        Ok(SamplerIter::of(NativeSampler::List(perm.into_iter())))
+    }
+
     #[staticmethod]
     #[pyo3(signature = (indices, generator=None))]
     fn subset_random(

@@ -228,6 +228,10 @@ impl Host for PyHost<'_> {
         }
     }
 
+    fn setup_error(&self) -> Option<Vec<u8>> {
+        self.init_exception.clone()
+    }
+
     fn state_after_batch(&mut self) -> PyResult<Option<Vec<u8>>> {
         let Some(f) = self.state_fn.as_ref().filter(|_| !self.stateless_epoch) else {
             return Ok(None);

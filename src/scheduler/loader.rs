@@ -63,6 +63,12 @@ pub struct Loader {
     lanes: Option<Lanes>,
     /// Each worker's stage timings, as reported.
     worker_times: Vec<crate::stats::StageTimes>,
+    /// Per worker, this epoch: it acknowledged `Resume` (always, in the
+    /// first epoch), and it reported its setup over (`Started`).
+    acked: Vec<bool>,
+    started: Vec<bool>,
+    /// The first error a worker's setup raised this epoch, as it came.
+    setup_error: Option<Vec<u8>>,
 }
 
 /// A sharded epoch as the loader drives it.
@@ -114,6 +120,9 @@ impl Loader {
             in_order,
             lanes: None,
             worker_times: vec![Default::default(); n],
+            acked: vec![true; n],
+            started: vec![false; n],
+            setup_error: None,
         }
     }
 
@@ -440,9 +449,21 @@ impl Loader {
                 self.give_work(worker, seq, lane, given)?;
                 return Ok(0);
             }
-            Event::Resumed { .. } if self.awaiting_resume > 0 => {
+            Event::Resumed { worker } if self.awaiting_resume > 0 => {
                 self.awaiting_resume -= 1;
+                self.acked[worker] = true;
                 return Ok(1);
+            }
+            Event::Started { worker, error } => {
+                // (a `Started` sent before the worker saw `Resume` is the
+                // abandoned epoch's)
+                if self.acked[worker] {
+                    self.started[worker] = true;
+                    if self.setup_error.is_none() {
+                        self.setup_error = error;
+                    }
+                }
+                return Ok(0);
             }
             Event::Resumed { .. } => return Ok(0),
             Event::State { .. } if self.awaiting_resume > 0 => return Ok(0),
@@ -548,9 +569,21 @@ impl Loader {
         draw: &mut impl FnMut() -> Result<Option<TaskIndices>, W::Error>,
         timeout: Option<(Duration, &str)>,
     ) -> Result<(), W::Error> {
+        self.wait_until(host, draw, timeout, |l, got| got > 0 || l.has_early())
+    }
+
+    /// [`Loader::wait`]'s loop, until `done(self, answers pumped)`.
+    fn wait_until<W: Waiter>(
+        &mut self,
+        host: &mut W,
+        draw: &mut impl FnMut() -> Result<Option<TaskIndices>, W::Error>,
+        timeout: Option<(Duration, &str)>,
+        done: impl Fn(&Self, usize) -> bool,
+    ) -> Result<(), W::Error> {
         let started = Instant::now();
         loop {
-            if self.pump(host, draw)? > 0 || self.has_early() {
+            let got = self.pump(host, draw)?;
+            if done(self, got) {
                 return Ok(());
             }
             if self.pool.spin(SPIN) {
@@ -596,11 +629,30 @@ impl Loader {
             .map(|w| self.end_state[w].take().or(self.last_state[w].take()))
             .collect();
         self.end_state = vec![None; n];
+        self.acked = vec![false; n];
+        self.started = vec![false; n];
+        self.setup_error = None;
         for w in 0..self.pool.len() {
             self.pool.send(w, &ToWorker::Resume)?;
         }
         self.awaiting_resume = self.pool.len();
         Ok(())
+    }
+
+    /// Blocks until every running worker has set up for the epoch, and
+    /// returns the first error a setup raised, if one did (torchdata raises
+    /// it from `iter()`). Batches that come meanwhile stay queued.
+    pub fn await_setup<W: Waiter>(
+        &mut self,
+        host: &mut W,
+        draw: &mut impl FnMut() -> Result<Option<TaskIndices>, W::Error>,
+        timeout: Option<(Duration, &str)>,
+    ) -> Result<Option<Vec<u8>>, W::Error> {
+        self.wait_until(host, draw, timeout, |l, _| {
+            let n = l.pool.len();
+            l.setup_error.is_some() || (0..n).all(|w| l.started[w] || !l.pool.is_running(w))
+        })?;
+        Ok(self.setup_error.clone())
     }
 
     pub fn resuming(&self) -> bool {

@@ -39,6 +39,11 @@ pub enum Event {
     Exhausted { worker: usize, seq: u64 },
     /// The worker acknowledged `Resume`.
     Resumed { worker: usize },
+    /// The worker set up for an epoch (`error`: its setup raised).
+    Started {
+        worker: usize,
+        error: Option<Vec<u8>>,
+    },
     /// The worker's iterable replica's state after task `seq`'s batch.
     State {
         worker: usize,
@@ -288,6 +293,7 @@ impl WorkerPool {
                 },
                 FromWorker::Exhausted { seq } => Event::Exhausted { worker: w, seq },
                 FromWorker::Resumed => Event::Resumed { worker: w },
+                FromWorker::Started { error } => Event::Started { worker: w, error },
                 FromWorker::State { seq, payload } => Event::State {
                     worker: w,
                     seq,

@@ -38,6 +38,9 @@ struct TestHost {
     /// Sharded epochs: this worker's lanes, and the last batch's lane.
     lanes: std::collections::HashMap<u32, Lane<TestShards>>,
     last_lane: Option<(u32, LanePos)>,
+    /// Its setup "raised": `Started` carries this, and the first task
+    /// answers it (as a failed `worker_init_fn`).
+    setup_error: Option<Vec<u8>>,
 }
 
 /// Items of the test's sharded dataset: shard `s` holds `SHARD_LENS[s]`
@@ -71,6 +74,10 @@ impl Host for TestHost {
         self.produced = 0;
     }
 
+    fn setup_error(&self) -> Option<Vec<u8>> {
+        self.setup_error.clone()
+    }
+
     fn lanes(&mut self, lanes: Vec<u32>, shuffle: bool, block: u64, root: u64) {
         let config = LaneConfig {
             batch: Some(LANE_BATCH),
@@ -99,6 +106,9 @@ impl Host for TestHost {
     }
 
     fn run(&mut self, indices: TaskIndices, records: &mut Records) -> Result<Reply, Error> {
+        if let Some(e) = self.setup_error.take() {
+            return Ok(Reply::Failed(e));
+        }
         self.iterable = matches!(indices, TaskIndices::Iterable(_));
         let v = match indices {
             TaskIndices::Ints(v) => v,
@@ -164,7 +174,10 @@ fn child_worker_entry() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let (worker, main_pid) = spec.split_once(',').expect("worker,pid");
+    // "worker,pid", or "worker,pid,setup-fails"
+    let mut parts = spec.split(',');
+    let (worker, main_pid) = (parts.next().unwrap(), parts.next().expect("worker,pid"));
+    let setup_error = (parts.next() == Some("setup-fails")).then(|| b"setup failed".to_vec());
     let fd = std::io::stdin().as_fd().try_clone_to_owned().unwrap();
     let mut host = TestHost {
         worker: worker.parse().unwrap(),
@@ -172,6 +185,7 @@ fn child_worker_entry() {
         iterable: false,
         lanes: Default::default(),
         last_lane: None,
+        setup_error,
     };
     let config = Config {
         main_pid: main_pid.parse().unwrap(),
@@ -209,6 +223,17 @@ impl Waiter for Deadline {
 }
 
 fn start(n: usize, prefetch: usize, in_order: bool, persistent: bool) -> Pool {
+    start_failing(n, prefetch, in_order, persistent, None)
+}
+
+/// [`start`], with worker `failing`'s setup raising.
+fn start_failing(
+    n: usize,
+    prefetch: usize,
+    in_order: bool,
+    persistent: bool,
+    failing: Option<usize>,
+) -> Pool {
     let exe = std::env::current_exe().unwrap();
     let me = rustix::process::getpid().as_raw_nonzero().get();
     let mut links = Vec::new();
@@ -228,7 +253,14 @@ fn start(n: usize, prefetch: usize, in_order: bool, persistent: bool) -> Pool {
                 "--test-threads=1",
                 "--nocapture",
             ])
-            .env(CHILD_ENV, format!("{w},{me}"))
+            .env(
+                CHILD_ENV,
+                if failing == Some(w) {
+                    format!("{w},{me},setup-fails")
+                } else {
+                    format!("{w},{me}")
+                },
+            )
             .stdin(Stdio::from(child_end))
             .stdout(Stdio::null())
             .spawn()
@@ -711,4 +743,44 @@ fn a_dynamic_lanes_batches_keep_the_order_of_its_tasks() {
     }
     pool.loader.close();
     pool.reap();
+}
+
+#[test]
+#[cfg_attr(miri, ignore)] // see the module docs
+fn await_setup_returns_once_workers_set_up_without_waiting_for_batches() {
+    let mut pool = start(2, 1, true, false);
+    // every first batch takes a second: the setup is over long before
+    let mut draw = batches(4, |i| if i < 2 { vec![-5] } else { vec![] });
+    pool.loader.prime(&mut draw).unwrap();
+    let got = pool
+        .loader
+        .await_setup(&mut Deadline::in_30s(), &mut draw, None)
+        .unwrap();
+    assert_eq!(got, None);
+    assert_eq!(pool.loader.step(), Next::Wait, "no batch was waited for");
+    let mut seen = Vec::new();
+    while let Some((w, p)) = pool.next(&mut draw).unwrap() {
+        seen.extend(pool.indices(w, p));
+    }
+    assert_eq!(seen, (0..16).collect::<Vec<i64>>());
+    assert_eq!(pool.reap(), vec![Some(0), Some(0)]);
+}
+
+#[test]
+#[cfg_attr(miri, ignore)] // see the module docs
+fn a_failed_setup_is_returned_by_await_setup_and_by_the_first_task() {
+    let mut pool = start_failing(2, 1, true, false, Some(1));
+    let mut draw = batches(4, |_| vec![]);
+    pool.loader.prime(&mut draw).unwrap();
+    let got = pool
+        .loader
+        .await_setup(&mut Deadline::in_30s(), &mut draw, None)
+        .unwrap();
+    assert_eq!(got.as_deref(), Some(&b"setup failed"[..]));
+    // torch's loader reports it at the failed worker's first task instead
+    let (w, p) = pool.next(&mut draw).unwrap().unwrap();
+    assert_eq!(pool.indices(w, p), vec![0, 1, 2, 3]);
+    let (w, p) = pool.next(&mut draw).unwrap().unwrap();
+    assert_eq!((w, p), (1, Payload::Error(b"setup failed".to_vec())));
+    assert_eq!(pool.reap(), vec![Some(0), Some(0)]);
 }

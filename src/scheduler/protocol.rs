@@ -66,6 +66,9 @@ pub mod from_worker {
     /// `u64` fetch ns, `u64` collate ns, `u64` transfer ns, `u64` batches:
     /// the worker's stage timings since its last report.
     pub const STATS: u8 = 10;
+    /// `u8` flag, then (flag 1) `u64` n, n bytes: the worker has set up
+    /// for an epoch, and the error its setup raised, when one did.
+    pub const STARTED: u8 = 11;
 }
 
 /// A shard for a lane to read, from position `emitted` of its shard order
@@ -150,6 +153,12 @@ pub enum FromWorker {
         seq: u64,
     },
     Resumed,
+    /// The worker set up for an epoch (after its start, and after each
+    /// `Resume`); `error`: what its setup raised (`worker_init_fn`, the
+    /// replica's state, `iter(dataset)`), which its first task re-raises.
+    Started {
+        error: Option<Vec<u8>>,
+    },
     /// A new arena segment; its fd rides with the frame.
     Segment {
         id: u32,
@@ -355,6 +364,13 @@ impl FromWorker {
                 out.extend_from_slice(&seq.to_le_bytes());
             }
             FromWorker::Resumed => out.push(RESUMED),
+            FromWorker::Started { error } => {
+                out.push(STARTED);
+                out.push(u8::from(error.is_some()));
+                if let Some(e) = error {
+                    put_bytes(out, e);
+                }
+            }
             FromWorker::Segment { id } => {
                 out.push(SEGMENT);
                 out.extend_from_slice(&id.to_le_bytes());
@@ -409,6 +425,13 @@ impl FromWorker {
             },
             EXHAUSTED => FromWorker::Exhausted { seq: r.u64()? },
             RESUMED => FromWorker::Resumed,
+            STARTED => FromWorker::Started {
+                error: if flag(r.u8()?)? {
+                    Some(r.bytes()?.to_vec())
+                } else {
+                    None
+                },
+            },
             SEGMENT => FromWorker::Segment { id: r.u32()? },
             STATE => FromWorker::State {
                 seq: r.u64()?,
@@ -525,6 +548,8 @@ mod tests {
                 .prop_map(|(seq, payload)| FromWorker::Error { seq, payload }),
             any::<u64>().prop_map(|seq| FromWorker::Exhausted { seq }),
             Just(FromWorker::Resumed),
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..50))
+                .prop_map(|error| FromWorker::Started { error }),
             any::<u32>().prop_map(|id| FromWorker::Segment { id }),
             (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..50))
                 .prop_map(|(seq, payload)| FromWorker::State { seq, payload }),

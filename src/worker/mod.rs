@@ -19,6 +19,8 @@
 //!                                                  watchdog on the main pid
 //!   Mailbox (+ memfd) ───────────────────────────▶ Opening ──▶ Idle
 //!                                                  (host.start_epoch: iter(dataset))
+//!                           ◀──── Started{error?}  (set up; `error`: what the setup
+//!                                 raised, which the first task answers too)
 //!   Task{seq, indices} ──────────────────────────▶ Idle ──▶ Working ──▶ Idle
 //!                           ◀──── Segment{id} (+ memfd), when the arena grew
 //!                           ◀──── State{seq, bytes}, before the batch, when the
@@ -26,7 +28,7 @@
 //!                           ◀──── Batch{seq, record} | Error{seq, wrapper}
 //!                                 | Exhausted{seq} (then Drained: later tasks ignored)
 //!   Resume (persistent workers, next epoch) ─────▶ Idle | Drained ──▶ Idle
-//!                           ◀──── Resumed           (host.start_epoch again)
+//!                           ◀──── Resumed, Started{error?} (host.start_epoch again)
 //!   Lanes{lanes, shuffle, block, root}  (sharded datasets, each epoch) ──▶ Idle
 //!   Assign{lane, works, last} ───────────────────▶ Idle (the lane queues the shards)
 //!   Task{seq, Lane(l)} ──────────────────────────▶ Working: the lane's next batch
@@ -103,6 +105,11 @@ pub trait Host: Blocking {
     type Error: From<Error>;
     /// A new epoch begins (at start and after each `Resume`).
     fn start_epoch(&mut self);
+    /// What the last `start_epoch` (or the worker's start) raised, if it
+    /// did, serialised; the first task reports it too.
+    fn setup_error(&self) -> Option<Vec<u8>> {
+        None
+    }
     /// Runs one task, writing a batch into `records`.
     fn run(&mut self, indices: TaskIndices, records: &mut Records) -> Result<Reply, Self::Error>;
     /// The replica's serialised state after the batch just produced, when
@@ -224,6 +231,14 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
     };
     let mut records = Records::new(config.shm_initial, config.shm_limit, config.prefetch_factor)?;
     host.start_epoch();
+    let started = FromWorker::Started {
+        error: host.setup_error(),
+    };
+    match chan.send(&mut records.arena, &started) {
+        Ok(()) => {}
+        Err(e) if e.is_peer_gone() => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
     let mut drained = false;
     // Lanes that answered a task with NeedWork, and that task: until it
     // comes back, the lane's later tasks are sent back too (a later task
@@ -312,10 +327,14 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
             }
             ToWorker::Resume => chan
                 .send(&mut records.arena, &FromWorker::Resumed)
-                .map(|()| {
+                .and_then(|()| {
                     drained = false;
                     waiting.clear();
                     host.start_epoch();
+                    let started = FromWorker::Started {
+                        error: host.setup_error(),
+                    };
+                    chan.send(&mut records.arena, &started)
                 }),
             ToWorker::Shutdown => return Ok(()),
             ToWorker::Mailbox => Err(DecodeError("a second mailbox").into()),
