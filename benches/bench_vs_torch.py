@@ -690,6 +690,21 @@ def forkserver_ttfb(st: Settings) -> List[Check]:
     return [first, later]
 
 
+def _first_batch_ms(make: Callable[[], Any], state: Optional[Dict[str, Any]]) -> float:
+    """ms from building a loader (loading `state` into it, if given) to its
+    first batch."""
+    t0 = time.perf_counter()
+    loader = make()
+    if state is not None:
+        loader.load_state_dict(state)
+    it = iter(loader)
+    next(it)
+    ms = (time.perf_counter() - t0) * 1e3
+    del it, loader
+    gc.collect()
+    return ms
+
+
 def sc_state_w2(st: Settings, fl: Any) -> List[Check]:
     """Snapshot cost (no torch counterpart: measured against a budget and
     against ferroloader's own fresh epoch)."""
@@ -732,20 +747,13 @@ def sc_state_w2(st: Settings, fl: Any) -> List[Check]:
         del it, many
         gc.collect()
 
-        t0 = time.perf_counter()
-        fresh = iter(make())
-        next(fresh)
-        fresh_ms = (time.perf_counter() - t0) * 1e3
-        del fresh
-        gc.collect()
-        t0 = time.perf_counter()
-        resumed = make()
-        resumed.load_state_dict(sd)
-        it = iter(resumed)
-        next(it)
-        resume.add(fresh_ms, (time.perf_counter() - t0) * 1e3)
-        del it, resumed
-        gc.collect()
+        # pairs in alternating order, so neither side always runs first
+        # (one pair is two worker start-ups: a single one is noise)
+        for k in range(3 if st.quick else 6):
+            pair = [_first_batch_ms(make, None), _first_batch_ms(make, sd)]
+            if k % 2:
+                pair = [_first_batch_ms(make, sd), _first_batch_ms(make, None)][::-1]
+            resume.add(pair[0], pair[1])
     return [snap, snap8, resume]
 
 
