@@ -112,49 +112,87 @@ def test_lightning_one_device_trains_on_ferroloader(served):
         assert torch.equal(a, b)
 
 
-@time_limit(300)
-def test_lightning_ddp_on_two_cpu_ranks_keeps_ferroloader(tmp_path):
-    """strategy="ddp" on 2 CPU ranks: Lightning rebuilds the loader to add a
-    DistributedSampler; the rebuilt loader is ferroloader's (its engine
-    serves both epochs), each rank sees the batches the torch-loader job
-    sees, the ranks' samples are disjoint and cover the data, and the final
-    weights are equal."""
+def _lightning_ddp(out: Any, mode: str) -> list[dict[str, Any]]:
+    """One 2-rank DDP fit (tests/scripts/lightning_ddp.py): each rank's record."""
+    out.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, *sys.path]))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "scripts", "lightning_ddp.py"), str(out), mode],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def lightning_ddp_torch(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     pytest.importorskip("lightning", reason="Lightning is a test extra")
-    results = {}
-    for lib in ("torch", "ferroloader"):
-        out = tmp_path / lib
-        out.mkdir()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, *sys.path]))
-        proc = subprocess.run(
-            [sys.executable, os.path.join(HERE, "scripts", "lightning_ddp.py"), str(out), lib],
-            capture_output=True,
-            text=True,
-            timeout=240,
-            env=env,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results[lib] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return _lightning_ddp(tmp_path_factory.mktemp("ddp") / "torch", "torch")
+
+
+@time_limit(240)
+@pytest.mark.parametrize("mode", ["ferroloader", "patched"])
+def test_lightning_ddp_on_two_cpu_ranks_keeps_ferroloader(tmp_path, mode, lightning_ddp_torch):
+    """strategy="ddp" on 2 CPU ranks: Lightning rebuilds the loader to add a
+    DistributedSampler. The rebuilt loader is ferroloader's (its engine
+    serves both epochs) whether the model built ferroloader's loader or,
+    inside ferroloader.patch(), torch's; each rank sees the batches the
+    torch-loader job sees, the ranks' samples are disjoint and cover the
+    data, and the final weights are equal."""
+    ours = _lightning_ddp(tmp_path / mode, mode)
     for r in range(2):
-        t, f = results["torch"][r], results["ferroloader"][r]
+        t, f = lightning_ddp_torch[r], ours[r]
+        assert t["loader"] == "torch.utils.data.dataloader.DataLoader" and t["served"] == 0
         assert f["loader"] == "ferroloader.dataloader.DataLoader"
         assert f["sampler"] == t["sampler"] == "DistributedSampler"
         assert f["served"] == 2
         assert f["seen"] == t["seen"]
         assert f["weights"] == t["weights"]
     for epoch in range(2):
-        per_epoch = len(results["ferroloader"][0]["seen"]) // 2
+        per_epoch = len(ours[0]["seen"]) // 2
         ranks = [
-            {
-                i
-                for b in results["ferroloader"][r]["seen"][
-                    epoch * per_epoch : (epoch + 1) * per_epoch
-                ]
-                for i in b
-            }
+            {i for b in ours[r]["seen"][epoch * per_epoch : (epoch + 1) * per_epoch] for i in b}
             for r in range(2)
         ]
         assert not ranks[0] & ranks[1]
         assert ranks[0] | ranks[1] == set(range(40))
+
+
+@time_limit(120)
+def test_fabric_setup_dataloaders_prepares_a_torch_loader_under_the_patch(served):
+    """Fabric.setup_dataloaders refuses what is not torch's DataLoader. Inside
+    the patch it accepts a loader torch's class built before the patch (on
+    one device Fabric does not rebuild it, so torch's engine serves it) and
+    one torch's class built inside it (ferroloader's engine); both give the
+    batches Fabric gives outside the patch."""
+    L = pytest.importorskip("lightning", reason="Lightning is a test extra")
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+
+    def batches(loader: Any) -> list:
+        torch.manual_seed(0)
+        return [{k: v for k, v in b.items()} for b in loader]
+
+    want_loader = fabric.setup_dataloaders(tud.DataLoader(Data(), batch_size=4, shuffle=True))
+    want = batches(want_loader)
+    built_before = tud.DataLoader(Data(), batch_size=4, shuffle=True, num_workers=2)
+    with fl.patch():
+        kept = fabric.setup_dataloaders(built_before)
+        built_inside = fabric.setup_dataloaders(
+            tud.DataLoader(Data(), batch_size=4, shuffle=True, num_workers=2)
+        )
+        before = served.epochs
+        got_kept = batches(kept)
+        assert served.epochs == before
+        got_inside = batches(built_inside)
+        assert served.epochs == before + 1
+    assert type(kept).__name__ == type(want_loader).__name__ == "_FabricDataLoader"
+    assert type(kept._dataloader) is tud.DataLoader
+    assert isinstance(built_inside._dataloader, fl.DataLoader)
+    assert_same(want, got_kept)
+    assert_same(want, got_inside)
 
 
 # --------------------------------------------------------------------------- #
@@ -162,32 +200,91 @@ def test_lightning_ddp_on_two_cpu_ranks_keeps_ferroloader(tmp_path):
 # --------------------------------------------------------------------------- #
 
 
+def _acc_batches(loader: Any) -> list:
+    torch.manual_seed(0)
+    return [{k: v for k, v in b.items()} for b in loader]
+
+
 @time_limit(120)
-def test_accelerate_prepare_keeps_ferroloader_inside_patch(served):
-    """accelerate's prepare() rebuilds the loader as torch's DataLoader; inside
-    ferroloader.patch() the rebuilt (and reported) class is ferroloader's,
-    its engine serves the epoch, and the batches equal torch's prepared
-    loader's. Outside the patch accelerate builds torch's class."""
+def test_accelerate_prepares_every_loader_and_keeps_ferroloader(served):
+    """accelerate's prepare() rebuilds a loader as torch's DataLoader. It
+    prepares (wraps in DataLoaderShard) every loader, inside the patch and
+    out: torch's class rebuilt inside the patch, a torch loader built before
+    the patch, and a ferroloader loader without a patch all run on
+    ferroloader's engine; torch's class outside the patch stays torch's.
+    Every one gives the batches of torch's prepared loader."""
     accelerate = pytest.importorskip("accelerate", reason="accelerate is a test extra")
     acc = accelerate.Accelerator(cpu=True)
+    want = _acc_batches(acc.prepare(tud.DataLoader(Data(), batch_size=4, shuffle=True)))
 
-    def batches(loader: Any) -> list:
-        torch.manual_seed(0)
-        return [{k: v for k, v in b.items()} for b in loader]
-
-    want = batches(acc.prepare(tud.DataLoader(Data(), batch_size=4, shuffle=True)))
-    unpatched = acc.prepare(fl.DataLoader(Data(), batch_size=4, shuffle=True))
-    assert type(unpatched.base_dataloader) is tud.DataLoader
-    with fl.patch() as p:
-        prepared = acc.prepare(fl.DataLoader(Data(), batch_size=4, shuffle=True, num_workers=2))
-        assert "accelerate.data_loader" in p.modules
-        assert isinstance(prepared.base_dataloader, fl.DataLoader)
-        assert isinstance(prepared, fl.DataLoader)  # what it reports (its __class__)
+    def check(prepared: Any, engine: type) -> None:
+        assert type(prepared).__name__ == "DataLoaderShard" or (
+            type(prepared.base_dataloader) is engine
+        )
+        assert type(prepared.base_dataloader) is engine
         before = served.epochs
-        got = batches(prepared)
-        assert served.epochs == before + 1
-    assert tud.DataLoader is TORCH_DATALOADER, "the patch is undone"
-    assert_same(want, got)
+        assert_same(want, _acc_batches(prepared))
+        assert served.epochs == before + (engine is fl.DataLoader)
+
+    check(acc.prepare(tud.DataLoader(Data(), batch_size=4, shuffle=True)), tud.DataLoader)
+    # a plain import keeps the engine: accelerate's rebuild is ferroloader's
+    check(acc.prepare(fl.DataLoader(Data(), batch_size=4, shuffle=True)), fl.DataLoader)
+    built_before = tud.DataLoader(Data(), batch_size=4, shuffle=True, num_workers=2)
+    alias = tud.DataLoader
+    with fl.patch():
+        assert tud.DataLoader is alias is TORCH_DATALOADER, "no name is rebound"
+        assert isinstance(built_before, tud.DataLoader)
+        check(acc.prepare(built_before), fl.DataLoader)
+        check(acc.prepare(tud.DataLoader(Data(), batch_size=4, shuffle=True)), fl.DataLoader)
+        check(
+            acc.prepare(fl.DataLoader(Data(), batch_size=4, shuffle=True, num_workers=2)),
+            fl.DataLoader,
+        )
+    check(acc.prepare(tud.DataLoader(Data(), batch_size=4, shuffle=True)), tud.DataLoader)
+
+
+@time_limit(120)
+def test_accelerate_stateful_option_keeps_ferroloader_under_the_patch(served):
+    """use_stateful_dataloader=True builds torchdata's StatefulDataLoader;
+    under the patch it is ferroloader's, gives torchdata's batches, and its
+    state (through JSON) resumes the rest of the epoch exactly. A torchdata
+    loader handed to prepare() is prepared too."""
+    accelerate = pytest.importorskip("accelerate", reason="accelerate is a test extra")
+    torchdata = pytest.importorskip(
+        "torchdata.stateful_dataloader", reason="torchdata is a test extra"
+    )
+    config = accelerate.utils.DataLoaderConfiguration(use_stateful_dataloader=True)
+    acc = accelerate.Accelerator(cpu=True, dataloader_config=config)
+
+    def make() -> Any:
+        torch.manual_seed(5)  # torchdata's sampler seeds itself when built
+        return tud.DataLoader(Data(), batch_size=4, shuffle=True)
+
+    want_loader = acc.prepare(make())
+    assert type(want_loader.base_dataloader) is torchdata.StatefulDataLoader
+    want = _acc_batches(want_loader)
+    with fl.patch():
+        handed = acc.prepare(torchdata.StatefulDataLoader(Data(), batch_size=4))
+        before = served.epochs
+        # (accelerate's state_dict() at prepare starts the epoch, as in torchdata)
+        prepared = acc.prepare(make())
+    assert type(prepared.base_dataloader) is fl.StatefulDataLoader
+    assert type(handed.base_dataloader) is fl.StatefulDataLoader
+    assert_same(want, _acc_batches(prepared))
+    assert served.epochs == before + 1
+    # resume mid-epoch through accelerate's own state methods
+    # (torchdata's own resume here is not exact: it fast-forwards torch's
+    # RandomSampler, which draws a new seed, so other items follow)
+    with fl.patch():
+        first = acc.prepare(make())
+        torch.manual_seed(0)
+        it = iter(first)
+        head = [next(it) for _ in range(2)]
+        state = json.loads(json.dumps(first.state_dict()))
+        del it
+        again = acc.prepare(make())
+    again.load_state_dict(state)
+    assert_same(want, [*head, *_acc_batches(again)])
 
 
 @time_limit(180)

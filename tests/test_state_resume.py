@@ -6,9 +6,10 @@ states (hypothesis)."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import random
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import ferroloader as fl
 import pytest
@@ -441,3 +442,43 @@ def test_damaged_states_are_refused_or_resume(base, seed, n, json_trip):
         # the dataset's own load_state_dict() refused a damaged part of its
         # state: re-raised with its own type, as torch re-raises user errors
         pass
+
+
+# --------------------------------------------------------------------------- #
+# The sampler's draw at the first next(), after other code used the RNG
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("between", ["draw", "reseed"])
+def test_rng_used_between_iter_and_first_next_resumes_exactly(kind, between):
+    """With one process a sampler draws its randomness at the first next(),
+    as torch's does; code that drew from (or reseeded) the generators after
+    iter() changed what it drew. A resume replays the generators as the
+    sampler found them (accelerate's stateful loader calls state_dict(),
+    which starts the iterator, long before the loop's first next())."""
+
+    def touch() -> None:
+        if between == "draw":
+            torch.rand(3)
+        else:
+            torch.manual_seed(1234)
+
+    def run(stop: Optional[int]) -> list:
+        torch.manual_seed(0)
+        loader = _loader(kind, 0)
+        it = iter(loader)
+        touch()
+        got = [plain(b) for b in itertools.islice(it, stop)]
+        if stop is None:
+            return got
+        saved = json.loads(json.dumps(loader.state_dict()))
+        del it, loader
+        torch.manual_seed(99)
+        again = _loader(kind, 0)
+        again.load_state_dict(saved)
+        return got + [plain(b) for b in again]
+
+    want = run(None)
+    for stop in (1, 3):
+        assert run(stop) == want, f"resumed after {stop} batches"

@@ -3,7 +3,7 @@
 Checked against the built module by ``mypy.stubtest`` in ``scripts/test``.
 """
 
-from typing import Any, Iterator, Optional, final
+from typing import Any, Callable, Iterator, Optional, final
 
 import torch
 from typing_extensions import Self, disjoint_base
@@ -137,6 +137,7 @@ class SingleProcessIter(Iterator[Any]):
     def __next__(self) -> Any: ...
     def __len__(self) -> int: ...
     @property
+    def _on_first_draw(self, callback: Callable[[], None]) -> None: ...
     def _position(self) -> tuple[int, int, bool, bool]:
         """``(drawn, yielded, ended, exhausted)`` of the current epoch."""
     @property

@@ -23,6 +23,7 @@ from torch.utils.data import _utils
 from ferroloader import _core, _worker, forkserver, pinning, state
 from ferroloader._fetch import fetch_plan
 from ferroloader.errors import ConfigError
+from ferroloader.patch import record_dataset
 from ferroloader.sampler import native_batch_iter, native_iter
 from ferroloader.seeds import SeededDataset, ShardSeeder
 from ferroloader.shards import ElasticBatchSampler, ShardedDataset, ShardEpoch, Sharding
@@ -122,6 +123,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
+        record_dataset(dataset)
         # torchdata's StatefulDataLoader argument: how often its workers send
         # their state. ferroloader's state is exact after every batch, so it
         # changes nothing here (see the README); kept as an attribute.
@@ -375,6 +377,8 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
         table=table,
     )
     rec.attach(it, multiprocess=False)
+    if not iterable and resume is None:
+        rec.watch_first_draw(it)
     it._stats_box = loader._stats_box
     return it
 

@@ -59,11 +59,18 @@ class InternalError(FerroloaderError, RuntimeError):
     """An invariant of the engine did not hold; please report it."""
 
 
+class RebuiltAsTorchWarning(UserWarning):
+    """A framework (accelerate, Lightning, transformers, webdataset) built
+    torch's ``DataLoader`` over the dataset of a ferroloader loader outside
+    ``ferroloader.patch()``: torch's engine serves that loader."""
+
+
 __all__ = [
     "ConfigError",
     "FerroloaderError",
     "InternalError",
     "ProtocolError",
+    "RebuiltAsTorchWarning",
     "SharedMemoryError",
     "SharedMemoryLimitError",
     "StateMismatchError",

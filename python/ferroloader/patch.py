@@ -1,66 +1,179 @@
-"""``ferroloader.patch()``: frameworks that build torch's ``DataLoader``
-build ferroloader's.
+"""``ferroloader.patch()``: loaders that frameworks build with torch's class
+are built by ferroloader's engine.
 
-Some frameworks construct ``torch.utils.data.DataLoader`` themselves, by a
-name bound when they were imported: HF ``accelerate``'s ``prepare`` (and so
-the ``transformers`` ``Trainer``), ``webdataset``'s ``WebLoader``. While a
-patch is active, ``torch.utils.data.DataLoader`` and every such name in a
-module already imported that is bound to torch's class are ferroloader's
-``DataLoader`` (a subclass of torch's, so ``isinstance`` checks still
-hold); undoing the patch puts each name back. A module imported while the
-patch is active binds ferroloader's class and keeps it.
+Some frameworks construct ``torch.utils.data.DataLoader`` themselves: HF
+``accelerate``'s ``prepare`` (and so the ``transformers`` ``Trainer``),
+``webdataset``'s ``WebLoader``, Lightning's ``Fabric.setup_dataloaders`` for a
+loader built by torch's class. While a patch is active, constructing torch's
+``DataLoader`` (by any name: ``torch.utils.data.DataLoader``, a module's own
+import of it, a user's alias) returns ferroloader's ``DataLoader``, and
+constructing torchdata's ``StatefulDataLoader`` returns ferroloader's
+``StatefulDataLoader``, built from the same arguments.
+
+No name is rebound: ``torch.utils.data.DataLoader`` stays torch's class, so
+``isinstance(loader, DataLoader)`` holds for torch's loaders and for
+ferroloader's (a subclass) alike, and loaders built before the patch or
+handed in by a library are still recognised and prepared. Subclasses of
+torch's class (yours, or a library's) are built as they are.
 
     with ferroloader.patch():
         loader = accelerator.prepare(loader)    # accelerate rebuilds it here
         trainer.train()                         # transformers builds its loaders
 
     ferroloader.patch()                         # for the rest of the process
+
+Outside a patch, when a framework builds torch's ``DataLoader`` over the
+dataset of a ferroloader loader (it rebuilt that loader as torch's), a
+:class:`~ferroloader.errors.RebuiltAsTorchWarning` says so, once per
+framework.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-from types import ModuleType, TracebackType
-from typing import Optional
+import warnings
+import weakref
+from types import TracebackType
+from typing import Any, Optional
 
 import torch.utils.data.dataloader as _tdl
 
+from ferroloader.errors import RebuiltAsTorchWarning
+
 _TORCH_DATALOADER = _tdl.DataLoader
 _lock = threading.Lock()
+# patches active now (nested or concurrent ones count once each)
+_active = 0
+
+# Datasets of ferroloader loaders, by id (weak: a dataset is not kept alive
+# for this; one that cannot be weakly referenced is not recorded).
+_ferro_datasets: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_warned: set[str] = set()
+
+# Packages that build loaders for their users; a torch loader one of them
+# builds over a ferroloader loader's dataset is a rebuild.
+_FRAMEWORKS = (
+    "accelerate",
+    "lightning",
+    "lightning_fabric",
+    "pytorch_lightning",
+    "transformers",
+    "webdataset",
+)
+
+
+def _new(cls: type, *args: Any, **kwargs: Any) -> Any:
+    """``__new__`` of torch's ``DataLoader`` (and so of its subclasses).
+    A call without arguments is an unpickling or a copy: left alone."""
+    if (args or kwargs) and (_active or _ferro_datasets):
+        ours = _ferro_class(cls)
+        if _active and ours is not None:
+            return _build(ours, cls, args, kwargs)
+        if not _active and _rebuilt_by_framework(cls, args, kwargs):
+            if ours is not None:
+                return _build(ours, cls, args, kwargs)
+            _warn_rebuilt(cls)
+    return object.__new__(cls)
+
+
+def _ferro_class(cls: type) -> Optional[type]:
+    """ferroloader's class for torch's ``DataLoader`` or torchdata's
+    ``StatefulDataLoader`` (``None`` for any other class)."""
+    if cls is _TORCH_DATALOADER:
+        from ferroloader.dataloader import DataLoader
+
+        return DataLoader
+    if cls.__name__ == "StatefulDataLoader" and cls.__module__.startswith(
+        "torchdata.stateful_dataloader"
+    ):
+        from ferroloader.stateful_dataloader import StatefulDataLoader
+
+        return StatefulDataLoader
+    return None
+
+
+def _build(ours: type, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    loader: Any = object.__new__(ours)
+    if not issubclass(ours, cls):
+        # Python runs __init__ only on an instance of the class called
+        ours.__init__(loader, *args, **kwargs)
+    return loader
+
+
+def _rebuilt_by_framework(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """A framework's code is building a loader over the dataset of a
+    ferroloader loader (its rebuild of that loader)."""
+    from ferroloader.dataloader import DataLoader
+
+    if issubclass(cls, DataLoader):
+        return False
+    dataset = args[0] if args else kwargs.get("dataset")
+    if _ferro_datasets.get(id(dataset)) is not dataset:
+        return False
+    return _calling_framework() is not None
+
+
+def _warn_rebuilt(cls: type) -> None:
+    framework = _calling_framework() or "a framework"
+    if framework in _warned:
+        return
+    _warned.add(framework)
+    warnings.warn(
+        f"{framework} built {cls.__qualname__}, a subclass of torch's DataLoader, over the "
+        "dataset of a ferroloader DataLoader (it rebuilt that loader), so torch's engine "
+        "serves it. Silence this with warnings.filterwarnings('ignore', "
+        "category=ferroloader.errors.RebuiltAsTorchWarning).",
+        RebuiltAsTorchWarning,
+        stacklevel=4,
+    )
+
+
+def _calling_framework() -> Optional[str]:
+    """The framework package whose code is constructing the loader, if any:
+    the first caller outside torch and ferroloader."""
+    frame: Any = sys._getframe(2)
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", ""))
+        top = module.split(".", 1)[0]
+        if top not in ("torch", "ferroloader", "typing"):
+            return top if top in _FRAMEWORKS else None
+        frame = frame.f_back
+    return None
+
+
+def record_dataset(dataset: Any) -> None:
+    """Remembers a ferroloader loader's dataset (for the rebuild warning)."""
+    try:
+        _ferro_datasets[id(dataset)] = dataset
+    except TypeError:
+        pass  # not weakly referenceable (a list, a tuple)
+
+
+# Installed once: inherited by every subclass, it leaves them alone.
+_TORCH_DATALOADER.__new__ = staticmethod(_new)  # type: ignore[method-assign]
 
 
 class Patch:
     """An active patch (see the module doc): ``undo()``, or leave the
-    ``with`` block, to put torch's class back."""
+    ``with`` block, to end it."""
 
     def __init__(self) -> None:
-        from ferroloader.dataloader import DataLoader
-
-        # only names bound to torch's class now: a patch inside another
-        # changes (and so undoes) nothing the outer one did
-        self._replaced: list[tuple[ModuleType, str]] = []
+        global _active
         with _lock:
-            for module in list(sys.modules.values()):
-                if not isinstance(module, ModuleType) or module.__name__.startswith(
-                    "ferroloader"
-                ):
-                    continue
-                for name, value in list(getattr(module, "__dict__", {}).items()):
-                    if value is _TORCH_DATALOADER:
-                        setattr(module, name, DataLoader)
-                        self._replaced.append((module, name))
+            _active += 1
+        self._live = True
 
     @property
-    def modules(self) -> list[str]:
-        """The modules whose names were rebound."""
-        return sorted({m.__name__ for m, _ in self._replaced})
+    def active(self) -> bool:
+        return self._live
 
     def undo(self) -> None:
+        global _active
         with _lock:
-            for module, name in self._replaced:
-                setattr(module, name, _TORCH_DATALOADER)
-            self._replaced.clear()
+            if self._live:
+                self._live = False
+                _active -= 1
 
     def __enter__(self) -> Patch:
         return self
@@ -75,9 +188,15 @@ class Patch:
 
 
 def patch() -> Patch:
-    """Makes torch's ``DataLoader`` names resolve to ferroloader's until the
-    returned ``Patch`` is undone (at the end of a ``with`` block)."""
+    """Makes constructing torch's ``DataLoader`` (and torchdata's
+    ``StatefulDataLoader``) build ferroloader's, until the returned
+    ``Patch`` is undone (at the end of a ``with`` block)."""
     return Patch()
 
 
-__all__ = ["Patch", "patch"]
+def active() -> bool:
+    """Whether a patch is active."""
+    return _active > 0
+
+
+__all__ = ["Patch", "active", "patch", "record_dataset"]

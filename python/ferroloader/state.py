@@ -217,11 +217,29 @@ class Epoch:
         # workers (torch draws a base seed only for new workers)
         self.base_seed: Optional[int] = None
         self.reset = False
+        # one process: the generators' states when iter() was done with them,
+        # and, if other code drew from them (or reseeded them) before the
+        # first index was drawn, their states then (a resume replays that)
+        self.after_iter: Optional[list[Any]] = None
+        self.first_draw: Optional[list[Any]] = None
         # a map-style dataset with state methods, in workers: each worker's
         # replica state travels with its batches
         self.worker_states = (
             not self.iterable and loader.num_workers > 0 and stateful(loader.dataset)
         )
+
+    def watch_first_draw(self, iterator: Any) -> None:
+        """A one-process epoch draws its first index at the first
+        ``next()``; what ran since ``iter()`` may have moved the generators
+        the sampler draws from."""
+        self.after_iter = _states(self.groups)
+        iterator._on_first_draw(self._first_draw)
+
+    def _first_draw(self) -> None:
+        now = _states(self.groups)
+        before, self.after_iter = self.after_iter, None
+        if before is not None and any(not torch.equal(a, b) for a, b in zip(before, now)):
+            self.first_draw = now
 
     def attach(self, iterator: Any, multiprocess: bool) -> None:
         self.iterator = weakref.ref(iterator)
@@ -377,6 +395,8 @@ def snapshot(loader: Any) -> dict[str, Any]:
         "generators_at_start": [_encode(s) for s in rec.start],
         "exhausted": pos.get("exhausted", False),
     }
+    if rec.first_draw is not None:
+        epoch["generators_at_first_draw"] = [_encode(s) for s in rec.first_draw]
     _persistent_seed(rec, epoch)
     if "workers" in pos:
         # each worker's replica: batches handed over, and the state that
@@ -512,6 +532,14 @@ def _check_epoch(loader: Any, epoch: Any, generators: int, size: int, workers: i
     )
     for i, g in enumerate(starts):
         _check_generator_text(g, size, f"epoch.generators_at_start[{i}]")
+    if "generators_at_first_draw" in epoch:
+        firsts = epoch["generators_at_first_draw"]
+        _need(
+            isinstance(firsts, list) and len(firsts) == generators,
+            "epoch.generators_at_first_draw does not list every generator",
+        )
+        for i, g in enumerate(firsts):
+            _check_generator_text(g, size, f"epoch.generators_at_first_draw[{i}]")
     if "shards" in epoch:
         _need(loader._sharded(), "the state is of a sharded epoch, this loader is not sharded")
         _check_shards(epoch["shards"])
@@ -779,6 +807,10 @@ def resume_source(
             return source
         pending: list[int] = list(resume["pending"])
         drawn = int(resume["drawn"])
+        if "generators_at_first_draw" in resume:
+            # the generators as the sampler found them at its first draw
+            rec.first_draw = [_tensor(s) for s in resume["generators_at_first_draw"]]
+            _set(rec.groups, rec.first_draw)
         if rec.sampler is not None:
             # The sampler resumed itself at `drawn`; re-send what was in flight.
             kept = list(resume.get("pending_batches", []))

@@ -133,10 +133,12 @@ class StatefulDataLoader(DataLoader[_T_co]):
     """``DataLoader`` as torchdata's ``StatefulDataLoader`` behaves:
     ``shuffle=True`` on a map-style dataset samples with torchdata's
     :class:`RandomSampler` (its draws, not torch's), and ``iter()`` with
-    workers returns once every worker that was given a task has set up,
-    raising the first error one raised there (``worker_init_fn``, loading a
+    workers returns once every worker has set up, raising the first
+    error one raised there (``worker_init_fn``, loading a
     replica's state, ``iter(dataset)``), where torch's loader raises it at
-    the first ``next()``. Everything else, state included, is
+    the first ``next()``; and ``state_dict()`` before the first ``iter()``
+    (or after ``load_state_dict()``) starts the epoch's iterator, which the
+    next ``iter()`` returns. Everything else, state included, is
     ``DataLoader``'s."""
 
     _setup_at_iter: ClassVar[bool] = True
@@ -145,6 +147,30 @@ class StatefulDataLoader(DataLoader[_T_co]):
     @classmethod
     def _shuffle_sampler(cls, dataset: Any, generator: Optional[torch.Generator]) -> Any:
         return RandomSampler(dataset, generator=generator)
+
+    # torchdata's state_dict() before the first iter() (or after a load)
+    # starts the epoch's iterator, drawing what iter() draws, and the next
+    # iter() returns that iterator
+    _iterated: bool = False
+    _initial_iterator: Any = None
+
+    def __iter__(self) -> Any:
+        it, self._initial_iterator = self._initial_iterator, None
+        if it is not None:
+            return it
+        self._iterated = True
+        return super().__iter__()
+
+    def state_dict(self) -> dict[str, Any]:
+        if not self._iterated:
+            self._initial_iterator = super().__iter__()
+            self._iterated = True
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._iterated = False
+        self._initial_iterator = None
 
 
 __all__ = ["RandomSampler", "Stateful", "StatefulDataLoader"]

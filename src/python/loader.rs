@@ -56,6 +56,9 @@ pub struct SingleProcessIter {
     /// Per-sample seeding in this process: `save()` before each batch and
     /// `restore()` after it keep the user's global generators untouched.
     rng_guard: Option<Py<PyAny>>,
+    /// Called once, just before the epoch's first index is drawn (the
+    /// sampler draws its randomness then, as torch's does).
+    first_draw: Option<Py<PyAny>>,
     times: MainTimes,
     /// Fetch and collate, done here.
     local: StageTimes,
@@ -126,6 +129,7 @@ impl SingleProcessIter {
             num_drawn: 0,
             ended: false,
             rng_guard,
+            first_draw: None,
             times: MainTimes::default(),
             local: StageTimes::default(),
         })
@@ -163,7 +167,13 @@ impl SingleProcessIter {
             visit.call(d)?;
         }
         visit.call(&self.rng_guard)?;
+        visit.call(&self.first_draw)?;
         visit.call(&self.index_sampler)
+    }
+
+    /// `callback()` runs once, just before the first index is drawn.
+    fn _on_first_draw(&mut self, callback: Py<PyAny>) {
+        self.first_draw = Some(callback);
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -322,6 +332,9 @@ impl SingleProcessIter {
             Source::Indices(indices) => indices,
             Source::Lanes { .. } | Source::Addresses { .. } => unreachable!("next_data"),
         };
+        if let Some(callback) = self.first_draw.take() {
+            callback.call0(py)?;
+        }
         let Some(item) = indices.next(py)? else {
             return Ok(None);
         };

@@ -1,24 +1,24 @@
 """Lightning with strategy="ddp" on 2 CPU ranks (gloo): Lightning rebuilds
 the training loader to inject a DistributedSampler. Run as
-``python lightning_ddp.py OUT_DIR torch|ferroloader``; Lightning re-launches
-this script for rank 1. Each rank writes ``OUT_DIR/rank<r>.json``: the loader
-class it trained from, its sampler's class, the batches it saw, the final
-weights, and how many epochs ferroloader's engine served (0 for torch).
+``python lightning_ddp.py OUT_DIR torch|ferroloader|patched``; Lightning
+re-launches this script for rank 1. ``patched``: the model builds torch's
+``DataLoader`` and the fit runs inside ``ferroloader.patch()``. Each rank
+writes ``OUT_DIR/rank<r>.json``: the loader class it trained from, its
+sampler's class, the batches it saw, the final weights, and how many
+epochs ferroloader's engine served (0 for torch).
 """
 
 import json
 import os
 import sys
 
+import ferroloader
 import lightning as L
 import torch
 import torch.utils.data as tud
 
 out_dir, lib_name = sys.argv[1], sys.argv[2]
-if lib_name == "ferroloader":
-    import ferroloader as lib
-else:
-    lib = tud
+lib = ferroloader if lib_name == "ferroloader" else tud
 
 
 class Data(tud.Dataset):
@@ -31,14 +31,15 @@ class Data(tud.Dataset):
 
 
 SERVED = {"epochs": 0}
-if lib_name == "ferroloader":
-    _get = lib.DataLoader._get_iterator
+_get = ferroloader.DataLoader._get_iterator
 
-    def _counting(self):
-        SERVED["epochs"] += 1
-        return _get(self)
 
-    lib.DataLoader._get_iterator = _counting
+def _counting(self):
+    SERVED["epochs"] += 1
+    return _get(self)
+
+
+ferroloader.DataLoader._get_iterator = _counting
 
 
 class Model(L.LightningModule):
@@ -71,7 +72,11 @@ def main():
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(model)
+    if lib_name == "patched":
+        with ferroloader.patch():
+            trainer.fit(model)
+    else:
+        trainer.fit(model)
     loader = trainer.train_dataloader
     result = {
         "loader": f"{type(loader).__module__}.{type(loader).__qualname__}",
