@@ -377,3 +377,28 @@ def test_a_loader_pickles_and_deep_copies_after_an_epoch_as_torchs_does():
         for clone in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
             torch.set_rng_state(state)
             assert [b.tolist() for b in clone] == nxt, lib
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_built_samplers_are_ferroloaders_subclasses_with_torchs_draws(shuffle, batch_size):
+    """The samplers the constructor builds are ferroloader's classes, so
+    isinstance holds against both libraries' names, and the batches stay
+    torch's (same draws from the same generator)."""
+    fl = ferroloader
+    data = list(range(23))
+    ours = fl.DataLoader(data, batch_size=batch_size, shuffle=shuffle)
+    theirs = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=shuffle)
+    kind = "RandomSampler" if shuffle else "SequentialSampler"
+    assert isinstance(ours.sampler, getattr(fl, kind))
+    assert isinstance(ours.sampler, getattr(torch.utils.data, kind))
+    if batch_size is not None:
+        assert isinstance(ours.batch_sampler, fl.BatchSampler)
+        assert isinstance(ours.batch_sampler, torch.utils.data.BatchSampler)
+        assert ours.batch_sampler.sampler is ours.sampler
+    assert (ours.batch_size, ours.drop_last) == (theirs.batch_size, theirs.drop_last)
+    for _ in range(2):
+        torch.manual_seed(3)
+        want = [torch.as_tensor(b).tolist() for b in theirs]
+        torch.manual_seed(3)
+        assert [torch.as_tensor(b).tolist() for b in ours] == want

@@ -18,13 +18,20 @@ from typing import Any, Callable, ClassVar, Iterable, Optional, TypeVar, Union
 
 import torch
 import torch.utils.data.dataloader as _tdl
+import torch.utils.data.sampler as _ts
 from torch.utils.data import _utils
 
 from ferroloader import _core, _worker, forkserver, pinning, state
 from ferroloader._fetch import fetch_plan
 from ferroloader.errors import ConfigError
 from ferroloader.patch import record_dataset
-from ferroloader.sampler import native_batch_iter, native_iter
+from ferroloader.sampler import (
+    BatchSampler,
+    RandomSampler,
+    SequentialSampler,
+    native_batch_iter,
+    native_iter,
+)
 from ferroloader.seeds import SeededDataset, ShardSeeder
 from ferroloader.shards import ElasticBatchSampler, ShardedDataset, ShardEpoch, Sharding
 from ferroloader.stats import LoaderStats, of_iterator
@@ -124,6 +131,8 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             in_order=in_order,
         )
         record_dataset(dataset)
+        if not sharded:
+            _own_samplers(self, sampler is None, batch_sampler is None)
         # torchdata's StatefulDataLoader argument: how often its workers send
         # their state. ferroloader's state is exact after every batch, so it
         # changes nothing here (see the README); kept as an attribute.
@@ -252,6 +261,25 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             # DataPipes (deprecated in torch) need torch's sharding and seeding.
             return _tdl._MultiProcessingDataLoaderIter(self)
         return _MultiProcessIter.start(self)
+
+
+def _own_samplers(loader: DataLoader[Any], sampler_built: bool, batch_built: bool) -> None:
+    """The samplers torch's constructor built, as ferroloader's classes (its
+    subclasses, with the same draws), so ``isinstance`` holds for both."""
+    s = loader.sampler
+    ours: Any = None
+    if sampler_built and type(s) is _ts.RandomSampler:
+        ours = RandomSampler(s.data_source, s.replacement, s._num_samples, generator=s.generator)
+    elif sampler_built and type(s) is _ts.SequentialSampler:
+        ours = SequentialSampler(s.data_source)
+    if ours is not None:
+        # torch refuses these assignments after __init__ (its __setattr__)
+        object.__setattr__(loader, "sampler", ours)
+    b = loader.batch_sampler
+    if batch_built and type(b) is _ts.BatchSampler:
+        object.__setattr__(
+            loader, "batch_sampler", BatchSampler(loader.sampler, b.batch_size, b.drop_last)
+        )
 
 
 def _is_datapipe(dataset: Any) -> bool:
