@@ -1,7 +1,7 @@
 """Faults in multi-process loading: a clear error, never a hang, nothing left behind.
 
-Every test has a timeout (thread method: a wait that does not return to
-Python still ends the run instead of blocking it). Where torch defines the
+Every test has a timeout (signal method: it fails that test and the run
+goes on; see tests/test_suite_guard.py). Where torch defines the
 outcome (exception types and messages, the timeout text) the test runs torch
 too and compares; the rest are the properties issue 4 states (a dead worker
 reported within a second, workers gone when the main process or an iterator
@@ -465,6 +465,29 @@ def test_timeout_raises_torch_error(timeout):
     assert e_msg == f"DataLoader timed out after {timeout} seconds"
     assert a_msg == e_msg
     assert timeout * 0.9 <= a_elapsed < timeout + 1.0, f"timed out after {a_elapsed:.2f} s"
+
+
+@time_limit(60)
+@ferro_only
+def test_timeout_error_comes_when_the_timeout_passes_even_as_the_iterator_goes():
+    """The iterator whose next() timed out is often dropped while the error
+    is raised (nothing else refers to it); its stuck worker is not waited
+    for (it would not answer), so the error comes when the timeout passes,
+    not after a teardown's grace period (5 s)."""
+    loader = FERRO.DataLoader(mh.SlowDataset(4, 60.0), batch_size=1, num_workers=1, timeout=1)
+    holder = [iter(loader)]
+    workers = mh.children_of(os.getpid())
+
+    def pull() -> None:
+        it = holder.pop()
+        next(it)  # the only reference: dropped as the error leaves
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="timed out after 1 seconds"):
+        pull()
+    elapsed = time.monotonic() - t0
+    assert elapsed < 1 + 2.5, f"the error came after {elapsed:.2f} s"
+    assert mh.wait_until(lambda: not mh.alive(workers), 10.0), "the worker was not reaped"
 
 
 @time_limit(60)

@@ -660,8 +660,11 @@ class _MultiProcessIter(_core.MultiProcessIter):
         if rec is not None:
             rec.detach(self)
         _harvest_stats(self)
+        # after a timeout a worker is stuck in user code: no grace for it (the
+        # iterator often goes away while its timeout error is raised)
+        stuck = self._timed_out
         self._close()
-        _stop_processes(getattr(self, "_procs", ()))
+        _stop_processes(getattr(self, "_procs", ()), grace=0.0 if stuck else 5.0)
 
     def __del__(self) -> None:
         if getattr(self, "_owner_pid", None) != os.getpid():

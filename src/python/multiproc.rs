@@ -134,6 +134,9 @@ pub struct MultiProcessIter {
     num_yielded: usize,
     /// The epoch ran to its end.
     ended: bool,
+    /// The last wait ran past `timeout`: a worker is stuck, so a teardown
+    /// need not wait for it to answer `Shutdown`.
+    timed_out: bool,
     times: MainTimes,
 }
 
@@ -177,6 +180,7 @@ impl MultiProcessIter {
             len_called,
             num_yielded: 0,
             ended: false,
+            timed_out: false,
             times: MainTimes::default(),
         })
     }
@@ -342,6 +346,12 @@ impl MultiProcessIter {
         self.core.is_closed()
     }
 
+    /// The last wait for a batch ran past the loader's `timeout`.
+    #[getter]
+    fn _timed_out(&self) -> bool {
+        self.timed_out
+    }
+
     /// Stops every worker: a Shutdown frame, then the socket is closed so a
     /// worker that misses the frame still sees EOF.
     fn _close(&mut self) {
@@ -482,8 +492,12 @@ impl MultiProcessIter {
     fn wait(&mut self, py: Python<'_>, stop: Option<&StopFlag>) -> PyResult<()> {
         let source = &self.source;
         let timeout = self.timeout.as_ref().map(|(t, s)| (*t, s.as_str()));
-        self.core
-            .wait(&mut Gil(py, stop), &mut || source.draw(py), timeout)
+        let started = std::time::Instant::now();
+        let waited = self
+            .core
+            .wait(&mut Gil(py, stop), &mut || source.draw(py), timeout);
+        self.timed_out = waited.is_err() && timeout.is_some_and(|(t, _)| started.elapsed() >= t);
+        waited
     }
 }
 
