@@ -26,7 +26,6 @@ from ferroloader._fetch import fetch_plan
 from ferroloader.errors import ConfigError
 from ferroloader.patch import record_dataset
 from ferroloader.sampler import (
-    BatchSampler,
     RandomSampler,
     SequentialSampler,
     native_batch_iter,
@@ -264,22 +263,25 @@ class DataLoader(_tdl.DataLoader[_T_co]):
 
 
 def _own_samplers(loader: DataLoader[Any], sampler_built: bool, batch_built: bool) -> None:
-    """The samplers torch's constructor built, as ferroloader's classes (its
-    subclasses, with the same draws), so ``isinstance`` holds for both."""
+    """The sampler torch's constructor built, as ferroloader's class (its
+    subclass, with the same draws), so ``isinstance`` holds for both. The
+    batch sampler stays torch's class: Lightning re-instantiates any other
+    (``type(batch_sampler) is not BatchSampler``) and passes it as
+    ``batch_sampler=``, which would leave the rebuilt loader's
+    ``batch_size`` None; it is given the new sampler."""
     s = loader.sampler
     ours: Any = None
     if sampler_built and type(s) is _ts.RandomSampler:
         ours = RandomSampler(s.data_source, s.replacement, s._num_samples, generator=s.generator)
     elif sampler_built and type(s) is _ts.SequentialSampler:
         ours = SequentialSampler(s.data_source)
-    if ours is not None:
-        # torch refuses these assignments after __init__ (its __setattr__)
-        object.__setattr__(loader, "sampler", ours)
+    if ours is None:
+        return
+    # torch refuses this assignment after __init__ (its __setattr__)
+    object.__setattr__(loader, "sampler", ours)
     b = loader.batch_sampler
-    if batch_built and type(b) is _ts.BatchSampler:
-        object.__setattr__(
-            loader, "batch_sampler", BatchSampler(loader.sampler, b.batch_size, b.drop_last)
-        )
+    if batch_built and type(b) is _ts.BatchSampler and b.sampler is s:
+        b.sampler = ours
 
 
 def _is_datapipe(dataset: Any) -> bool:
