@@ -427,7 +427,11 @@ def ddp_rank(rank: int, world: int, port: int, out: str, lib_name: str) -> None:
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         data = Data(40)
         sampler = lib.DistributedSampler(data, shuffle=True, seed=3)
-        loader = lib.DataLoader(data, batch_size=4, sampler=sampler, num_workers=2)
+        # ranks started with spawn would spawn their workers too (a fresh
+        # interpreter each, seconds apiece): they fork, for both libraries
+        loader = lib.DataLoader(
+            data, batch_size=4, sampler=sampler, num_workers=2, multiprocessing_context="fork"
+        )
         seen = []
         for epoch in range(2):
             sampler.set_epoch(epoch)
