@@ -458,3 +458,54 @@ def test_one_dynamic_lane_keeps_the_stream_order():
     )
     for epoch in range(10):
         assert _epoch(loader) == _epoch(ref), f"epoch {epoch}"
+
+
+class _OneShardWillNotOpen(fl.ShardedDataset):
+    """Shard "bad" raises when it is opened (a missing file, as FileShards
+    over a path that is gone); the others hold 5 items each."""
+
+    def shards(self) -> list[str]:
+        return ["a", "bad", "c", "d"]
+
+    def shard_len(self, shard: str) -> int:
+        return 5
+
+    def iter_shard(self, shard: str, start: int = 0) -> Any:
+        if shard == "bad":
+            raise FileNotFoundError(f"no such file: {shard}")
+        return iter([f"{shard}{i}" for i in range(start, 5)])
+
+
+@time_limit(60)
+@pytest.mark.parametrize("mode", ["static", "dynamic", "elastic"])
+@pytest.mark.parametrize("nw", [0, 2])
+def test_a_shard_that_fails_to_open_is_raised_once_and_the_epoch_goes_on(mode, nw):
+    """torch's iterators may be resumed after an error: a loop that catches
+    it gets the rest of the epoch and the epoch ends. A lane (static,
+    dynamic) ends the failed shard with the batch it was filling, so the
+    error comes once; elastic batches address items, so each batch holding
+    one of the shard's items raises."""
+    loader = fl.DataLoader(
+        _OneShardWillNotOpen(),
+        batch_size=2,
+        num_workers=nw,
+        sharding=fl.Sharding(mode=mode),
+        timeout=20 if nw else 0,
+    )
+    it = iter(loader)
+    got: list[str] = []
+    errors = 0
+    while True:
+        try:
+            got.extend(next(it))
+        except StopIteration:
+            break
+        except FileNotFoundError:
+            errors += 1
+            assert errors == 1 or mode == "elastic", "raised again"
+            assert errors <= 3
+    assert errors >= 1
+    assert not any(x.startswith("bad") for x in got)
+    assert len(got) == len(set(got))
+    # shards "c" and "d" are read whole whatever batch the error took
+    assert {f"{s}{i}" for s in "cd" for i in range(5)} <= set(got)

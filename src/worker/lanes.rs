@@ -200,8 +200,10 @@ impl<S: ShardSource> Lane<S> {
                 Err(e) => {
                     self.partial.clear();
                     if std::mem::take(&mut self.next_failed) {
-                        // the next shard failed as it was read ahead: it ends
+                        // the next shard failed as it was read ahead (or
+                        // opened): it was begun, and it ends
                         self.next = None;
+                        self.started += 1;
                     } else if let Some(r) = self.reading.take() {
                         self.ended_at = Some((r.shard, r.emitted));
                     }
@@ -229,7 +231,18 @@ impl<S: ShardSource> Lane<S> {
                         let Some(work) = self.works.pop_front() else {
                             return Ok(None);
                         };
-                        Reading::open(src, work, self.config.blocks)?
+                        match Reading::open(src, work, self.config.blocks) {
+                            Ok(r) => r,
+                            Err(e) => {
+                                // a shard that fails to open was begun and
+                                // ends: counted, or a dynamic lane's `given`
+                                // falls behind what it was given and it is
+                                // never given more
+                                self.started += 1;
+                                self.ended_at = Some((work.shard, work.emitted));
+                                return Err(e);
+                            }
+                        }
                     }
                 };
                 self.started += 1;
@@ -542,6 +555,8 @@ mod tests {
     struct Shards {
         lens: Vec<u64>,
         fail: Option<(u32, u64)>,
+        /// Opening this shard is an error.
+        fail_open: Option<u32>,
         opens: usize,
     }
 
@@ -549,8 +564,11 @@ mod tests {
         type Item = (u32, u64);
         type Iter = ();
         type Error = String;
-        fn open(&mut self, _shard: u32, _start: u64) -> Result<(), String> {
+        fn open(&mut self, shard: u32, _start: u64) -> Result<(), String> {
             self.opens += 1;
+            if self.fail_open == Some(shard) {
+                return Err(format!("open {shard}"));
+            }
             Ok(())
         }
         fn next(
@@ -573,6 +591,7 @@ mod tests {
         Shards {
             lens: lens.to_vec(),
             fail: None,
+            fail_open: None,
             opens: 0,
         }
     }
@@ -753,6 +772,49 @@ mod tests {
             Pull::Batch(vec![(1, 0), (1, 1)])
         );
         assert_eq!(lane.pull(&mut s).unwrap(), Pull::Exhausted);
+    }
+
+    /// A dynamic lane given shards one at a time, as the main process
+    /// gives them: `NeedWork` is answered with the next shard while the
+    /// lane's `given` counts every shard it was given.
+    fn drain_dynamic(
+        lane: &mut Lane<Shards>,
+        s: &mut Shards,
+        mut order: VecDeque<u32>,
+    ) -> (Vec<Vec<(u32, u64)>>, Vec<String>) {
+        let (mut out, mut errs) = (Vec::new(), Vec::new());
+        let mut handed = 0u32;
+        for _ in 0..100 {
+            match lane.pull(s) {
+                Ok(Pull::Batch(b)) => out.push(b),
+                Ok(Pull::Exhausted) => return (out, errs),
+                Ok(Pull::NeedWork) => {
+                    // the main process gives more only past what it gave
+                    assert_eq!(lane.given(), handed, "the lane lost count of its shards");
+                    let next = order.pop_front();
+                    handed += u32::from(next.is_some());
+                    lane.assign(works(&next.into_iter().collect::<Vec<_>>()), order.is_empty());
+                }
+                Err(e) => errs.push(e),
+            }
+        }
+        panic!("the lane did not finish: {out:?} {errs:?}");
+    }
+
+    #[test]
+    fn a_shard_that_fails_to_open_ends_and_a_dynamic_lane_goes_on() {
+        for blocks in [None, Some(Blocks { root: 3, size: 2 })] {
+            let mut s = src(&[3, 2, 2]);
+            s.fail_open = Some(1);
+            let mut lane = Lane::new(config(Some(2), false, blocks));
+            let (out, errs) = drain_dynamic(&mut lane, &mut s, VecDeque::from([0, 1, 2]));
+            assert_eq!(errs, vec!["open 1".to_string()], "{blocks:?}");
+            let items: Vec<_> = out.into_iter().flatten().collect();
+            let mut sorted = items.clone();
+            sorted.sort_unstable();
+            assert!(!items.iter().any(|&(sh, _)| sh == 1), "{blocks:?}");
+            assert!(sorted.contains(&(2, 0)) && sorted.contains(&(2, 1)), "{blocks:?}: {items:?}");
+        }
     }
 
     proptest! {
