@@ -793,7 +793,10 @@ mod tests {
                     assert_eq!(lane.given(), handed, "the lane lost count of its shards");
                     let next = order.pop_front();
                     handed += u32::from(next.is_some());
-                    lane.assign(works(&next.into_iter().collect::<Vec<_>>()), order.is_empty());
+                    lane.assign(
+                        works(&next.into_iter().collect::<Vec<_>>()),
+                        order.is_empty(),
+                    );
                 }
                 Err(e) => errs.push(e),
             }
@@ -813,7 +816,10 @@ mod tests {
             let mut sorted = items.clone();
             sorted.sort_unstable();
             assert!(!items.iter().any(|&(sh, _)| sh == 1), "{blocks:?}");
-            assert!(sorted.contains(&(2, 0)) && sorted.contains(&(2, 1)), "{blocks:?}: {items:?}");
+            assert!(
+                sorted.contains(&(2, 0)) && sorted.contains(&(2, 1)),
+                "{blocks:?}: {items:?}"
+            );
         }
     }
 
