@@ -69,13 +69,43 @@ def test_shared_memory_limit_is_its_own_runtime_error(monkeypatch):
         next(iter(loader))
 
 
-def test_a_bad_limit_setting_is_a_config_error(monkeypatch):
-    """An unreadable FERROLOADER_SHM_LIMIT is a ConfigError (a ValueError)."""
-    monkeypatch.setenv("FERROLOADER_SHM_LIMIT", "lots")
-    loader = ferroloader.DataLoader(list(range(4)), num_workers=1)
-    with pytest.raises(ValueError, match="FERROLOADER_SHM_LIMIT") as ei:
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("FERROLOADER_SHM_LIMIT", "lots"),
+        ("FERROLOADER_SHM_LIMIT", "inf"),
+        ("FERROLOADER_SHM_LIMIT", "nan"),
+        ("FERROLOADER_SHM_LIMIT", "1e30"),
+        ("FERROLOADER_SHM_LIMIT", "-5M"),
+        ("FERROLOADER_SHM_LIMIT", "0"),
+        ("FERROLOADER_SPIN_US", "fast"),
+        ("FERROLOADER_SPIN_US", "-1"),
+        ("FERROLOADER_SPIN_US", "1e99"),
+        ("FERROLOADER_WARN_WAITING", "often"),
+        ("FERROLOADER_WARN_WAITING", "1.5"),
+        ("FERROLOADER_WARN_WAITING", "0"),
+    ],
+)
+@pytest.mark.parametrize("nw", [0, 1])
+def test_a_bad_setting_is_a_config_error(monkeypatch, name, value, nw):
+    """A setting the engine cannot use is a ConfigError (a ValueError) naming
+    it, raised by iter() before any worker starts: never a bare
+    OverflowError, a worker that dies, or a value silently ignored."""
+    monkeypatch.setenv(name, value)
+    loader = ferroloader.DataLoader(list(range(4)), num_workers=nw)
+    with pytest.raises(ValueError, match=name) as ei:
         iter(loader)
     assert isinstance(ei.value, errors.ConfigError)
+
+
+@pytest.mark.parametrize(
+    "name,value", [("FERROLOADER_SHM_LIMIT", "1e18"), ("FERROLOADER_SHM_LIMIT", "64T"),
+                   ("FERROLOADER_SPIN_US", " 50 "), ("FERROLOADER_WARN_WAITING", "0.5")]
+)
+def test_good_settings_are_taken(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    loader = ferroloader.DataLoader(list(range(6)), batch_size=3, num_workers=2)
+    assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5]]
 
 
 class _Exits(torch.utils.data.Dataset):

@@ -10,6 +10,7 @@ replaced: indices, fetch, default collation and reassembly run in Rust.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import socket
 import time
@@ -253,6 +254,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         return super().__iter__()
 
     def _get_iterator(self) -> Any:
+        check_environment()
         if self.num_workers == 0:
             return _single_process_iter(self)
         self.check_worker_number_rationality()
@@ -478,6 +480,10 @@ _SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _INITIAL_ARENA = 64 << 20
 
 
+# a larger budget cannot be a size of memory (and would overflow the engine's)
+_MAX_SHM = 1 << 60
+
+
 def shm_limit() -> int:
     """The loader's shared-memory budget in bytes, shared by its workers:
     ``FERROLOADER_SHM_LIMIT`` (a byte count, optionally with a K, M, G or T
@@ -487,13 +493,40 @@ def shm_limit() -> int:
         unit = raw[-1] if raw[-1] in _SIZE_SUFFIXES else ""
         number = raw[: len(raw) - len(unit)].strip()
         try:
-            return max(1, int(float(number) * _SIZE_SUFFIXES[unit]))
+            value = float(number) * _SIZE_SUFFIXES[unit]
         except ValueError:
+            value = math.nan
+        if not 1 <= value <= _MAX_SHM:  # also NaN and inf
             raise ConfigError(
                 f"FERROLOADER_SHM_LIMIT={os.environ['FERROLOADER_SHM_LIMIT']!r} is not a size "
-                "(e.g. 512M or 8G)"
+                "from 1 byte to 1024T (e.g. 512M or 8G)"
             ) from None
+        return int(value)
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+def check_environment() -> None:
+    """Refuses settings the engine would otherwise ignore: each read when
+    an epoch starts, so a bad value is named before any worker starts."""
+    shm_limit()
+    spin = os.environ.get("FERROLOADER_SPIN_US")
+    if spin is not None and not (
+        spin.strip().isascii() and spin.strip().isdigit() and int(spin) <= 10_000_000
+    ):
+        raise ConfigError(
+            f"FERROLOADER_SPIN_US={spin!r} is not a whole number of microseconds up to "
+            "10000000 (e.g. 100)"
+        )
+    share = os.environ.get("FERROLOADER_WARN_WAITING")
+    if share is not None:
+        try:
+            ok = 0.0 < float(share) < 1.0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigError(
+                f"FERROLOADER_WARN_WAITING={share!r} is not a share between 0 and 1 (e.g. 0.3)"
+            )
 
 
 class _MultiProcessIter(_core.MultiProcessIter):

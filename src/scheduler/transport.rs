@@ -268,7 +268,7 @@ fn spin_override() -> Option<std::time::Duration> {
     *SPIN.get_or_init(|| {
         std::env::var("FERROLOADER_SPIN_US")
             .ok()
-            .and_then(|v| v.parse().ok())
+            .and_then(|v| v.trim().parse().ok())
             .map(std::time::Duration::from_micros)
     })
 }
