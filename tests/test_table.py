@@ -331,3 +331,140 @@ def test_a_directory_of_parquet_and_arrow_files_is_a_sharded_dataset(tmp_path, m
     assert sorted(seen) == want
     if mode == "static":
         assert orders[(0, 0)] == orders[(0, 2)] and orders[(1, 0)] == orders[(1, 2)]
+
+
+# --------------------------------------------------------------------------- #
+# Tables users hand in that are empty, odd or damaged
+# --------------------------------------------------------------------------- #
+
+
+def _zero_row_sources() -> list[Any]:
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is a test extra")
+    out = [pa.table({"x": pa.array([], pa.int64()), "s": pa.array([], pa.string())})]
+    pd = pytest.importorskip("pandas", reason="pandas is a test extra")
+    out.append(pd.DataFrame({"x": np.array([], dtype=np.int64)}))
+    pl = pytest.importorskip("polars", reason="polars is a test extra")
+    out.append(pl.DataFrame({"x": pl.Series([], dtype=pl.Int64)}))
+    return out
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_a_table_without_rows_yields_no_batches(nw):
+    """A zero-row table's columns keep their types (the schema's), and the
+    loader yields no batch, as torch's does over an empty dataset."""
+    for src in _zero_row_sources():
+        ds = fl.TableDataset(src)
+        assert len(ds) == 0
+        assert list(fl.DataLoader(ds, batch_size=4, num_workers=nw)) == []
+        assert list(torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=ds.collate)) == []
+
+
+def test_table_shards_over_a_directory_with_an_empty_part(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is a test extra")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": pa.array([], pa.int64())}), tmp_path / "part-0.parquet")
+    pq.write_table(pa.table({"x": pa.array([1, 2, 3], pa.int64())}), tmp_path / "part-1.parquet")
+    got = [b["x"].tolist() for b in fl.DataLoader(fl.TableShards(str(tmp_path)), batch_size=2)]
+    assert sorted(x for b in got for x in b) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_a_width_zero_fixed_size_list_gives_empty_rows(nw):
+    """A fixed_size_list of width 0 is a valid column: (0,) per row, (B, 0)
+    per batch, as torch's default_collate stacks the rows."""
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is a test extra")
+    t = pa.table({"v": pa.array([[], [], []], pa.list_(pa.float32(), 0)), "i": [1, 2, 3]})
+    ds = fl.TableDataset(t)
+    assert ds[1]["v"].shape == (0,) and ds[1]["v"].dtype == torch.float32
+    want = list(torch.utils.data.DataLoader(ds, batch_size=2))
+    assert_same(want, list(fl.DataLoader(ds, batch_size=2, num_workers=nw)))
+
+
+def test_duplicate_column_names_are_refused_by_name():
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is a test extra")
+    t = pa.Table.from_arrays([pa.array([1, 2]), pa.array([3, 4])], names=["a", "a"])
+    with pytest.raises(fl.ConfigError, match="more than one column named 'a'"):
+        fl.TableDataset(t)
+    cols = [pa.array([1, 2]), pa.array([3, 4]), pa.array([5, 6])]
+    t = pa.Table.from_arrays(cols, names=["a", "a", "b"])
+    assert fl.TableDataset(t, columns=["b"])[1] == {"b": torch.tensor(6)}
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_invalid_utf8_is_a_unicode_error_not_a_panic(nw):
+    """A string column with invalid UTF-8 (which pyarrow's quick validate()
+    passes) raises UnicodeDecodeError for that row, as pyarrow's per-row
+    read does; with workers torch's wrapper re-raises it."""
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is a test extra")
+    offsets = pa.py_buffer(np.array([0, 2, 4], np.int32).tobytes())
+    bad = pa.Array.from_buffers(pa.string(), 2, [None, offsets, pa.py_buffer(b"ok\xff\xfe")])
+    ds = fl.TableDataset(pa.table({"s": bad}))
+    assert ds[0] == {"s": "ok"}
+    with pytest.raises(UnicodeDecodeError):
+        ds[1]
+    with pytest.raises(Exception, match=r"UnicodeDecodeError|invalid utf-8") as e:
+        list(fl.DataLoader(ds, batch_size=2, num_workers=nw))
+    assert isinstance(e.value, (UnicodeDecodeError, RuntimeError))
+
+
+_DAMAGE = """
+import random, sys
+import ferroloader as fl
+raw = open(sys.argv[1], "rb").read()
+outcomes = {"ok": 0, "error": 0}
+for seed in range(40):
+    rng = random.Random(seed)
+    data = bytearray(raw)
+    for _ in range(rng.randint(1, 6)):
+        at = rng.randrange(len(data) // 4, len(data))
+        data[at] = rng.randrange(256)
+    path = sys.argv[2]
+    open(path, "wb").write(bytes(data))
+    try:
+        ds = fl.TableDataset(path)
+        for i in range(len(ds)):
+            ds[i]
+        for _ in fl.DataLoader(ds, batch_size=7):
+            pass
+        outcomes["ok"] += 1
+    except Exception:
+        outcomes["error"] += 1
+print(outcomes)
+"""
+
+
+@time_limit(120)
+def test_randomly_damaged_arrow_files_are_errors_never_crashes(tmp_path):
+    """40 Arrow IPC files with random bytes overwritten: each loads or raises
+    an Exception; no Rust panic (a BaseException), no crash of the process."""
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is a test extra")
+    import subprocess
+    import sys
+
+    import pyarrow.ipc as ipc
+
+    n = 200
+    t = pa.table(
+        {
+            "i": np.arange(n, dtype=np.int64),
+            "f": np.linspace(0, 1, n, dtype=np.float32),
+            "s": [f"row {k} " * (k % 5) for k in range(n)],
+            "l": [[k, k + 1] for k in range(n)],  # equal lengths: batches stack
+        }
+    )
+    src = tmp_path / "t.arrow"
+    with ipc.new_file(str(src), t.schema) as w:
+        w.write_table(t, max_chunksize=64)
+    script = tmp_path / "damage.py"
+    script.write_text(_DAMAGE)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(src), str(tmp_path / "bad.arrow")],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "PanicException" not in proc.stderr
+    counts = eval(proc.stdout.strip().splitlines()[-1])  # the script's dict
+    assert counts["ok"] + counts["error"] == 40

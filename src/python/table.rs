@@ -172,13 +172,89 @@ struct Column {
     starts: Vec<usize>,
 }
 
+/// Refuses a damaged chunk (a file that pyarrow's quick check passes can
+/// still hold one): buffer sizes (arrow's cheap `validate`), and offsets that
+/// stay inside their values, so no later read goes out of bounds. UTF-8 is
+/// checked per value read; view types, rare, are checked in full.
+fn check_chunk(name: &str, c: &ArrayRef) -> PyResult<()> {
+    let damaged = |e: String| {
+        Class::Config.err(format!(
+            "TableDataset: column '{name}' is damaged ({e}); pyarrow's \
+             Table.validate(full=True) names the fault"
+        ))
+    };
+    let data = c.to_data();
+    data.validate().map_err(|e| damaged(e.to_string()))?;
+    match c.data_type() {
+        DataType::Utf8View | DataType::BinaryView => {
+            data.validate_full().map_err(|e| damaged(e.to_string()))?;
+        }
+        DataType::Utf8 | DataType::Binary => {
+            check_offsets(c.as_bytes_offsets_i32()).map_err(damaged)?;
+        }
+        DataType::LargeUtf8 | DataType::LargeBinary => {
+            check_offsets(c.as_bytes_offsets_i64()).map_err(damaged)?;
+        }
+        DataType::List(_) => {
+            let l = c.as_list::<i32>();
+            let o: Vec<i64> = l.value_offsets().iter().map(|&v| i64::from(v)).collect();
+            check_offsets((o, l.values().len())).map_err(damaged)?;
+        }
+        DataType::LargeList(_) => {
+            let l = c.as_list::<i64>();
+            check_offsets((l.value_offsets().to_vec(), l.values().len())).map_err(damaged)?;
+        }
+        DataType::Dictionary(..) => check_chunk(name, c.as_any_dictionary().values())?,
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Offsets that never decrease and stay within `len` values.
+fn check_offsets((offsets, len): (Vec<i64>, usize)) -> Result<(), String> {
+    if offsets.first().is_some_and(|&o| o < 0) {
+        return Err("a negative offset".into());
+    }
+    if offsets.windows(2).any(|w| w[1] < w[0]) {
+        return Err("offsets that decrease".into());
+    }
+    if offsets.last().is_some_and(|&o| o as u64 > len as u64) {
+        return Err(format!("an offset past its {len} values"));
+    }
+    Ok(())
+}
+
+/// The offsets of a string or binary chunk, widened, with its value bytes.
+trait ByteOffsets {
+    fn as_bytes_offsets_i32(&self) -> (Vec<i64>, usize);
+    fn as_bytes_offsets_i64(&self) -> (Vec<i64>, usize);
+}
+
+impl ByteOffsets for ArrayRef {
+    fn as_bytes_offsets_i32(&self) -> (Vec<i64>, usize) {
+        let d = self.to_data();
+        let o: &[i32] = d.buffer::<i32>(0);
+        let o = &o[..(d.len() + 1).min(o.len())];
+        (
+            o.iter().map(|&v| i64::from(v)).collect(),
+            d.buffers()[1].len(),
+        )
+    }
+    fn as_bytes_offsets_i64(&self) -> (Vec<i64>, usize) {
+        let d = self.to_data();
+        let o: &[i64] = d.buffer::<i64>(0);
+        let o = &o[..(d.len() + 1).min(o.len())];
+        (o.to_vec(), d.buffers()[1].len())
+    }
+}
+
 impl Column {
-    fn new(name: String, chunks: Vec<ArrayRef>) -> PyResult<Column> {
-        let dt = chunks
-            .first()
-            .map(|c| c.data_type().clone())
-            .unwrap_or(DataType::Null);
-        let kind = kind_of(&name, &dt)?;
+    fn new(name: String, dt: &DataType, chunks: Vec<ArrayRef>) -> PyResult<Column> {
+        // the schema's type: a table without rows still has typed columns
+        let kind = kind_of(&name, dt)?;
+        for c in &chunks {
+            check_chunk(&name, c)?;
+        }
         let nulls_ok = matches!(kind, Kind::Text)
             || matches!(&kind, Kind::Dict { values, .. } if matches!(**values, Kind::Text));
         for c in &chunks {
@@ -258,14 +334,33 @@ fn text<'py>(py: Python<'py>, a: &dyn Array, r: usize) -> PyResult<Bound<'py, Py
         return Ok(py.None().into_bound(py));
     }
     Ok(match a.data_type() {
-        DataType::Utf8 => PyString::new(py, a.as_string::<i32>().value(r)).into_any(),
-        DataType::LargeUtf8 => PyString::new(py, a.as_string::<i64>().value(r)).into_any(),
+        DataType::Utf8 => {
+            let s = a.as_string::<i32>();
+            let o = s.value_offsets();
+            utf8(py, &s.value_data()[o[r] as usize..o[r + 1] as usize])?
+        }
+        DataType::LargeUtf8 => {
+            let s = a.as_string::<i64>();
+            let o = s.value_offsets();
+            utf8(py, &s.value_data()[o[r] as usize..o[r + 1] as usize])?
+        }
         DataType::Utf8View => PyString::new(py, a.as_string_view().value(r)).into_any(),
         DataType::Binary => PyBytes::new(py, a.as_binary::<i32>().value(r)).into_any(),
         DataType::LargeBinary => PyBytes::new(py, a.as_binary::<i64>().value(r)).into_any(),
         DataType::BinaryView => PyBytes::new(py, a.as_binary_view().value(r)).into_any(),
         other => return Err(Class::Internal.err(format!("{other} is not text"))),
     })
+}
+
+/// A string value from its bytes: invalid UTF-8 is the `UnicodeDecodeError`
+/// pyarrow raises for it, not a string built from bad bytes.
+fn utf8<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => Ok(PyString::new(py, s).into_any()),
+        Err(e) => Err(PyErr::from_value(
+            pyo3::exceptions::PyUnicodeDecodeError::new_utf8(py, bytes, e)?.into_any(),
+        )),
+    }
 }
 
 /// A fresh tensor of `shape` and `dtype` filled by `fill`.
@@ -338,6 +433,9 @@ impl ArrowTable {
         match &c.kind {
             Kind::Fixed { dtype, width, list } => {
                 let shape: &[i64] = if *list { &[*width as i64] } else { &[] };
+                if *width == 0 {
+                    return tensor(py, shape, *dtype, |_| true);
+                }
                 let src = c.fixed(*dtype, *width);
                 tensor(py, shape, *dtype, |dst| src.gather(dst, &[row as i64]))
             }
@@ -353,7 +451,8 @@ impl ArrowTable {
                 match &**values {
                     Kind::Text => text(py, vals.as_ref(), key),
                     other => {
-                        let one = Column::new(c.name.clone(), vec![vals.clone()])?;
+                        let one =
+                            Column::new(c.name.clone(), vals.data_type(), vec![vals.clone()])?;
                         debug_assert!(matches!(other, Kind::Fixed { .. } | Kind::Bool));
                         self.row_value(py, &one, key)
                     }
@@ -429,6 +528,10 @@ impl ArrowTable {
         match &c.kind {
             Kind::Fixed { dtype, width, list } => {
                 let shape = fixed_shape(*width, *list);
+                if *width == 0 {
+                    // `(B, 0)`: no bytes to read
+                    return tensor(py, &shape, *dtype, |_| true);
+                }
                 if let Some(l) = leaf(*dtype, shape.clone())? {
                     return Ok(l);
                 }
@@ -516,6 +619,7 @@ impl ArrowTable {
             return false;
         };
         match &c.kind {
+            Kind::Fixed { width: 0, .. } => true,
             Kind::Fixed { dtype, width, .. } => c.fixed(*dtype, *width).gather(dst, rows),
             Kind::Bool => c.bits().gather(dst, rows),
             Kind::List { dtype, large } => {
@@ -597,6 +701,13 @@ impl ArrowTable {
         let names = names.unwrap_or_else(|| all.clone());
         let mut columns = Vec::with_capacity(names.len());
         for name in names {
+            if all.iter().filter(|n| **n == name).count() > 1 {
+                // a row is a dict by column name: two columns cannot share one
+                return Err(Class::Config.err(format!(
+                    "TableDataset: the table has more than one column named '{name}'; rename \
+                     them, or leave them out with columns="
+                )));
+            }
             let Some(i) = all.iter().position(|n| *n == name) else {
                 let have: Vec<String> = all.iter().map(|n| format!("'{n}'")).collect();
                 return Err(pyo3::exceptions::PyKeyError::new_err(format!(
@@ -609,7 +720,7 @@ impl ArrowTable {
                 .map(|b| b.as_struct().column(i).clone())
                 .filter(|c| !c.is_empty())
                 .collect();
-            columns.push(Column::new(name, chunks)?);
+            columns.push(Column::new(name, schema.field(i).data_type(), chunks)?);
         }
         let rows = batches.iter().map(|b| b.len()).sum();
         for c in &columns {
