@@ -753,3 +753,19 @@ def collate_strided(batch: list) -> dict:
         # pickles the views above, so a numpy view of it would dangle in torch.
         "a": stacked.numpy().copy(),
     }
+
+
+class RefusesToUnpickle(torch.utils.data.Dataset):
+    """Pickles fine; unpickling (in a spawned worker) raises."""
+
+    def __init__(self) -> None:
+        self.n = 4  # a state to set, so unpickling calls __setstate__
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+    def __setstate__(self, state: dict) -> None:
+        raise ValueError("this dataset cannot be rebuilt here")

@@ -517,3 +517,42 @@ def test_iterator_in_a_reference_cycle_is_collected():
     while time.monotonic() < deadline and workers & mh.children_of(os.getpid()):
         time.sleep(0.05)
     assert not workers & mh.children_of(os.getpid()), "workers of a collected iterator stayed"
+
+
+# --------------------------------------------------------------------------- #
+# errors while a worker sets up reach the loop with their type and traceback
+# --------------------------------------------------------------------------- #
+
+
+@time_limit(120)
+@ferro_only
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_a_dataset_that_fails_to_unpickle_in_a_worker_is_reraised(context):
+    """Under spawn and forkserver the worker rebuilds the dataset: an error
+    there is the worker's exception (torch's wrapper, the original type,
+    message and traceback), not 'exited unexpectedly ... details are lost'.
+    ferroloader's StatefulDataLoader raises it from iter(), as torchdata."""
+    for cls in (FERRO.DataLoader, FERRO.StatefulDataLoader):
+        loader = cls(mh.RefusesToUnpickle(), batch_size=2, num_workers=1,
+                     multiprocessing_context=context)
+        with pytest.raises(ValueError, match="cannot be rebuilt here") as e:
+            list(loader)
+        assert "Caught ValueError in DataLoader worker process 0" in str(e.value)
+        assert "__setstate__" in str(e.value), "the worker's traceback"
+
+
+@time_limit(120)
+@ferro_only
+def test_a_table_file_gone_before_a_spawned_worker_opens_it(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is a test extra")
+    import pyarrow.ipc as ipc
+
+    path = tmp_path / "t.arrow"
+    t = pa.table({"x": list(range(10))})
+    with ipc.new_file(str(path), t.schema) as w:
+        w.write_table(t)
+    ds = FERRO.TableDataset(str(path))
+    os.remove(path)  # this process keeps its mapping; a new one cannot open it
+    loader = FERRO.DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="spawn")
+    with pytest.raises(FileNotFoundError, match="worker process 0"):
+        list(loader)

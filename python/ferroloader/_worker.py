@@ -37,6 +37,47 @@ def _wrapper(worker_id: int) -> Callable[[BaseException], bytes]:
     return wrap
 
 
+class Unpickled:
+    """The user's objects a worker needs (dataset, ``collate_fn``,
+    ``worker_init_fn``), pickled by the main process once for all workers
+    when they do not fork, and unpickled inside the worker's set-up: an
+    error there (a file gone, a module the worker cannot import) reaches the
+    loop as the worker's exception, with its traceback, instead of a worker
+    that dies before it runs."""
+
+    def __init__(self, dataset: Any, collate_fn: Any, init_fn: Any) -> None:
+        from multiprocessing.reduction import ForkingPickler
+
+        self.blob = bytes(ForkingPickler.dumps((dataset, collate_fn, init_fn)))
+
+    def load(self) -> tuple[Any, Any, Any]:
+        loaded: tuple[Any, Any, Any] = pickle.loads(self.blob)
+        return loaded
+
+
+class _Unavailable:
+    """Stands for a dataset the worker could not unpickle (its error is
+    the worker's set-up error, raised first)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __len__(self) -> int:
+        return 0
+
+    def _fail(self) -> RuntimeError:
+        return RuntimeError(f"the dataset could not be loaded in this worker: {self.error!r}")
+
+    def __getitem__(self, index: Any) -> Any:
+        raise self._fail()
+
+    def __iter__(self) -> Any:
+        raise self._fail()
+
+    def iter_shard(self, shard: Any, start: int = 0) -> Any:
+        raise self._fail()
+
+
 def _state_hooks(
     dataset: Any,
     iterable: bool,
@@ -136,6 +177,14 @@ def worker_entry(
         signal_handling._set_worker_signal_handlers()
         torch.multiprocessing._set_thread_name("pt_data_worker")
         torch.set_num_threads(1)
+        wrap = _wrapper(worker_id)
+        init_exception = None
+        if isinstance(dataset, Unpickled):
+            try:
+                dataset, collate_fn, init_fn = dataset.load()
+            except Exception as e:
+                init_exception = wrap(e)
+                dataset, init_fn = _Unavailable(e), None
         seed = base_seed + worker_id
         random.seed(seed)
         torch.manual_seed(seed)
@@ -148,8 +197,6 @@ def worker_entry(
         _torch_worker._worker_info = _torch_worker.WorkerInfo(
             id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset
         )
-        wrap = _wrapper(worker_id)
-        init_exception = None
         try:
             if init_fn is not None:
                 init_fn(worker_id)
@@ -168,7 +215,13 @@ def worker_entry(
             sharded = (dataset.iter_shard, descriptors, seeder)
             if seeder is not None:
                 on_epoch = seeder.start_epoch
-        getitems, tensors, table = fetch_plan(dataset, iterable)
+        try:
+            # (a TableDataset opens its file here)
+            getitems, tensors, table = fetch_plan(dataset, iterable)
+        except Exception as e:
+            getitems, tensors, table = None, None, None
+            if init_exception is None:
+                init_exception = wrap(e)
         try:
             make_iter, state_fn = _state_hooks(dataset, iterable, resume)
         except Exception as e:

@@ -572,6 +572,12 @@ class _MultiProcessIter(_core.MultiProcessIter):
         _check_fd_headroom(n)
         socks: list[socket.socket] = []
         procs: list[Any] = []
+        # spawn and forkserver pickle the user's objects for each worker; done
+        # here once, they are unpickled inside the worker's set-up, where an
+        # error is reported as the worker's (not as a worker that died)
+        user: Any = None if fork else _worker.Unpickled(
+            dataset, loader.collate_fn, loader.worker_init_fn
+        )
         try:
             for i in range(n):
                 parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -580,13 +586,13 @@ class _MultiProcessIter(_core.MultiProcessIter):
                     target=_worker.worker_entry,
                     args=(
                         child,
-                        [dataset],
+                        [dataset if user is None else user],
                         iterable,
                         loader._auto_collation,
-                        loader.collate_fn,
+                        loader.collate_fn if user is None else None,
                         bool(loader.drop_last),
                         base_seed,
-                        loader.worker_init_fn,
+                        loader.worker_init_fn if user is None else None,
                         i,
                         n,
                         os.getpid(),
