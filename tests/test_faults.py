@@ -23,6 +23,7 @@ import time
 
 import mp_helpers as mh
 import pytest
+import torch
 from helpers import FERRO, LIBS, TORCH, ferro_only, time_limit
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -539,6 +540,21 @@ def test_a_dataset_that_fails_to_unpickle_in_a_worker_is_reraised(context):
             list(loader)
         assert "Caught ValueError in DataLoader worker process 0" in str(e.value)
         assert "__setstate__" in str(e.value), "the worker's traceback"
+
+
+@time_limit(120)
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_tensors_reach_every_spawned_worker(context):
+    """Each worker gets its own pickle of the dataset: a tensor's shared
+    storage is handed over once per pickle, so one pickle for all workers
+    would reach only the first."""
+    ds = torch.utils.data.TensorDataset(torch.arange(20.0), torch.arange(20))
+    results = [
+        [b[1].tolist() for b in lib.DataLoader(ds, batch_size=5, num_workers=2,
+                                               multiprocessing_context=context)]
+        for lib in (TORCH, FERRO)
+    ]
+    assert results[0] == results[1] == [list(range(k, k + 5)) for k in range(0, 20, 5)]
 
 
 @time_limit(120)

@@ -39,8 +39,8 @@ def _wrapper(worker_id: int) -> Callable[[BaseException], bytes]:
 
 class Unpickled:
     """The user's objects a worker needs (dataset, ``collate_fn``,
-    ``worker_init_fn``), pickled by the main process once for all workers
-    when they do not fork, and unpickled inside the worker's set-up: an
+    ``worker_init_fn``), pickled by the main process for a worker that does
+    not fork, and unpickled inside the worker's set-up: an
     error there (a file gone, a module the worker cannot import) reaches the
     loop as the worker's exception, with its traceback, instead of a worker
     that dies before it runs."""

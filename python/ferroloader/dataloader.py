@@ -572,14 +572,16 @@ class _MultiProcessIter(_core.MultiProcessIter):
         _check_fd_headroom(n)
         socks: list[socket.socket] = []
         procs: list[Any] = []
-        # spawn and forkserver pickle the user's objects for each worker; done
-        # here once, they are unpickled inside the worker's set-up, where an
-        # error is reported as the worker's (not as a worker that died)
-        user: Any = None if fork else _worker.Unpickled(
-            dataset, loader.collate_fn, loader.worker_init_fn
-        )
         try:
             for i in range(n):
+                # spawn and forkserver pickle the user's objects for each
+                # worker: done here, they are unpickled inside the worker's
+                # set-up, where an error is the worker's (not a worker that
+                # died). One pickle per worker: a tensor's shared storage is
+                # handed over once per pickle.
+                user: Any = None if fork else _worker.Unpickled(
+                    dataset, loader.collate_fn, loader.worker_init_fn
+                )
                 parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                 close_fds = [s.fileno() for s in (*socks, parent)] if fork else []
                 w = ctx.Process(
