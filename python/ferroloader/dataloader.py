@@ -509,7 +509,8 @@ def check_environment() -> None:
     """Refuses settings the engine would otherwise ignore: each read when
     an epoch starts, so a bad value is named before any worker starts."""
     shm_limit()
-    spin = os.environ.get("FERROLOADER_SPIN_US")
+    # (an empty value is unset, as for FERROLOADER_SHM_LIMIT)
+    spin = os.environ.get("FERROLOADER_SPIN_US", "").strip() or None
     if spin is not None and not (
         spin.strip().isascii() and spin.strip().isdigit() and int(spin) <= 10_000_000
     ):
@@ -517,7 +518,7 @@ def check_environment() -> None:
             f"FERROLOADER_SPIN_US={spin!r} is not a whole number of microseconds up to "
             "10000000 (e.g. 100)"
         )
-    share = os.environ.get("FERROLOADER_WARN_WAITING")
+    share = os.environ.get("FERROLOADER_WARN_WAITING", "").strip() or None
     if share is not None:
         try:
             ok = 0.0 < float(share) < 1.0
