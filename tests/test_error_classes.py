@@ -163,3 +163,14 @@ def test_user_exceptions_keep_their_type(num_workers):
     with pytest.raises(KeyError) as ei:
         next(iter(loader))
     assert not isinstance(ei.value, errors.FerroloaderError)
+
+
+def test_a_panic_at_the_boundary_is_an_internal_error():
+    """A Rust panic (a defect) crossing into Python is InternalError, an
+    Exception (PyO3's own PanicException is a BaseException that `except
+    Exception` misses), naming where it happened."""
+    from ferroloader import _core
+
+    with pytest.raises(errors.InternalError, match="a deliberate test failed") as e:
+        _core._panic_in_guard()
+    assert isinstance(e.value, Exception) and isinstance(e.value, RuntimeError)

@@ -22,6 +22,7 @@ __all__ = [
     "StopFlag",
     "_FakeCudaRuntime",
     "__version__",
+    "_panic_in_guard",
     "_seeds",
     "collate",
     "elastic_indices",
@@ -42,6 +43,7 @@ _StatsTuple = tuple[tuple[int, int, int, int, int], list[tuple[int, int, int, in
 # (a table's columns, its batch transform or None)
 _TableArg = tuple[ArrowTable, Optional[Any]]
 
+def _panic_in_guard() -> None: ...
 def collate(batch: Any, collate_fn_map: Optional[dict[Any, Any]] = None) -> Any:
     """torch's ``collate`` with native paths for its default functions."""
 

@@ -497,7 +497,9 @@ pub fn collate<'py>(
             }
         },
     };
-    Collator::new(py, map, Sink::InProcess)?.collate(batch)
+    super::error::guard("collate()", || {
+        Collator::new(py, map, Sink::InProcess)?.collate(batch)
+    })
 }
 
 /// What a deferred leaf is made from.

@@ -51,6 +51,36 @@ impl Class {
     }
 }
 
+/// Runs `f`; a Rust panic inside it becomes `InternalError` naming `place`
+/// (PyO3 would raise `PanicException`, a `BaseException` that `except
+/// Exception` does not catch). Every defect should be an error, not a panic:
+/// this is the boundary's last line.
+pub fn guard<T>(place: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    guard_panic(place, f).0
+}
+
+/// [`guard`], also saying whether `f` panicked.
+pub fn guard_panic<T>(place: &str, f: impl FnOnce() -> PyResult<T>) -> (PyResult<T>, bool) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => (result, false),
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            let msg = format!("ferroloader: {place} failed ({what}); please report it");
+            (Err(Class::Internal.err(msg)), true)
+        }
+    }
+}
+
+/// For the tests: a panic inside [`guard`] (what a defect would do).
+#[pyfunction]
+pub fn _panic_in_guard() -> PyResult<()> {
+    guard("a deliberate test", || panic!("on purpose"))
+}
+
 impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         let class = match &e {

@@ -188,7 +188,11 @@ impl SingleProcessIter {
         let py = slf.py();
         loop {
             match slf.try_borrow_mut() {
-                Ok(mut it) => return it.next_batch(py),
+                Ok(mut it) => {
+                    return super::error::guard("the one-process loader's next()", || {
+                        it.next_batch(py)
+                    })
+                }
                 // Another thread is inside next() (it may have released the
                 // GIL to wait for a batch): take turns, so each thread gets
                 // the following batch instead of "Already borrowed".

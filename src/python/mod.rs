@@ -26,6 +26,7 @@ mod worker;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(collate::collate, m)?)?;
+    m.add_function(wrap_pyfunction!(error::_panic_in_guard, m)?)?;
     m.add_function(wrap_pyfunction!(sampler::randperm_list, m)?)?;
     m.add_function(wrap_pyfunction!(worker::worker_loop, m)?)?;
     m.add_function(wrap_pyfunction!(shards::shard_plan, m)?)?;

@@ -247,7 +247,15 @@ impl MultiProcessIter {
         let py = slf.py();
         loop {
             match slf.try_borrow_mut() {
-                Ok(mut it) => return it.next_batch(py),
+                Ok(mut it) => {
+                    let (got, panicked) =
+                        super::error::guard_panic("the loader's next()", || it.next_batch(py));
+                    if panicked {
+                        // after a panic the engine's state cannot be trusted
+                        it.core.close();
+                    }
+                    return got;
+                }
                 // Another thread is inside next() (it may have released the
                 // GIL to wait for a batch): take turns, so each thread gets
                 // the following batch instead of "Already borrowed".

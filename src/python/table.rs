@@ -751,22 +751,30 @@ impl ArrowTable {
 
     /// Row `i` as a dict of column name to value.
     fn row<'py>(&self, py: Python<'py>, i: i64) -> PyResult<Bound<'py, PyDict>> {
+        super::error::guard("TableDataset's row", || self.row_dict(py, i))
+    }
+
+    /// Rows `indices` gathered into a batch: what `default_collate` of the
+    /// rows gives.
+    fn gather<'py>(slf: &Bound<'py, Self>, indices: Vec<i64>) -> PyResult<Bound<'py, PyDict>> {
+        super::error::guard("TableDataset's gather", || {
+            gather(slf, &indices, Sink::InProcess)
+        })
+    }
+
+    fn __traverse__(&self, _visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        Ok(())
+    }
+}
+
+impl ArrowTable {
+    fn row_dict<'py>(&self, py: Python<'py>, i: i64) -> PyResult<Bound<'py, PyDict>> {
         let r = self.table_rows(&[i])?[0] as usize;
         let out = PyDict::new(py);
         for c in &self.columns {
             out.set_item(&c.name, self.row_value(py, c, r)?)?;
         }
         Ok(out)
-    }
-
-    /// Rows `indices` gathered into a batch: what `default_collate` of the
-    /// rows gives.
-    fn gather<'py>(slf: &Bound<'py, Self>, indices: Vec<i64>) -> PyResult<Bound<'py, PyDict>> {
-        gather(slf, &indices, Sink::InProcess)
-    }
-
-    fn __traverse__(&self, _visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        Ok(())
     }
 }
 

@@ -246,6 +246,20 @@ impl Host for PyHost<'_> {
     }
 
     fn run(&mut self, indices: TaskIndices, records: &mut Records) -> PyResult<Reply> {
+        // a panic is this task's InternalError, re-raised in the main
+        // process, not a worker that dies without a word
+        let (reply, panicked) =
+            super::error::guard_panic("a worker's task", || self.run_task(indices, records));
+        match reply {
+            Err(e) if panicked => Ok(Reply::Failed(self.wrap(e)?)),
+            other => other,
+        }
+    }
+}
+
+impl PyHost<'_> {
+    /// One task (`Host::run`'s work, guarded there).
+    fn run_task(&mut self, indices: TaskIndices, records: &mut Records) -> PyResult<Reply> {
         if let Some(payload) = self.init_exception.take() {
             return Ok(Reply::Failed(payload));
         }
