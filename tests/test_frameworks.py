@@ -290,9 +290,12 @@ def test_accelerate_stateful_option_keeps_ferroloader_under_the_patch(served):
 @time_limit(180)
 def test_transformers_trainer_trains_on_ferroloader_inside_patch(tmp_path, served):
     """The transformers Trainer builds its loaders with torch's DataLoader
-    and accelerate's prepare; inside ferroloader.patch() the training loader
-    is ferroloader's, its engine serves the epochs, and a tiny model ends
-    with the weights of the same run on torch's loader."""
+    and accelerate's prepare; inside ferroloader.patch() the training and
+    evaluation loaders are ferroloader's, its engine serves the epochs, and a
+    tiny model ends with the weights of the same run on torch's loader.
+    After the block the same Trainer trains and evaluates again; its
+    rebuilt loaders stay ferroloader's (their datasets are ferroloader
+    loaders'), with torch's evaluation loss."""
     transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
 
     class Tiny(torch.nn.Module):
@@ -319,20 +322,34 @@ def test_transformers_trainer_trains_on_ferroloader_inside_patch(tmp_path, serve
         )
         torch.manual_seed(0)
         model = Tiny()
-        trainer = transformers.Trainer(model=model, args=args, train_dataset=Data())
+        trainer = transformers.Trainer(
+            model=model, args=args, train_dataset=Data(), eval_dataset=Data(8)
+        )
         loader = trainer.get_train_dataloader()
         trainer.train()
-        return model, loader
+        return model, loader, trainer
 
-    t_model, t_loader = train(False)
+    t_model, t_loader, t_trainer = train(False)
     assert type(t_loader.base_dataloader) is tud.DataLoader
     with fl.patch():
         before = served.epochs
-        f_model, f_loader = train(True)
+        f_model, f_loader, f_trainer = train(True)
         assert isinstance(f_loader.base_dataloader, fl.DataLoader)
         assert served.epochs > before
+        before = served.epochs
+        inside = f_trainer.evaluate()
+        assert served.epochs == before + 1, "evaluate() inside the patch: ferroloader's"
     for a, b in zip(t_model.parameters(), f_model.parameters()):
         assert torch.equal(a, b)
+    # after the block the Trainer rebuilds its loaders over datasets that
+    # ferroloader loaders were built on: they stay ferroloader's (a
+    # framework's rebuild), and training and evaluating go on
+    before = served.epochs
+    after = f_trainer.evaluate()
+    f_trainer.train()
+    assert served.epochs >= before + 2, "rebuilt as ferroloader's after the patch too"
+    want = t_trainer.evaluate()
+    assert inside["eval_loss"] == after["eval_loss"] == want["eval_loss"]
 
 
 # --------------------------------------------------------------------------- #
