@@ -20,6 +20,7 @@ from helpers import (
     Raised,
     assert_same_call,
     assert_same_outcome,
+    normalize,
     outcome,
     run_both,
 )
@@ -174,7 +175,9 @@ def test_construction_errors_with_workers(name):
         {"num_workers": 1, "prefetch_factor": 0},
         {"num_workers": 1, "in_order": False},
     ],
-    ids=str,
+    # without object addresses: ids must be the same in every process
+    # (pytest-xdist collects in each worker)
+    ids=lambda d: normalize(str(d)),
 )
 @pytest.mark.parametrize("dataset", [MAP, ITER], ids=["map", "iterable"])
 def test_multiprocess_not_implemented(dataset, kwargs):

@@ -18,6 +18,7 @@ from helpers import (
     PerRun,
     assert_same,
     assert_same_outcome,
+    normalize,
     outcome,
     run_both,
     seed_all,
@@ -179,7 +180,10 @@ def test_plain_containers_as_dataset(make, bs):
         {"multiprocessing_context": None},
         {"timeout": 1.5},
     ],
-    ids=lambda d: ",".join(sorted(d)) + ("=" + repr(next(iter(d.values()))) if d else ""),
+    # (no object addresses: ids must be the same in every process)
+    ids=lambda d: normalize(
+        ",".join(sorted(d)) + ("=" + repr(next(iter(d.values()))) if d else "")
+    ),
 )
 def test_misc_arguments(extra):
     """Arguments without effect in a single process (pin_memory, in_order, an uncalled
