@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.utils.data as tud
 from helpers import ferro_only, time_limit
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from shard_cases import Counted
 from test_state import KINDS, RngStateMap, _expected, _loader, plain
@@ -414,6 +414,8 @@ def _mutate(state: dict, rng: random.Random, n: int) -> dict:
     n=st.integers(1, 4),
     json_trip=st.booleans(),
 )
+# a queued shard past the shard list (found under pytest-xdist's seeds)
+@example(base="shards", seed=1699, n=2, json_trip=False)
 def test_damaged_states_are_refused_or_resume(base, seed, n, json_trip):
     """A state with dropped, retyped, truncated or shifted fields is either
     refused with a ValueError (at load_state_dict() or the iter() after it)

@@ -502,7 +502,7 @@ def _check_worker_entry(w: Any, i: int) -> None:
     )
 
 
-def _check_shards(sh: Any) -> None:
+def _check_shards(sh: Any, n_shards: int) -> None:
     _need(isinstance(sh, dict), "epoch.shards is not a mapping")
     _need(isinstance(sh.get("mode"), str), "epoch.shards.mode is not text")
     for key in ("rank", "world"):
@@ -514,13 +514,20 @@ def _check_shards(sh: Any) -> None:
     _need(_is_int(sh.get("handed")), "epoch.shards.handed is not a count")
     positions = sh.get("positions")
     _need(isinstance(positions, list), "epoch.shards.positions is not a list")
+    _need(sh["next_lane"] < max(len(positions), 1), "epoch.shards.next_lane names no lane")
     for p in positions:
         if p is not None:
+            # (begun works, shard, items emitted from it)
             _int_list(p, "a lane position")
+            _need(len(p) == 3, "a lane position is not (started, shard, emitted)")
+            _need(p[1] < n_shards, f"a lane position names shard {p[1]} of {n_shards}")
     rest = sh.get("rest")
     _need(rest is None or isinstance(rest, list), "epoch.shards.rest is not a list")
     for w in rest or []:
+        # (shard, items emitted from it)
         _int_list(w, "a queued shard")
+        _need(len(w) == 2, "a queued shard is not (shard, emitted)")
+        _need(w[0] < n_shards, f"a queued shard names shard {w[0]} of {n_shards}")
 
 
 def _check_epoch(loader: Any, epoch: Any, generators: int, size: int, workers: int) -> None:
@@ -542,7 +549,7 @@ def _check_epoch(loader: Any, epoch: Any, generators: int, size: int, workers: i
             _check_generator_text(g, size, f"epoch.generators_at_first_draw[{i}]")
     if "shards" in epoch:
         _need(loader._sharded(), "the state is of a sharded epoch, this loader is not sharded")
-        _check_shards(epoch["shards"])
+        _check_shards(epoch["shards"], len(loader._shard_info()[0]))
         return
     _need(not loader._sharded(), "this loader is sharded, the state's epoch is not")
     drawn = epoch.get("drawn")
