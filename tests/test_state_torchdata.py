@@ -143,10 +143,9 @@ class _Draws(tud.Dataset):
         return i, int(torch.randint(0, 1 << 30, ()).item())
 
 
-def _epochs(cls: Any, num_workers: int, generator: bool, persistent: bool) -> list[Any]:
-    torch.manual_seed(123)
+def _shuffled(cls: Any, num_workers: int, generator: bool, persistent: bool) -> Any:
     g = torch.Generator().manual_seed(5) if generator else None
-    dl = cls(
+    return cls(
         _Draws(),
         batch_size=4,
         shuffle=True,
@@ -154,6 +153,11 @@ def _epochs(cls: Any, num_workers: int, generator: bool, persistent: bool) -> li
         persistent_workers=persistent,
         generator=g,
     )
+
+
+def _epochs(cls: Any, num_workers: int, generator: bool, persistent: bool) -> list[Any]:
+    torch.manual_seed(123)
+    dl = _shuffled(cls, num_workers, generator, persistent)
     out: list[Any] = [[(a.tolist(), b.tolist()) for a, b in dl] for _ in range(3)]
     return [*out, torch.randint(0, 1 << 30, (2,)).tolist()]
 
@@ -179,15 +183,7 @@ def _resumed(cls: Any, num_workers: int, generator: bool, persistent: bool) -> l
     ferroloader's), and the rest of that epoch from it on a new loader."""
 
     def make() -> Any:
-        g = torch.Generator().manual_seed(5) if generator else None
-        return cls(
-            _Draws(),
-            batch_size=4,
-            shuffle=True,
-            num_workers=num_workers,
-            persistent_workers=persistent,
-            generator=g,
-        )
+        return _shuffled(cls, num_workers, generator, persistent)
 
     torch.manual_seed(123)
     dl = make()

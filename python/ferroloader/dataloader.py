@@ -19,7 +19,6 @@ from typing import Any, Callable, ClassVar, Iterable, Optional, TypeVar, Union
 
 import torch
 import torch.utils.data.dataloader as _tdl
-import torch.utils.data.sampler as _ts
 from torch.utils.data import _utils
 
 from ferroloader import _core, _worker, forkserver, pinning, state
@@ -98,17 +97,15 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         # and the workers' base seed; generator= keeps priority
         own = torch.Generator() if seed is not None and generator is None else None
         if (
-            shuffle not in (None, False)
-            and sampler is None
+            sampler is None
             and batch_sampler is None
-            and own is None
             and not sharded
             and not isinstance(dataset, _tdl.IterableDataset)
         ):
-            chosen = self._shuffle_sampler(dataset, generator)
-            if chosen is not None:
-                # passed as torch's sampler=, torch's checks unchanged
-                sampler, shuffle = chosen, None
+            # the sampler torch would build, as ours (passed as torch's
+            # sampler=, so torch's checks and its BatchSampler are unchanged)
+            sampler = self._default_sampler(dataset, bool(shuffle), generator, own)
+            shuffle = None
         super().__init__(
             dataset,
             batch_size,
@@ -131,8 +128,6 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             in_order=in_order,
         )
         record_dataset(dataset)
-        if not sharded:
-            _own_samplers(self, sampler is None, batch_sampler is None)
         # torchdata's StatefulDataLoader argument: how often its workers send
         # their state. ferroloader's state is exact after every batch, so it
         # changes nothing here (see the README); kept as an attribute.
@@ -164,9 +159,19 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         forkserver.warm(self)
 
     @classmethod
-    def _shuffle_sampler(cls, dataset: Any, generator: Optional[torch.Generator]) -> Any:
-        """The sampler of ``shuffle=True``: ``None`` for torch's choice."""
-        return None
+    def _default_sampler(
+        cls,
+        dataset: Any,
+        shuffle: bool,
+        generator: Optional[torch.Generator],
+        seeded: Optional[torch.Generator],
+    ) -> Any:
+        """The sampler of a map-style dataset given none: torch's choice, as
+        ferroloader's subclass (same draws), so ``isinstance`` holds against
+        both libraries' names. ``seeded``: ``seed=``'s private generator."""
+        if shuffle:
+            return RandomSampler(dataset, generator=generator if seeded is None else seeded)
+        return SequentialSampler(dataset)
 
     def stats(self) -> LoaderStats:
         """Where this loader's batches spent their time, over every epoch so
@@ -262,28 +267,6 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             # DataPipes (deprecated in torch) need torch's sharding and seeding.
             return _tdl._MultiProcessingDataLoaderIter(self)
         return _MultiProcessIter.start(self)
-
-
-def _own_samplers(loader: DataLoader[Any], sampler_built: bool, batch_built: bool) -> None:
-    """The sampler torch's constructor built, as ferroloader's class (its
-    subclass, with the same draws), so ``isinstance`` holds for both. The
-    batch sampler stays torch's class: Lightning re-instantiates any other
-    (``type(batch_sampler) is not BatchSampler``) and passes it as
-    ``batch_sampler=``, which would leave the rebuilt loader's
-    ``batch_size`` None; it is given the new sampler."""
-    s = loader.sampler
-    ours: Any = None
-    if sampler_built and type(s) is _ts.RandomSampler:
-        ours = RandomSampler(s.data_source, s.replacement, s._num_samples, generator=s.generator)
-    elif sampler_built and type(s) is _ts.SequentialSampler:
-        ours = SequentialSampler(s.data_source)
-    if ours is None:
-        return
-    # torch refuses this assignment after __init__ (its __setattr__)
-    object.__setattr__(loader, "sampler", ours)
-    b = loader.batch_sampler
-    if batch_built and type(b) is _ts.BatchSampler and b.sampler is s:
-        b.sampler = ours
 
 
 def _is_datapipe(dataset: Any) -> bool:

@@ -532,21 +532,15 @@ def _check_shards(sh: Any, n_shards: int) -> None:
 
 def _check_epoch(loader: Any, epoch: Any, generators: int, size: int, workers: int) -> None:
     _need(isinstance(epoch, dict), "epoch is not a mapping")
-    starts = epoch.get("generators_at_start")
-    _need(
-        isinstance(starts, list) and len(starts) == generators,
-        "epoch.generators_at_start does not list every generator",
-    )
-    for i, g in enumerate(starts):
-        _check_generator_text(g, size, f"epoch.generators_at_start[{i}]")
-    if "generators_at_first_draw" in epoch:
-        firsts = epoch["generators_at_first_draw"]
-        _need(
-            isinstance(firsts, list) and len(firsts) == generators,
-            "epoch.generators_at_first_draw does not list every generator",
-        )
-        for i, g in enumerate(firsts):
-            _check_generator_text(g, size, f"epoch.generators_at_first_draw[{i}]")
+    for key in ("generators_at_start", "generators_at_first_draw"):
+        if key == "generators_at_start" or key in epoch:
+            states = epoch.get(key)
+            _need(
+                isinstance(states, list) and len(states) == generators,
+                f"epoch.{key} does not list every generator",
+            )
+            for i, g in enumerate(states):
+                _check_generator_text(g, size, f"epoch.{key}[{i}]")
     if "shards" in epoch:
         _need(loader._sharded(), "the state is of a sharded epoch, this loader is not sharded")
         _check_shards(epoch["shards"], len(loader._shard_info()[0]))

@@ -145,8 +145,16 @@ class StatefulDataLoader(DataLoader[_T_co]):
     _index_stream_twice: ClassVar[bool] = True
 
     @classmethod
-    def _shuffle_sampler(cls, dataset: Any, generator: Optional[torch.Generator]) -> Any:
-        return RandomSampler(dataset, generator=generator)
+    def _default_sampler(
+        cls,
+        dataset: Any,
+        shuffle: bool,
+        generator: Optional[torch.Generator],
+        seeded: Optional[torch.Generator],
+    ) -> Any:
+        if shuffle and seeded is None:
+            return RandomSampler(dataset, generator=generator)
+        return super()._default_sampler(dataset, shuffle, generator, seeded)
 
     # torchdata's state_dict() before the first iter() (or after a load)
     # starts the epoch's iterator, drawing what iter() draws, and the next
