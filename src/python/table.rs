@@ -190,10 +190,10 @@ fn check_chunk(name: &str, c: &ArrayRef) -> PyResult<()> {
             data.validate_full().map_err(|e| damaged(e.to_string()))?;
         }
         DataType::Utf8 | DataType::Binary => {
-            check_offsets(c.as_bytes_offsets_i32()).map_err(damaged)?;
+            check_offsets(byte_offsets::<i32>(c)).map_err(damaged)?;
         }
         DataType::LargeUtf8 | DataType::LargeBinary => {
-            check_offsets(c.as_bytes_offsets_i64()).map_err(damaged)?;
+            check_offsets(byte_offsets::<i64>(c)).map_err(damaged)?;
         }
         DataType::List(_) => {
             let l = c.as_list::<i32>();
@@ -225,27 +225,11 @@ fn check_offsets((offsets, len): (Vec<i64>, usize)) -> Result<(), String> {
 }
 
 /// The offsets of a string or binary chunk, widened, with its value bytes.
-trait ByteOffsets {
-    fn as_bytes_offsets_i32(&self) -> (Vec<i64>, usize);
-    fn as_bytes_offsets_i64(&self) -> (Vec<i64>, usize);
-}
-
-impl ByteOffsets for ArrayRef {
-    fn as_bytes_offsets_i32(&self) -> (Vec<i64>, usize) {
-        let d = self.to_data();
-        let o: &[i32] = d.buffer::<i32>(0);
-        let o = &o[..(d.len() + 1).min(o.len())];
-        (
-            o.iter().map(|&v| i64::from(v)).collect(),
-            d.buffers()[1].len(),
-        )
-    }
-    fn as_bytes_offsets_i64(&self) -> (Vec<i64>, usize) {
-        let d = self.to_data();
-        let o: &[i64] = d.buffer::<i64>(0);
-        let o = &o[..(d.len() + 1).min(o.len())];
-        (o.to_vec(), d.buffers()[1].len())
-    }
+fn byte_offsets<O: arrow_array::ArrowNativeTypeOp + Into<i64>>(c: &ArrayRef) -> (Vec<i64>, usize) {
+    let d = c.to_data();
+    let o: &[O] = d.buffer::<O>(0);
+    let o = &o[..(d.len() + 1).min(o.len())];
+    (o.iter().map(|&v| v.into()).collect(), d.buffers()[1].len())
 }
 
 impl Column {
