@@ -75,6 +75,10 @@ class PinLog:
 def fake_accelerator(monkeypatch):
     """torch sees an accelerator ("cuda") and pins with :class:`PinLog`."""
     log = PinLog()
+    # On a CUDA machine the real runtime would register the arenas and no
+    # batch would reach the stand-in: these tests are the pin thread's and
+    # the fake runtime's (the CUDA tests at the end check the real one).
+    monkeypatch.setenv("FERROLOADER_DISABLE", "cuda-register")
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     monkeypatch.setattr(
         torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda")
