@@ -729,11 +729,16 @@ def shm_names() -> set:
 
 def new_shm(before: set, after: set, our_pids: set) -> set:
     """Names in `after` not in `before`, minus torch segments of processes
-    that are not ours (other test runs on a shared machine)."""
+    that are not ours (other test runs on a shared machine) and POSIX
+    semaphores (``sem.*``: multiprocessing's locks of whatever else runs,
+    e.g. another pytest-xdist worker's spawn tests; ferroloader's transport
+    uses memfd, eventfd and sockets, never a semaphore)."""
     out = set()
     for name in after - before:
         m = _FOREIGN_TORCH_SHM.match(name)
         if m and int(m.group(1)) not in our_pids:
+            continue
+        if name.startswith("sem."):
             continue
         out.add(name)
     return out
