@@ -43,6 +43,25 @@ pub struct DlManagedTensor {
     pub deleter: Option<unsafe extern "C" fn(*mut DlManagedTensor)>,
 }
 
+/// `DLPackVersion`.
+#[repr(C)]
+pub struct DlPackVersion {
+    pub major: u32,
+    pub minor: u32,
+}
+
+/// `DLManagedTensorVersioned` (DLPack 1.x): what `__dlpack__(max_version=
+/// (1, 0))` hands over, the only form in which numpy exports a read-only
+/// array (memory maps, `np.asarray(PIL.Image)`).
+#[repr(C)]
+pub struct DlManagedTensorVersioned {
+    pub version: DlPackVersion,
+    pub manager_ctx: *mut c_void,
+    pub deleter: Option<unsafe extern "C" fn(*mut DlManagedTensorVersioned)>,
+    pub flags: u64,
+    pub dl_tensor: DlTensor,
+}
+
 /// What an exported tensor owns: its shape and whatever keeps the memory
 /// alive (`owner`), dropped by the deleter.
 ///
@@ -136,6 +155,20 @@ impl<'a> TensorView<'a> {
         // SAFETY: the caller's promise: `managed` is live and unchanged for 'a.
         let t = unsafe { &(*managed.as_ptr()).dl_tensor };
         TensorView { t }
+    }
+
+    /// A view of a versioned tensor; `None` for a major version other than
+    /// 1 (its layout past `version` is not known).
+    ///
+    /// # Safety
+    /// As for [`TensorView::new`].
+    pub unsafe fn new_versioned(
+        managed: NonNull<DlManagedTensorVersioned>,
+    ) -> Option<TensorView<'a>> {
+        // SAFETY: the caller's promise: `managed` is live and unchanged for
+        // 'a; `version` is the first field of every DLPack 1.x layout.
+        let m = unsafe { &*managed.as_ptr() };
+        (m.version.major == 1).then_some(TensorView { t: &m.dl_tensor })
     }
 
     pub fn dtype(&self) -> DlDtype {

@@ -131,10 +131,7 @@ fn tensor_leaf(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<Option<Collec
 
 /// A numpy array made by user code: copied if C-contiguous and numeric.
 fn array_leaf(obj: &Bound<'_, PyAny>) -> PyResult<Option<Collected>> {
-    let Ok(capsule) = obj.call_method0(pyo3::intern!(obj.py(), "__dlpack__")) else {
-        return Ok(None);
-    };
-    let Some(view) = DlView::open(capsule) else {
+    let Some(view) = DlView::of_array(obj) else {
         return Ok(None);
     };
     if view.contiguous_bytes().is_none() || torch(obj.py())?.dtype(obj.py(), view.dtype()).is_none()
@@ -258,9 +255,9 @@ fn write_leaf(
 fn write_arrays(py: Python<'_>, arrays: &[Py<PyAny>], dst: &mut [u8]) -> PyResult<()> {
     let mut views = Vec::with_capacity(arrays.len());
     for a in arrays {
-        let capsule = a.bind(py).call_method0(pyo3::intern!(py, "__dlpack__"))?;
         views.push(
-            DlView::open(capsule).ok_or_else(|| Class::Internal.err("array is not exportable"))?,
+            DlView::of_array(a.bind(py))
+                .ok_or_else(|| Class::Internal.err("array is not exportable"))?,
         );
     }
     let mut parts = Vec::with_capacity(views.len());

@@ -230,15 +230,14 @@ impl<'py> Collator<'py> {
             return Ok(None);
         }
         let nd = self.t.ndarray_type.bind(py);
+        let mm = self.t.memmap_type.bind(py);
         let mut views = Vec::with_capacity(items.len());
         for a in items.iter() {
-            if !a.get_type().is(nd) {
+            let ty = a.get_type();
+            if !ty.is(nd) && !ty.is(mm) {
                 return Ok(None);
             }
-            let Ok(capsule) = a.call_method0(pyo3::intern!(py, "__dlpack__")) else {
-                return Ok(None);
-            };
-            let Some(view) = DlView::open(capsule) else {
+            let Some(view) = DlView::of_array(&a) else {
                 return Ok(None);
             };
             views.push(view);

@@ -28,10 +28,11 @@ use super::error::Class;
 use crate::pin::Held;
 use crate::record::{DecodeError, Leaf};
 
-use crate::dlpack::{self, DlManagedTensor, TensorView};
+use crate::dlpack::{self, DlManagedTensor, DlManagedTensorVersioned, TensorView};
 pub use crate::dlpack::{DlDtype, DL_CPU};
 
 const DLTENSOR: &CStr = c"dltensor";
+const DLTENSOR_VERSIONED: &CStr = c"dltensor_versioned";
 
 /// A DLPack tensor held open for reading: a capsule and a view of the
 /// tensor it holds, which lives as long as the capsule is unconsumed.
@@ -41,14 +42,32 @@ pub struct DlView<'py> {
 }
 
 impl<'py> DlView<'py> {
-    /// Opens a `"dltensor"` capsule; `None` for anything else (a consumed
-    /// capsule, a versioned one, any other object).
+    /// The array's own export: `__dlpack__()`, or where that refuses (numpy
+    /// exports a read-only array only as a versioned tensor, which carries
+    /// the read-only flag) `__dlpack__(max_version=(1, 0))`. `None` where
+    /// neither works (numpy before 2.1 for a read-only array).
+    pub fn of_array(array: &Bound<'py, PyAny>) -> Option<Self> {
+        let py = array.py();
+        let name = pyo3::intern!(py, "__dlpack__");
+        if let Ok(capsule) = array.call_method0(name) {
+            return Self::open(capsule);
+        }
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs
+            .set_item(pyo3::intern!(py, "max_version"), (1, 0))
+            .ok()?;
+        let capsule = array.call_method(name, (), Some(&kwargs)).ok()?;
+        Self::open(capsule)
+    }
+
+    /// Opens a `"dltensor"` or `"dltensor_versioned"` (1.x) capsule; `None`
+    /// for anything else (a consumed capsule, any other object).
     pub fn open(capsule: Bound<'py, PyAny>) -> Option<Self> {
         // SAFETY: the GIL is held (we have a Bound) and the pointer is a live
         // object; PyCapsule_IsValid accepts any object and sets no error.
         let valid = unsafe { pyffi::PyCapsule_IsValid(capsule.as_ptr(), DLTENSOR.as_ptr()) };
         if valid == 0 {
-            return None;
+            return Self::open_versioned(capsule);
         }
         // SAFETY: validated above as a capsule named "dltensor", so the
         // pointer is, by the DLPack protocol, a DLManagedTensor.
@@ -58,6 +77,26 @@ impl<'py> DlView<'py> {
         // destructor (or a consumer's, after renaming it), which cannot run
         // while we hold `_capsule`, for as long as this view ('py) lives.
         let view = unsafe { TensorView::new(managed) };
+        Some(DlView {
+            _capsule: capsule,
+            view,
+        })
+    }
+
+    fn open_versioned(capsule: Bound<'py, PyAny>) -> Option<Self> {
+        let name = DLTENSOR_VERSIONED.as_ptr();
+        // SAFETY: as in `open`.
+        if unsafe { pyffi::PyCapsule_IsValid(capsule.as_ptr(), name) } == 0 {
+            return None;
+        }
+        // SAFETY: validated above as a capsule named "dltensor_versioned",
+        // so the pointer is, by the DLPack protocol, a
+        // DLManagedTensorVersioned.
+        let managed = unsafe { pyffi::PyCapsule_GetPointer(capsule.as_ptr(), name) };
+        let managed = NonNull::new(managed.cast::<DlManagedTensorVersioned>())?;
+        // SAFETY: as in `open`: the producer frees it only from the
+        // capsule's destructor, which cannot run while we hold `_capsule`.
+        let view = unsafe { TensorView::new_versioned(managed) }?;
         Some(DlView {
             _capsule: capsule,
             view,

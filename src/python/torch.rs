@@ -45,6 +45,10 @@ pub struct DefaultFns {
 pub struct Torch {
     pub tensor_type: Py<PyType>,
     pub ndarray_type: Py<PyType>,
+    /// `numpy.memmap`: a memory-mapped array's samples (`np.load(...,
+    /// mmap_mode="r")[i]`) are of this subclass; torch collates them as
+    /// arrays.
+    pub memmap_type: Py<PyType>,
     pub strided: Py<PyAny>,
     pub stack: Py<PyAny>,
     pub empty: Py<PyAny>,
@@ -104,6 +108,7 @@ impl Torch {
         Ok(Torch {
             tensor_type: torch.getattr("Tensor")?.cast_into::<PyType>()?.unbind(),
             ndarray_type: np.getattr("ndarray")?.cast_into::<PyType>()?.unbind(),
+            memmap_type: np.getattr("memmap")?.cast_into::<PyType>()?.unbind(),
             strided: torch.getattr("strided")?.unbind(),
             stack: stack.unbind(),
             empty: empty.unbind(),
