@@ -54,7 +54,12 @@ impl fmt::Display for Error {
             ),
             // Torch's wording for a dead worker; the signal's name is the
             // bindings' to add (they ask Python's `signal.strsignal`).
-            Error::WorkerDied { pid, exit, .. } => match exit {
+            Error::WorkerDied { worker, pid, exit } => match exit {
+                Exit::Thread => write!(
+                    f,
+                    "DataLoader worker thread {worker} exited unexpectedly (its exception, \
+                     if any, was printed by threading.excepthook)"
+                ),
                 Exit::Signal(sig) => {
                     write!(
                         f,

@@ -1,4 +1,5 @@
-"""Worker process entry point: torch's worker set-up, then the Rust loop.
+"""Worker entry points (a process's, a thread's): torch's worker set-up,
+then the Rust loop.
 
 Mirrors ``torch.utils.data._utils.worker._worker_loop`` up to the point
 where it starts serving tasks: signal handlers, one intra-op thread, the
@@ -14,7 +15,8 @@ import os
 import pickle
 import random
 import socket
-from typing import Any, Callable, Optional
+import threading
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch._utils import ExceptionWrapper
@@ -27,8 +29,8 @@ from ferroloader.seeds import SeededDataset
 from ferroloader.state import stateful
 
 
-def _wrapper(worker_id: int) -> Callable[[BaseException], bytes]:
-    where = f"in DataLoader worker process {worker_id}"
+def _wrapper(worker_id: int, kind: str = "process") -> Callable[[BaseException], bytes]:
+    where = f"in DataLoader worker {kind} {worker_id}"
 
     def wrap(exc: BaseException) -> bytes:
         wrapped = ExceptionWrapper(exc_info=(type(exc), exc, exc.__traceback__), where=where)
@@ -163,6 +165,8 @@ def worker_entry(
     batch_size: Optional[int] = None,
     trim: bool = True,
 ) -> None:
+    """A worker process: torch's process set-up (signal handlers, one
+    intra-op thread, the global generators seeded), then :func:`_serve`."""
     dataset = dataset_holder.pop()
     # Forked workers inherit the main process's ends of earlier workers'
     # sockets; holding them would keep those sockets open after the main
@@ -197,63 +201,221 @@ def worker_entry(
         _torch_worker._worker_info = _torch_worker.WorkerInfo(
             id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset
         )
-        try:
-            if init_fn is not None:
-                init_fn(worker_id)
-        except Exception as e:
-            init_exception = wrap(e)
-        on_epoch = None
-        if sample_seeds is not None:
-            # per_sample_seed=True: (seed, first epoch); the worker counts
-            # the epochs it serves after that
-            dataset = SeededDataset(dataset, *sample_seeds)
-            on_epoch = dataset.start_epoch
-        sharded = None
-        if shards is not None:
-            # a sharded dataset: the engine's lanes read it through iter_shard
-            descriptors, seeder = shards
-            sharded = (dataset.iter_shard, descriptors, seeder)
-            if seeder is not None:
-                on_epoch = seeder.start_epoch
-        try:
-            # (a TableDataset opens its file here)
-            getitems, tensors, table = fetch_plan(dataset, iterable)
-        except Exception as e:
-            getitems, tensors, table = None, None, None
-            if init_exception is None:
-                init_exception = wrap(e)
-        try:
-            make_iter, state_fn = _state_hooks(dataset, iterable, resume)
-        except Exception as e:
-            # a state that the dataset's load_state_dict() refuses: the
-            # first task re-raises it, as a failed worker_init_fn
-            make_iter, state_fn = _state_hooks(dataset, iterable, None)
-            if init_exception is None:
-                init_exception = wrap(e)
-        _core.worker_loop(
-            fd,
-            dataset=dataset,
-            iterable=iterable,
-            auto_collation=auto_collation,
-            drop_last=drop_last,
-            collate_fn=collate_fn,
-            getitems=getitems,
-            tensors=tensors,
-            main_pid=main_pid,
-            shm_initial=shm_initial,
-            shm_limit=shm_limit,
-            prefetch_factor=prefetch_factor,
-            make_iter=make_iter,
-            wrap_exception=wrap,
-            init_exception=init_exception,
-            on_epoch=on_epoch,
-            state_fn=None if sharded is not None else state_fn,
-            sharded=sharded,
-            batch_size=batch_size,
-            table=table,
-            trim=trim,
+        _serve(
+            fd, dataset, iterable, auto_collation, collate_fn, drop_last, init_fn, worker_id,
+            main_pid, shm_initial, shm_limit, prefetch_factor, sample_seeds, resume, shards,
+            batch_size, trim, wrap, init_exception, None,
         )
     except KeyboardInterrupt:
         pass
     finally:
         _torch_worker._worker_info = None
+
+
+def thread_entry(
+    sock: socket.socket,
+    dataset: Any,
+    iterable: bool,
+    auto_collation: bool,
+    collate_fn: Optional[Callable[[Any], Any]],
+    drop_last: bool,
+    base_seed: int,
+    init_fn: Optional[Callable[[int], None]],
+    worker_id: int,
+    num_workers: int,
+    shm_initial: int,
+    shm_limit: int,
+    prefetch_factor: int,
+    sample_seeds: Optional[tuple[int, int]],
+    resume: Optional[dict[str, Any]],
+    shards: Optional[tuple[list[Any], Any]],
+    batch_size: Optional[int],
+    trim: bool,
+    iterators: IteratorRegistry,
+) -> None:
+    """A worker thread (``worker_method="thread"``) in the main process: the
+    same loop as a process's, over the dataset object itself. Nothing
+    process-wide is touched (signal handlers, torch's thread count, the
+    global generators): the thread's ``get_worker_info()`` is its own and
+    carries generators seeded as a process worker seeds the global ones
+    (``rng``, which ``torch.thread_safe_generator()`` returns)."""
+    torch.multiprocessing._set_thread_name("pt_data_worker")
+    wrap = _wrapper(worker_id, "thread")
+    _worker_local.set(thread_worker_info(dataset, worker_id, num_workers, base_seed))
+    try:
+        _serve(
+            sock, dataset, iterable, auto_collation, collate_fn, drop_last, init_fn, worker_id,
+            0, shm_initial, shm_limit, prefetch_factor, sample_seeds, resume, shards,
+            batch_size, trim, wrap, None, iterators,
+        )
+    finally:
+        _worker_local.set(None)
+
+
+def _serve(
+    fd: Union[int, socket.socket],
+    dataset: Any,
+    iterable: bool,
+    auto_collation: bool,
+    collate_fn: Optional[Callable[[Any], Any]],
+    drop_last: bool,
+    init_fn: Optional[Callable[[int], None]],
+    worker_id: int,
+    main_pid: int,
+    shm_initial: int,
+    shm_limit: int,
+    prefetch_factor: int,
+    sample_seeds: Optional[tuple[int, int]],
+    resume: Optional[dict[str, Any]],
+    shards: Optional[tuple[list[Any], Any]],
+    batch_size: Optional[int],
+    trim: bool,
+    wrap: Callable[[BaseException], bytes],
+    init_exception: Optional[bytes],
+    iterators: Optional[IteratorRegistry],
+) -> None:
+    """``worker_init_fn``, the dataset's wrappers and fetch plan, then the
+    Rust loop until the main process stops it; a process's and a thread's.
+    A thread's socket is handed to the loop last: should anything before
+    fail, the socket object closes and the main thread sees the worker end."""
+    try:
+        if init_fn is not None:
+            init_fn(worker_id)
+    except Exception as e:
+        init_exception = wrap(e)
+    on_epoch = None
+    if sample_seeds is not None:
+        # per_sample_seed=True: (seed, first epoch); the worker counts
+        # the epochs it serves after that
+        dataset = SeededDataset(dataset, *sample_seeds)
+        on_epoch = dataset.start_epoch
+    sharded = None
+    if shards is not None:
+        # a sharded dataset: the engine's lanes read it through iter_shard
+        descriptors, seeder = shards
+        sharded = (dataset.iter_shard, descriptors, seeder)
+        if seeder is not None:
+            on_epoch = seeder.start_epoch
+    try:
+        # (a TableDataset opens its file here)
+        getitems, tensors, table = fetch_plan(dataset, iterable)
+    except Exception as e:
+        getitems, tensors, table = None, None, None
+        if init_exception is None:
+            init_exception = wrap(e)
+    try:
+        make_iter, state_fn = _state_hooks(dataset, iterable, resume)
+    except Exception as e:
+        # a state that the dataset's load_state_dict() refuses: the
+        # first task re-raises it, as a failed worker_init_fn
+        make_iter, state_fn = _state_hooks(dataset, iterable, None)
+        if init_exception is None:
+            init_exception = wrap(e)
+    if iterators is not None:
+        make_iter = iterators.checked(make_iter, worker_id)
+    _core.worker_loop(
+        fd if isinstance(fd, int) else fd.detach(),
+        dataset=dataset,
+        iterable=iterable,
+        auto_collation=auto_collation,
+        drop_last=drop_last,
+        collate_fn=collate_fn,
+        getitems=getitems,
+        tensors=tensors,
+        main_pid=main_pid,
+        shm_initial=shm_initial,
+        shm_limit=shm_limit,
+        prefetch_factor=prefetch_factor,
+        make_iter=make_iter,
+        wrap_exception=wrap,
+        init_exception=init_exception,
+        on_epoch=on_epoch,
+        state_fn=None if sharded is not None else state_fn,
+        sharded=sharded,
+        batch_size=batch_size,
+        table=table,
+        trim=trim,
+    )
+
+
+class IteratorRegistry:
+    """The iterators an iterable dataset handed to a loader's worker
+    threads: one object given to two threads (``__iter__`` returning
+    ``self``, or a generator stored on the dataset) would be advanced by
+    both, each sample going to whichever asked first. That is refused with
+    a clear error instead of silently wrong batches."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: dict[int, tuple[int, Any]] = {}
+
+    def checked(self, make_iter: Callable[[], Any], worker_id: int) -> Callable[[], Any]:
+        def make() -> Any:
+            it = make_iter()
+            with self._lock:
+                # drop this worker's iterator of an earlier epoch
+                self._owner = {k: v for k, v in self._owner.items() if v[0] != worker_id}
+                other = self._owner.get(id(it))
+                if other is not None and other[1] is it:
+                    raise RuntimeError(
+                        f"worker_method='thread': iter(dataset) gave worker thread {worker_id} "
+                        f"the iterator worker thread {other[0]} is reading "
+                        f"({type(it).__name__}); thread workers share the dataset object, so "
+                        "__iter__ must return a new iterator on every call (a generator "
+                        "function does), or use worker_method='multiprocessing'"
+                    )
+                self._owner[id(it)] = (worker_id, it)
+            return it
+
+        return make
+
+
+class _WorkerLocal(threading.local):
+    info: Optional[Any] = None
+
+    def set(self, info: Optional[Any]) -> None:
+        self.info = info
+
+
+# The current worker thread's WorkerInfo (``None`` outside worker threads).
+_worker_local = _WorkerLocal()
+
+
+def thread_worker_info(dataset: Any, worker_id: int, num_workers: int, base_seed: int) -> Any:
+    """A worker thread's ``WorkerInfo``: torch's fields, ``worker_method=
+    "thread"``, and ``rng``: a ``torch.Generator``, a ``random.Random`` and a
+    ``numpy.random.RandomState`` seeded exactly as a worker process seeds the
+    global ones (so a dataset drawing from them gets in a thread the draws a
+    process gives it from the globals)."""
+    seed = base_seed + worker_id
+    gen = torch.Generator()
+    gen.manual_seed(seed)
+    numpy_rng: Any = None
+    try:
+        import numpy as np
+
+        numpy_rng = np.random.RandomState(_torch_worker._generate_state(base_seed, worker_id))
+    except ImportError:  # pragma: no cover - numpy comes with torch's wheels
+        pass
+    rng_type = getattr(_torch_worker, "_RNG", None)
+    if rng_type is not None:
+        rng: Any = rng_type(random.Random(seed), gen, numpy_rng)
+    else:  # torch before thread_safe_generator: the same fields, our holder
+        rng = _RNG(random.Random(seed), gen, numpy_rng)
+    return _torch_worker.WorkerInfo(
+        id=worker_id,
+        num_workers=num_workers,
+        seed=seed,
+        dataset=dataset,
+        rng=rng,
+        worker_method="thread",
+    )
+
+
+class _RNG:
+    """torch's ``_RNG`` for a torch that lacks it."""
+
+    def __init__(self, random_generator: Any, torch_generator: Any, numpy_generator: Any) -> None:
+        self.random_generator = random_generator
+        self.torch_generator = torch_generator
+        self.numpy_generator = numpy_generator

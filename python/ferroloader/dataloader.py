@@ -13,6 +13,7 @@ import errno
 import math
 import os
 import socket
+import threading
 import time
 import warnings
 from typing import Any, Callable, ClassVar, Iterable, Optional, TypeVar, Union
@@ -36,6 +37,8 @@ from ferroloader.shards import ElasticBatchSampler, ShardedDataset, ShardEpoch, 
 from ferroloader.stats import LoaderStats, of_iterator
 
 _T_co = TypeVar("_T_co", covariant=True)
+
+WORKER_METHODS = ("multiprocessing", "thread")
 
 
 class DataLoader(_tdl.DataLoader[_T_co]):
@@ -72,7 +75,13 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         per_sample_seed: bool = False,
         sharding: Optional[Sharding] = None,
         snapshot_every_n_steps: Optional[int] = 1,
+        worker_method: str = "multiprocessing",
     ) -> None:
+        if worker_method not in WORKER_METHODS:
+            raise ValueError(
+                "worker_method option should be 'multiprocessing' or 'thread', but got "
+                f"worker_method={worker_method!r}"
+            )
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"seed should be an int or None, but got seed={seed!r}")
         if per_sample_seed and seed is None:
@@ -146,6 +155,9 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         self._next_worker_states: Optional[list[Any]] = None
         self.seed = seed
         self.per_sample_seed = bool(per_sample_seed)
+        # torch's proposed name (pytorch/pytorch#161044): where the workers
+        # run, processes or threads of this process
+        self.worker_method = worker_method
         self._seeded_generator = own
         self.sharding: Optional[Sharding] = (
             sharding if sharding is not None else (Sharding() if sharded else None)
@@ -262,7 +274,10 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         check_environment()
         if self.num_workers == 0:
             return _single_process_iter(self)
-        self.check_worker_number_rationality()
+        if self.worker_method != "thread":
+            # torch's warning counts processes against the cores; threads
+            # waiting on I/O or outside the GIL need no core each
+            self.check_worker_number_rationality()
         if _is_datapipe(self.dataset):
             # DataPipes (deprecated in torch) need torch's sharding and seeding.
             return _tdl._MultiProcessingDataLoaderIter(self)
@@ -547,17 +562,25 @@ class _MultiProcessIter(_core.MultiProcessIter):
                 source = _index_source(loader)
             window = (loader.prefetch_factor or 2) * loader.num_workers
             source = state.resume_source(rec, source, resume, now, window)
-        ctx = loader.multiprocessing_context or torch.multiprocessing
-        fork = ctx.get_start_method() == "fork"
-        forkserver.warm(loader)  # a context set after construction
+        threads = loader.worker_method == "thread"
         n = loader.num_workers
+        if threads:
+            _check_thread_workers(loader, n)
+        else:
+            ctx = loader.multiprocessing_context or torch.multiprocessing
+            fork = ctx.get_start_method() == "fork"
+            forkserver.warm(loader)  # a context set after construction
         per_worker = max(shm_limit() // n, 1 << 20)
         per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
         _check_fd_headroom(n)
         socks: list[socket.socket] = []
         procs: list[Any] = []
+        pids: list[int] = []
         try:
-            for i in range(n):
+            if threads:
+                _start_threads(loader, socks, procs, pids, base_seed, per_worker, per_batch,
+                               resume, ep, rec.number, arena is None)
+            for i in range(0 if threads else n):
                 # spawn and forkserver pickle the user's objects for each
                 # worker: done here, they are unpickled inside the worker's
                 # set-up, where an error is the worker's (not a worker that
@@ -603,7 +626,8 @@ class _MultiProcessIter(_core.MultiProcessIter):
                 finally:
                     child.close()
                 procs.append(w)
-            workers = [(s.detach(), w.pid) for s, w in zip(socks, procs)]
+                pids.append(w.pid)
+            workers = [(s.detach(), pid) for s, pid in zip(socks, pids)]
             socks = []  # the engine owns (and on failure closes) them now
             # torch sets prefetch_factor to 2 when num_workers > 0 and none was given.
             assert loader.prefetch_factor is not None
@@ -783,14 +807,86 @@ def _check_fd_headroom(num_workers: int) -> None:
         )
 
 
+def _check_thread_workers(loader: DataLoader[Any], n: int) -> None:
+    """What thread workers cannot do, refused before any starts."""
+    if n > 1 and state.stateful(loader.dataset):
+        raise ConfigError(
+            "worker_method='thread': the worker threads share one dataset object, and this "
+            "dataset keeps a state (state_dict/load_state_dict) that torchdata's protocol "
+            "keeps per worker replica; use worker_method='multiprocessing' (or one worker)"
+        )
+
+
+def _start_threads(
+    loader: DataLoader[Any],
+    socks: list[socket.socket],
+    threads: list[Any],
+    pids: list[int],
+    base_seed: int,
+    per_worker: int,
+    per_batch: int,
+    resume: Optional[dict[str, Any]],
+    ep: Optional[ShardEpoch],
+    epoch: int,
+    trim: bool,
+) -> None:
+    """``worker_method="thread"``: the workers are threads of this process
+    running the worker loop over the dataset object itself, each with its
+    own arena and socket (pid 0: no process to watch)."""
+    from ferroloader import worker as _worker_info
+
+    _worker_info.thread_aware()
+    n = loader.num_workers
+    iterators = _worker.IteratorRegistry()
+    iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
+    for i in range(n):
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        socks.append(parent)
+        t = threading.Thread(
+            target=_worker.thread_entry,
+            name=f"pt_data_worker_{i}",
+            args=(
+                child,
+                loader.dataset,
+                iterable,
+                loader._auto_collation,
+                loader.collate_fn,
+                bool(loader.drop_last),
+                base_seed,
+                loader.worker_init_fn,
+                i,
+                n,
+                min(_INITIAL_ARENA, per_worker),
+                per_worker,
+                loader.prefetch_factor,
+                loader._sample_seeds(),
+                state.worker_resume(loader, resume, i, per_batch),
+                None if ep is None else (list(ep.descriptors), loader._shard_seeder(epoch)),
+                loader.batch_size,
+                trim,
+                iterators,
+            ),
+            daemon=True,
+        )
+        t.start()
+        threads.append(t)
+        pids.append(0)
+
+
 def _stop_processes(procs: Any, grace: float = 5.0) -> None:
     """Bounded teardown: ``grace`` seconds in all for the workers to exit
     after Shutdown, then SIGTERM and a second, then SIGKILL (which a stopped
-    or signal-ignoring worker cannot refuse)."""
+    or signal-ignoring worker cannot refuse). Worker threads are joined
+    within ``grace``; one still in the user's code then (it cannot be
+    stopped from outside) leaves when that code returns and it finds its
+    socket closed."""
     procs = list(procs)
     deadline = time.monotonic() + grace
+    me = threading.current_thread()
     for w in procs:
-        w.join(timeout=max(0.0, deadline - time.monotonic()))
+        if w is not me:  # the iterator's last reference may die in a worker thread
+            w.join(timeout=max(0.0, deadline - time.monotonic()))
+    procs = [w for w in procs if not isinstance(w, threading.Thread)]
     alive = [w for w in procs if w.is_alive()]
     for w in alive:
         w.terminate()

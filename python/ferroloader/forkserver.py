@@ -79,7 +79,9 @@ def warm(loader: Any) -> bool:
     """Preloads and starts the fork server for ``loader``'s workers, if
     they use ``forkserver`` and the server is not running yet. Returns
     whether it started the server."""
-    if loader.num_workers == 0 or start_method(loader) != "forkserver":
+    if loader.num_workers == 0 or getattr(loader, "worker_method", None) == "thread":
+        return False
+    if start_method(loader) != "forkserver":
         return False
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         # importing the main module for a child (the fork server's own

@@ -7,7 +7,8 @@ every process, for every ``num_workers``, and after a resume:
   of each epoch (0-based): it decides the shuffle order and the workers'
   base seed, and nothing else draws from it.
 - ``sample_seed(S, epoch, index)`` seeds torch's CPU generator, ``random``
-  and ``numpy`` right before ``dataset[index]`` when ``per_sample_seed=True``;
+  and ``numpy`` right before ``dataset[index]`` when ``per_sample_seed=True``
+  (in a worker thread: the thread's own three, ``get_worker_info().rng``);
   for item ``offset`` of shard ``s`` of a sharded dataset, ``index`` is
   ``shard_item_index(s, offset) = s * 2**40 + offset``.
 - A sharded epoch's shard order is ``torch.randperm(n_shards,
@@ -92,7 +93,20 @@ def shard_item_index(shard: int, offset: int) -> int:
 def seed_everything(s: int) -> None:
     """Seeds torch's CPU generator, ``random`` and ``numpy`` (low 32 bits)
     with ``s``. (``torch.manual_seed`` would also seed every accelerator's
-    generators, at ~100x the cost; data workers draw on the CPU.)"""
+    generators, at ~100x the cost; data workers draw on the CPU.) In a
+    worker thread the global generators are every thread's: its own
+    (``get_worker_info().rng``, ``torch.thread_safe_generator()``) are
+    seeded instead."""
+    from ferroloader._worker import _worker_local
+
+    info = _worker_local.info
+    if info is not None:
+        rng = info.rng
+        rng.torch_generator.manual_seed(s)
+        rng.random_generator.seed(s)
+        if rng.numpy_generator is not None:
+            rng.numpy_generator.seed(s & 0xFFFFFFFF)
+        return
     torch.default_generator.manual_seed(s)
     random.seed(s)
     try:

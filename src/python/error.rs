@@ -86,8 +86,8 @@ impl From<Error> for PyErr {
         let class = match &e {
             Error::SharedMemory { .. } => Class::SharedMemory,
             Error::ShmLimit(_) => Class::SharedMemoryLimit,
-            Error::WorkerDied { exit, pid, .. } => {
-                return Class::WorkerDied.err(died_message(*pid, *exit));
+            Error::WorkerDied { exit, pid, worker } => {
+                return Class::WorkerDied.err(died_message(*worker, *pid, *exit));
             }
             Error::Timeout { .. } => Class::WorkerTimeout,
             Error::Protocol(_) | Error::Corrupt { .. } | Error::Disconnected(_) => Class::Protocol,
@@ -97,14 +97,9 @@ impl From<Error> for PyErr {
 }
 
 /// torch's message for a dead worker, the signal named as Python names it.
-fn died_message(pid: i32, exit: Exit) -> String {
+fn died_message(worker: usize, pid: i32, exit: Exit) -> String {
     let Exit::Signal(sig) = exit else {
-        return Error::WorkerDied {
-            worker: 0,
-            pid,
-            exit,
-        }
-        .to_string();
+        return Error::WorkerDied { worker, pid, exit }.to_string();
     };
     let name = Python::attach(|py| -> PyResult<String> {
         py.import("signal")?

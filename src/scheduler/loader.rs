@@ -586,7 +586,10 @@ impl Loader {
             if done(self, got) {
                 return Ok(());
             }
-            if self.pool.spin(SPIN) {
+            // without the GIL: worker threads (worker_method="thread")
+            // need it to make the batch being waited for
+            let pool = &self.pool;
+            if host.blocking(|| pool.spin(SPIN)) {
                 continue;
             }
             let mut slice = INTERRUPT_SLICE;

@@ -241,6 +241,21 @@ impl WorkerPool {
         Ok(())
     }
 
+    /// `w`'s socket closed. A process's end is then seen on its pidfd; a
+    /// thread has none, so a running thread's closed socket is its end.
+    fn lost(&mut self, w: usize) {
+        let link = &mut self.links[w];
+        link.conn = None;
+        if link.running && link.process.is_thread() {
+            link.running = false;
+            self.events.push_back(Event::Died {
+                worker: w,
+                pid: 0,
+                exit: Exit::Thread,
+            });
+        }
+    }
+
     fn drain(&mut self, w: usize, host: &mut impl Blocking) -> Result<()> {
         let mut buf = Vec::new();
         loop {
@@ -258,7 +273,7 @@ impl WorkerPool {
                 {
                     Some(f) => f,
                     None => {
-                        link.conn = None;
+                        self.lost(w);
                         return Ok(());
                     }
                 }
@@ -347,7 +362,7 @@ impl WorkerPool {
             if conn.read_some().map_err(Error::Disconnected)? == ReadState::Closed {
                 // Results still in the mailbox come before the loss.
                 self.drain(w, &mut super::transport::NoHost)?;
-                self.links[w].conn = None;
+                self.lost(w);
             } else {
                 conn.skip_wakeups();
             }

@@ -313,9 +313,14 @@ pub struct Watched {
 pub enum Exit {
     Code(i32),
     Signal(i32),
+    /// A worker thread (no process of its own) closed its end: it ended
+    /// without a clean stop.
+    Thread,
 }
 
 impl Watched {
+    /// `pid` 0: a worker thread in this process, watched through its
+    /// socket alone (see `WorkerPool::sleep`).
     pub fn new(pid: i32) -> Self {
         let pidfd = Pid::from_raw(pid)
             .filter(|_| !crate::facilities::disabled(crate::facilities::Facility::Pidfd))
@@ -325,6 +330,10 @@ impl Watched {
 
     pub fn pid(&self) -> i32 {
         self.pid
+    }
+
+    pub fn is_thread(&self) -> bool {
+        self.pid == 0
     }
 
     pub fn pidfd(&self) -> Option<BorrowedFd<'_>> {

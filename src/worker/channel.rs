@@ -151,7 +151,8 @@ impl Channel {
                 return Ok(recv(Some(ToWorker::decode(&frame)?)));
             }
             let mailbox = &self.mailbox;
-            if spin_wait(SPIN, || mailbox.has_message(Dir::Tasks))
+            // without the GIL: a worker thread shares it with the others
+            if host.blocking(|| spin_wait(SPIN, || mailbox.has_message(Dir::Tasks)))
                 || !self.mailbox.prepare_sleep(Dir::Tasks)
             {
                 continue;
