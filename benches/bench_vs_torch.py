@@ -43,6 +43,12 @@ scaling        throughput against num_workers (1, 2, 4, ... up to the      (curv
                machine's cores) on the image and CPU-bound jobs, torch and
                ferroloader; --png PATH draws it (default
                bench-results/scaling.png; needs matplotlib, the bench extra)
+peers          records (dict of f32[16] + label, batch 256), uint8 images  >= 1x
+               from a memory map (batch 32) and PIL-decoded JPEGs (batch
+               32), 2 workers or threads each, shuffled: ferroloader's
+               threads (worker_method="thread") against torchdata nodes
+               threads, SPDL threads and its own processes; its processes
+               against torch, nodes threads and Grain processes
 table          TableDataset, 1M rows x (8 numeric + 1 string), batch       >= 10x,
                256, shuffled, nw=0, rows/s: numeric columns against torch
                over a per-row pyarrow dataset and over HF datasets'
@@ -1485,6 +1491,67 @@ def sc_image_w2_rss(st: Settings, fl: Any) -> List[Check]:
     return [pss, rss]
 
 
+# --- the peers: torchdata nodes, SPDL, Grain; ferroloader's threads -----------
+
+
+def sc_peers(st: Settings, fl: Any) -> List[Check]:
+    """Records, memory-mapped images and JPEG decoding, 2 workers or threads
+    each: ferroloader's thread and process workers against torch, torchdata
+    ``nodes`` threads, SPDL threads and Grain processes (benches/peers.py)."""
+    import shutil
+
+    import peers
+
+    probe_workers(fl)
+    missing = {k: v for k, v in peers.peers_available().items() if v is not None}
+    root = peers.tempdir()
+    checks: List[Check] = []
+    try:
+        for job, (ds, batch) in peers.make_data(root).items():
+            makers = peers.loaders(fl, tud, ds, batch)
+            units = float(len(ds))
+
+            def step(make: Callable[[], Any], units: float) -> Callable[[], float]:
+                def run() -> float:
+                    for _ in make():
+                        pass
+                    return units
+
+                return run
+
+            steps = {name: step(m, units) for name, m in makers.items()}
+            for s in steps.values():
+                s()  # starts persistent workers, warms caches and arenas
+            rates: Dict[str, List[float]] = {name: [] for name in steps}
+            for _ in range(st.repeats):
+                for name, s in steps.items():
+                    rates[name].append(timed_rate(s, st.min_time))
+                PROGRESS.tick()
+            pairs = [
+                ("ferroloader threads", "torchdata nodes threads", 1.0),
+                ("ferroloader threads", "SPDL threads", 1.0),
+                ("ferroloader threads", "ferroloader processes", 1.0),
+                ("ferroloader processes", "torch", 1.0),
+                ("ferroloader processes", "torchdata nodes threads", 1.0),
+                ("ferroloader processes", "Grain processes", 1.0),
+            ]
+            for mine, base, target in pairs:
+                if mine not in rates or base not in rates:
+                    continue
+                c = Check(f"{job}: {mine}", "samples/s", base, target)
+                c.baseline, c.ferro = rates[base], rates[mine]
+                if job == "records" and base == "ferroloader processes":
+                    c.note = "Python-bound on a GIL build: threads share one interpreter"
+                checks.append(c)
+            del makers, steps
+            gc.collect()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if missing and checks:
+        checks[0].note = "left out: " + "; ".join(f"{k} ({v})" for k, v in missing.items())
+    return checks
+
+
 # ---------------------------------------------------------------------------
 # Driver
 # ---------------------------------------------------------------------------
@@ -1504,6 +1571,7 @@ SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
     "shards_w2": ("dynamic vs static sharding, uneven shards, num_workers=2", sc_shards_w2),
     "scaling": ("throughput against num_workers, image and CPU-bound jobs", sc_scaling),
     "gpu": ("batches to the GPU with pin_memory, and a loop with a GPU step", sc_gpu),
+    "peers": ("records, memmap images, JPEG: threads and processes against the peers", sc_peers),
     "table": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=0", sc_table),
     "table_w2": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=2", sc_table_w2),
     "table_mem": ("memory of a 2-worker job over a memory-mapped 1 GB Arrow file", sc_table_mem),
