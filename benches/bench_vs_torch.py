@@ -49,6 +49,9 @@ peers          records (dict of f32[16] + label, batch 256), uint8 images  >= 1x
                threads (worker_method="thread") against torchdata nodes
                threads, SPDL threads and its own processes; its processes
                against torch, nodes threads and Grain processes
+strings_mem    summed PSS growth of a 2-worker shuffled epoch over 2 million <= 0.1x
+               Python strings with worker threads, against the dataset's
+               size; their peak against process workers'                  <= 0.8x
 table          TableDataset, 1M rows x (8 numeric + 1 string), batch       >= 10x,
                256, shuffled, nw=0, rows/s: numeric columns against torch
                over a per-row pyarrow dataset and over HF datasets'
@@ -1491,6 +1494,96 @@ def sc_image_w2_rss(st: Settings, fl: Any) -> List[Check]:
     return [pss, rss]
 
 
+# --- copy-on-read: a dataset of Python strings, threads against processes -----
+
+STRINGS_MARK = "@@STRINGS@@"
+
+
+class StringsDataset:
+    """Holds ``n`` Python strings (file names); a sample is one's length. A
+    forked worker that reads a string writes its reference count, copying
+    the page it lies on (pytorch issue 13246); a thread shares the pages."""
+
+    def __init__(self, n: int) -> None:
+        self.items = [f"/data/train/images/{i:09d}.jpg" for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> int:
+        return len(self.items[i])
+
+
+def strings_child(kind: str, quick: bool) -> None:
+    """A fresh process: builds the strings, runs one shuffled 2-worker epoch
+    with ``kind`` (torch, processes, threads), prints the dataset's PSS and
+    the process tree's PSS growth during the epoch."""
+    lib: Any = tud if kind == "torch" else import_ferro()
+    gc.collect()
+    before = TreeMemSampler()
+    before.sample()
+    ds = StringsDataset(200_000 if quick else 2_000_000)
+    gc.collect()
+    built = TreeMemSampler()
+    built.sample()
+    extra = {"worker_method": "thread"} if kind == "threads" else {}
+    sampler = TreeMemSampler()
+    sampler.start()
+    try:
+        loader = lib.DataLoader(ds, batch_size=256, shuffle=True, num_workers=2, **extra)
+        for _batch in loader:
+            pass
+        del loader
+    finally:
+        sampler.stop()
+    result = {
+        "dataset_kib": built.peak_pss - before.peak_pss,
+        "growth_kib": sampler.peak_pss - built.peak_pss,
+        "peak_pss_kib": sampler.peak_pss,
+    }
+    print(STRINGS_MARK + json.dumps(result), flush=True)
+
+
+def run_strings_child(kind: str, quick: bool) -> Dict[str, Any]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--_strings-child", kind]
+    if quick:
+        cmd.append("--quick")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    for line in proc.stdout.splitlines():
+        if line.startswith(STRINGS_MARK):
+            out: Dict[str, Any] = json.loads(line[len(STRINGS_MARK) :])
+            return out
+    raise RuntimeError(f"strings child for {kind} failed (rc={proc.returncode}):\n"
+                       f"{proc.stderr[-3000:]}")
+
+
+def sc_strings_mem(st: Settings, fl: Any) -> List[Check]:
+    """Summed PSS growth of one shuffled 2-worker epoch over a dataset of 2
+    million Python strings: thread workers against the dataset's size (and
+    their peak against process workers'), torch's and ferroloader's process
+    workers in the note. Fresh processes, interleaved."""
+    probe_workers(fl)
+    growth = Check("threads: PSS growth in the epoch / the dataset's PSS", "x",
+                   "the dataset", target=0.1, higher_is_better=False)
+    peak = Check("threads: peak summed PSS", "MiB", "own processes", target=0.8,
+                 higher_is_better=False)
+    notes = []
+    for _ in range(2):
+        t = run_strings_child("torch", st.quick)
+        p = run_strings_child("processes", st.quick)
+        th = run_strings_child("threads", st.quick)
+        growth.add(1.0, th["growth_kib"] / th["dataset_kib"])
+        peak.add(p["peak_pss_kib"] / 1024, th["peak_pss_kib"] / 1024)
+        notes.append(
+            f"dataset {th['dataset_kib'] / 1024:.0f} MiB; growth: threads "
+            f"{th['growth_kib'] / 1024:.1f} MiB, processes {p['growth_kib'] / 1024:.0f} MiB "
+            f"({p['growth_kib'] / p['dataset_kib']:.0%}), torch "
+            f"{t['growth_kib'] / 1024:.0f} MiB ({t['growth_kib'] / t['dataset_kib']:.0%})"
+        )
+    growth.note = "; ".join(notes)
+    return [growth, peak]
+
+
 # --- the peers: torchdata nodes, SPDL, Grain; ferroloader's threads -----------
 
 
@@ -1572,6 +1665,8 @@ SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
     "scaling": ("throughput against num_workers, image and CPU-bound jobs", sc_scaling),
     "gpu": ("batches to the GPU with pin_memory, and a loop with a GPU step", sc_gpu),
     "peers": ("records, memmap images, JPEG: threads and processes against the peers", sc_peers),
+    "strings_mem": ("memory of an epoch over 2M Python strings, threads vs processes",
+                    sc_strings_mem),
     "table": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=0", sc_table),
     "table_w2": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=2", sc_table_w2),
     "table_mem": ("memory of a 2-worker job over a memory-mapped 1 GB Arrow file", sc_table_mem),
@@ -1697,6 +1792,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--_table-mem-child", dest="table_mem_child", default=None, help=argparse.SUPPRESS
     )
+    p.add_argument(
+        "--_strings-child", dest="strings_child", default=None, help=argparse.SUPPRESS
+    )
     args = p.parse_args(argv)
     if args.repeats is None:
         args.repeats = 2 if args.quick else 7
@@ -1719,6 +1817,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.table_mem_child:
         table_mem_child(args.table_mem_child)
+        return 0
+    if args.strings_child:
+        strings_child(args.strings_child, args.quick)
         return 0
     st = Settings(
         repeats=args.repeats,

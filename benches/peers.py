@@ -17,7 +17,7 @@ batches indices and maps fetch-and-collate over the batches with
 ``ParallelMapper(method="thread")`` behind a ``Prefetcher``; SPDL pipes the
 batches of indices through fetch-and-collate with ``concurrency=2`` on two
 threads; Grain runs ``IndexSampler`` and ``Batch`` on two worker processes
-(its batches are numpy arrays). A peer that is not installed is left out,
+over endless epochs, one iterator kept (its batches are numpy arrays). A peer that is not installed is left out,
 with a note.
 """
 
@@ -171,20 +171,22 @@ def spdl_threads(ds: Any, batch: int) -> Callable[[], Any]:
 
 
 def grain_processes(ds: Any, batch: int) -> Callable[[], Any]:
+    """One Grain loader over endless shuffled epochs, its iterator kept (its
+    workers start once, as persistent workers do); an epoch is the next
+    ``len(ds) / batch`` batches."""
+    import itertools
+
     import grain
 
-    seed = [0]
-
-    def epoch() -> Any:
-        seed[0] += 1
-        sampler = grain.samplers.IndexSampler(
-            num_records=len(ds), shuffle=True, seed=seed[0], num_epochs=1,
-            shard_options=grain.sharding.NoSharding(),
-        )
-        return grain.DataLoader(data_source=ds, sampler=sampler,
-                                operations=[grain.transforms.Batch(batch)], worker_count=2)
-
-    return epoch
+    sampler = grain.samplers.IndexSampler(
+        num_records=len(ds), shuffle=True, seed=0, num_epochs=None,
+        shard_options=grain.sharding.NoSharding(),
+    )
+    loader = grain.DataLoader(data_source=ds, sampler=sampler,
+                              operations=[grain.transforms.Batch(batch)], worker_count=2)
+    it = iter(loader)
+    per_epoch = -(-len(ds) // batch)
+    return lambda: itertools.islice(it, per_epoch)
 
 
 def peers_available() -> Dict[str, Optional[str]]:

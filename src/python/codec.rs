@@ -204,7 +204,7 @@ fn write_leaf(
     match &c.data {
         CollectedData::Pending(p) => match &p.get().data {
             Pending::Bytes(b) => {
-                dst.copy_from_slice(b);
+                without_gil(py, b.len(), || dst.copy_from_slice(b));
                 Ok(())
             }
             Pending::Arrays(arrays) => write_arrays(py, arrays, dst),
@@ -218,7 +218,8 @@ fn write_leaf(
                     .ok_or_else(|| Class::Internal.err("TensorDataset tensor is not contiguous"))?;
                 let rows = view.shape()[0] as usize;
                 let row_bytes = src.len().checked_div(rows).unwrap_or(0);
-                if !gather_rows(dst, src, rows, row_bytes, indices) {
+                let n = dst.len();
+                if !without_gil(py, n, || gather_rows(dst, src, rows, row_bytes, indices)) {
                     // `Fetcher::gather` checked the indices against these rows.
                     return Err(Class::Internal.err("TensorDataset changed size mid-batch"));
                 }
@@ -267,8 +268,22 @@ fn write_arrays(py: Python<'_>, arrays: &[Py<PyAny>], dst: &mut [u8]) -> PyResul
                 .ok_or_else(|| Class::Internal.err("array is not contiguous"))?,
         );
     }
-    stack_into(dst, &parts);
+    without_gil(py, dst.len(), || stack_into(dst, &parts));
     Ok(())
+}
+
+/// Copies of at least this many bytes run without the GIL: other worker
+/// threads (`worker_method="thread"`) and the training loop go on meanwhile.
+/// Smaller ones keep it (taking it back can wait for another thread).
+const RELEASE_GIL_BYTES: usize = 256 << 10;
+
+/// `copy()`, which moves `bytes` bytes, without the GIL when that is large.
+fn without_gil<R: Send>(py: Python<'_>, bytes: usize, copy: impl FnOnce() -> R + Send) -> R {
+    if bytes >= RELEASE_GIL_BYTES {
+        py.detach(copy)
+    } else {
+        copy()
+    }
 }
 
 /// Rebuilds leaves over a record in the main process.
