@@ -476,8 +476,10 @@ def test_timeout_error_comes_when_the_timeout_passes_even_as_the_iterator_goes()
     for (it would not answer), so the error comes when the timeout passes,
     not after a teardown's grace period (5 s)."""
     loader = FERRO.DataLoader(mh.SlowDataset(4, 60.0), batch_size=1, num_workers=1, timeout=1)
+    before = mh.children_of(os.getpid())  # a fork server of an earlier test stays
     holder = [iter(loader)]
-    workers = mh.children_of(os.getpid())
+    workers = mh.children_of(os.getpid()) - before
+    assert workers, "test bug: no worker process seen"
 
     def pull() -> None:
         it = holder.pop()
