@@ -17,8 +17,8 @@ batches indices and maps fetch-and-collate over the batches with
 ``ParallelMapper(method="thread")`` behind a ``Prefetcher``; SPDL pipes the
 batches of indices through fetch-and-collate with ``concurrency=2`` on two
 threads; Grain runs ``IndexSampler`` and ``Batch`` on two worker processes
-over endless epochs, one iterator kept (its batches are numpy arrays). A peer that is not installed is left out,
-with a note.
+over endless epochs, one iterator kept (its batches are numpy arrays). A
+peer that is not installed is left out, with a note.
 """
 
 from __future__ import annotations

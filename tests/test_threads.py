@@ -138,7 +138,7 @@ class GeneratorDraws(tud.Dataset):
 @ferro_only
 @time_limit(60)
 @pytest.mark.skipif(not hasattr(torch, "thread_safe_generator"),
-                    reason="torch.thread_safe_generator arrived in torch 2.11")
+                    reason="this torch has no torch.thread_safe_generator (newer than 2.11)")
 def test_thread_generators_draw_what_process_workers_draw_from_the_globals():
     """A thread's generators are seeded as a process worker seeds the global
     ones, so a dataset drawing from ``torch.thread_safe_generator()`` gets with
@@ -152,7 +152,7 @@ def test_thread_generators_draw_what_process_workers_draw_from_the_globals():
 @ferro_only
 @time_limit(60)
 @pytest.mark.skipif(not hasattr(torch, "thread_safe_generator"),
-                    reason="torch.thread_safe_generator arrived in torch 2.11")
+                    reason="this torch has no torch.thread_safe_generator (newer than 2.11)")
 def test_per_sample_seed_with_threads_equals_processes():
     """``per_sample_seed=True`` seeds a thread's own generators before each
     sample: the batches equal process workers' (whose globals are seeded),
