@@ -1462,22 +1462,27 @@ def rss_child(lib_name: str, quick: bool) -> None:
     print(RSS_MARK + json.dumps(result), flush=True)
 
 
-def run_rss_child(lib_name: str, quick: bool) -> Dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--_rss-child", lib_name]
+def run_marked_child(flag: str, arg: str, mark: str, quick: bool, timeout: int) -> Dict[str, Any]:
+    """Runs this file as ``flag arg`` in a fresh process; the JSON it prints
+    after ``mark``."""
+    cmd = [sys.executable, os.path.abspath(__file__), flag, arg]
     if quick:
         cmd.append("--quick")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     for line in proc.stdout.splitlines():
-        if line.startswith(RSS_MARK):
-            out: Dict[str, Any] = json.loads(line[len(RSS_MARK) :])
-            if "not_implemented" in out:
-                raise Skip(
-                    "skipped: ferroloader num_workers>0 not available: " + out["not_implemented"]
-                )
+        if line.startswith(mark):
+            out: Dict[str, Any] = json.loads(line[len(mark) :])
             return out
     raise RuntimeError(
-        f"memory child for {lib_name} failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
+        f"child {flag} {arg} failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
     )
+
+
+def run_rss_child(lib_name: str, quick: bool) -> Dict[str, Any]:
+    out = run_marked_child("--_rss-child", lib_name, RSS_MARK, quick, 300)
+    if "not_implemented" in out:
+        raise Skip("skipped: ferroloader num_workers>0 not available: " + out["not_implemented"])
+    return out
 
 
 def sc_image_w2_rss(st: Settings, fl: Any) -> List[Check]:
@@ -1545,16 +1550,7 @@ def strings_child(kind: str, quick: bool) -> None:
 
 
 def run_strings_child(kind: str, quick: bool) -> Dict[str, Any]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--_strings-child", kind]
-    if quick:
-        cmd.append("--quick")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    for line in proc.stdout.splitlines():
-        if line.startswith(STRINGS_MARK):
-            out: Dict[str, Any] = json.loads(line[len(STRINGS_MARK) :])
-            return out
-    raise RuntimeError(f"strings child for {kind} failed (rc={proc.returncode}):\n"
-                       f"{proc.stderr[-3000:]}")
+    return run_marked_child("--_strings-child", kind, STRINGS_MARK, quick, 600)
 
 
 def sc_strings_mem(st: Settings, fl: Any) -> List[Check]:
