@@ -142,17 +142,22 @@ def _expected_block(k: int, batch: int, size: int) -> torch.Tensor:
 
 @ferro_only
 @time_limit(120)
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
 @pytest.mark.parametrize("kind", ["dict", "tuple"])
-def test_pin_thread_gives_torchs_batches_pinned_off_the_training_loop(fake_accelerator, kind):
+def test_pin_thread_gives_torchs_batches_pinned_off_the_training_loop(
+    fake_accelerator, kind, method
+):
     """Without registration, batches equal torch's pinned batches and are
-    pinned on a thread named as torch's, never on the training loop's."""
+    pinned on a thread named as torch's, never on the training loop's (with
+    worker processes and with worker threads)."""
     ds = mh.MapDataset(12, kind)
     expected = list(TORCH.DataLoader(ds, batch_size=2, num_workers=2, pin_memory=True))
     assert fake_accelerator.count() and "MainThread" not in fake_accelerator.threads(), (
         "test bug: torch did not pin on its thread"
     )
     fake_accelerator.clear()
-    loader = FERRO.DataLoader(ds, batch_size=2, num_workers=2, pin_memory=True)
+    loader = FERRO.DataLoader(ds, batch_size=2, num_workers=2, pin_memory=True,
+                              worker_method=method)
     it = iter(loader)
     assert type(it).__name__ == "_PinnedMultiProcessIter"
     got = list(it)
@@ -304,16 +309,19 @@ def test_pin_thread_reraises_worker_errors_and_names_a_dead_worker(fake_accelera
 
 @ferro_only
 @time_limit(120)
-def test_registered_arenas_pin_batches_where_they_lie(fake_cuda):
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+def test_registered_arenas_pin_batches_where_they_lie(fake_cuda, method):
     """With registration, batches equal torch's, their tensors lie in
     registered memory and pin_memory copies nothing; each worker's arena is
-    registered once, not per batch or per epoch."""
+    registered once, not per batch or per epoch (worker threads' arenas as
+    worker processes')."""
     rt, log = fake_cuda
     ds = mh.MapDataset(16, "dict")
     expected = list(TORCH.DataLoader(ds, batch_size=4, num_workers=2, pin_memory=True))
     log.clear()
     loader = FERRO.DataLoader(
-        ds, batch_size=4, num_workers=2, pin_memory=True, persistent_workers=True
+        ds, batch_size=4, num_workers=2, pin_memory=True, persistent_workers=True,
+        worker_method=method,
     )
     got = list(loader)
     assert_same(expected, got)
