@@ -17,11 +17,36 @@ import threading
 import time
 import warnings
 
+import ferroloader
 import mp_helpers as mh
 import pytest
 import torch
 import torch.utils.data as tud
 from helpers import FERRO, LIBS, TORCH, assert_same
+
+# Every test runs with ferroloader's worker processes and again with its
+# worker threads (worker_method="thread"), against torch's processes; the
+# tests marked processes_only check what only a process has (its own pid,
+# its own globals, a multiprocessing context, a signal).
+processes_only = pytest.mark.processes_only
+
+
+@pytest.fixture(autouse=True, params=["multiprocessing", "thread"])
+def worker_method(request, monkeypatch):
+    if request.param == "thread":
+        if mh.SELFCHECK:
+            pytest.skip("the self-check runs torch, which has no worker threads")
+        marker = request.node.get_closest_marker("processes_only")
+        if marker is not None:
+            pytest.skip(f"a worker process's: {marker.args[0]}")
+        init = ferroloader.DataLoader.__init__
+
+        def threaded(self, *args, **kwargs):
+            kwargs.setdefault("worker_method", "thread")
+            init(self, *args, **kwargs)
+
+        monkeypatch.setattr(ferroloader.DataLoader, "__init__", threaded)
+    return request.param
 
 
 def _compare(
@@ -180,6 +205,7 @@ def test_global_rng_after_epoch_matches_torch():
         _compare(e, a, what=f"shuffle={shuffle}")
 
 
+@processes_only("it checks the collate ran in another process")
 @pytest.mark.timeout(60)
 def test_custom_collate_fn_runs_in_worker():
     """A custom collate_fn runs in the two workers, never the main process, and its batches
@@ -196,6 +222,7 @@ def test_custom_collate_fn_runs_in_worker():
     assert len(set(pids)) == 2, f"expected the batches of 2 workers, got pids {pids}"
 
 
+@processes_only("it checks __getitems__ ran in another process")
 @pytest.mark.timeout(60)
 def test_getitems_runs_in_worker():
     """With workers, __getitems__ builds every batch and runs in both workers, not the main
@@ -209,6 +236,7 @@ def test_getitems_runs_in_worker():
     assert len(pids) == 2
 
 
+@processes_only("each process has its own replica; threads share the dataset")
 @pytest.mark.timeout(60)
 def test_dataset_state_is_per_worker_replica():
     """Each worker has its own replica: per-replica call counters as torch's."""
@@ -356,6 +384,7 @@ def test_prefetch_depth_is_prefetch_factor_per_worker(tmp_path, prefetch_factor)
 # --------------------------------------------------------------------------- #
 
 
+@processes_only("info.dataset is a replica, the pid another (test_threads.py checks threads')")
 @pytest.mark.timeout(60)
 def test_get_worker_info_in_workers_matches_torch():
     """Inside each worker get_worker_info() gives torch's id, num_workers, replica dataset and
@@ -384,6 +413,7 @@ def test_get_worker_info_in_workers_matches_torch():
     assert_same(mh.strip(results["torch"]), mh.strip(results["ferroloader"]))
 
 
+@processes_only("the globals are seeded per process; threads get their own (test_threads.py)")
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("seeding", ["manual_seed", "generator"])
 def test_worker_seeds_match_torch(seeding):
@@ -413,6 +443,7 @@ def test_worker_seeds_match_torch(seeding):
         assert torch.equal(e.generator_state, a.generator_state)
 
 
+@processes_only("it draws from the global generators, seeded per process only")
 @pytest.mark.timeout(60)
 def test_random_augmentation_batches_match_torch():
     """A dataset drawing random numbers per sample in the worker gives torch's
@@ -428,6 +459,7 @@ def test_random_augmentation_batches_match_torch():
     _compare(e, a, what="random augmentation")
 
 
+@processes_only("it counts worker pids")
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("persistent", [False, True])
 def test_worker_init_fn_once_per_worker(tmp_path, persistent):
@@ -481,6 +513,7 @@ def test_torch_get_worker_info_works_inside_ferroloader_workers():
 # --------------------------------------------------------------------------- #
 
 
+@processes_only("its samples count calls per replica")
 @pytest.mark.timeout(60)
 def test_persistent_workers_two_epochs_match_torch():
     """With persistent workers, three shuffled epochs are served by the same two worker
@@ -505,6 +538,7 @@ def test_persistent_workers_two_epochs_match_torch():
         assert sorted(o) == list(range(10))
 
 
+@processes_only("it checks worker pids stay alive")
 @pytest.mark.timeout(60)
 def test_persistent_workers_alive_between_epochs():
     """Persistent workers stay alive after an epoch, and the same two processes serve the next
@@ -546,6 +580,7 @@ def test_iterable_sharded_order_matches_torch(num_workers, batch_size, drop_last
     _compare(e, a, what=f"iterable nw={num_workers} bs={batch_size} drop_last={drop_last}")
 
 
+@processes_only("it counts the pids that made the samples")
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("prefetch_factor", [1, 3])
 def test_iterable_dict_samples_with_prefetch_match_torch(prefetch_factor):
@@ -625,6 +660,7 @@ def _expected_marker(method: str) -> str:
     return "set-in-main" if method == "fork" else "imported"
 
 
+@processes_only("a multiprocessing context starts processes")
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_multiprocessing_context_by_name(method, monkeypatch, tmp_path):
@@ -641,6 +677,7 @@ def test_multiprocessing_context_by_name(method, monkeypatch, tmp_path):
         )
 
 
+@processes_only("a multiprocessing context starts processes")
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_multiprocessing_context_object(method, monkeypatch, tmp_path):

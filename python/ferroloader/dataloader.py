@@ -274,10 +274,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         check_environment()
         if self.num_workers == 0:
             return _single_process_iter(self)
-        if self.worker_method != "thread":
-            # torch's warning counts processes against the cores; threads
-            # waiting on I/O or outside the GIL need no core each
-            self.check_worker_number_rationality()
+        self.check_worker_number_rationality()
         if _is_datapipe(self.dataset):
             # DataPipes (deprecated in torch) need torch's sharding and seeding.
             return _tdl._MultiProcessingDataLoaderIter(self)
