@@ -27,6 +27,7 @@ from ferroloader import _core
 from ferroloader._fetch import fetch_plan
 from ferroloader.seeds import SeededDataset
 from ferroloader.state import stateful
+from ferroloader.worker import worker_local
 
 
 def _wrapper(worker_id: int, kind: str = "process") -> Callable[[BaseException], bytes]:
@@ -146,27 +147,15 @@ def _state_hooks(
 def worker_entry(
     sock: socket.socket,
     dataset_holder: list[Any],
-    iterable: bool,
-    auto_collation: bool,
-    collate_fn: Optional[Callable[[Any], Any]],
-    drop_last: bool,
+    job: dict[str, Any],
     base_seed: int,
-    init_fn: Optional[Callable[[int], None]],
-    worker_id: int,
     num_workers: int,
     main_pid: int,
-    shm_initial: int,
-    shm_limit: int,
-    prefetch_factor: int,
     close_fds: list[int],
-    sample_seeds: Optional[tuple[int, int]] = None,
-    resume: Optional[dict[str, Any]] = None,
-    shards: Optional[tuple[list[Any], Any]] = None,
-    batch_size: Optional[int] = None,
-    trim: bool = True,
 ) -> None:
     """A worker process: torch's process set-up (signal handlers, one
-    intra-op thread, the global generators seeded), then :func:`_serve`."""
+    intra-op thread, the global generators seeded), then :func:`_serve`.
+    ``job``: the worker's settings (``DataLoader``'s ``_worker_job``)."""
     dataset = dataset_holder.pop()
     # Forked workers inherit the main process's ends of earlier workers'
     # sockets; holding them would keep those sockets open after the main
@@ -177,6 +166,7 @@ def worker_entry(
         except OSError:
             pass
     fd = sock.detach()
+    worker_id = job["worker_id"]
     try:
         signal_handling._set_worker_signal_handlers()
         torch.multiprocessing._set_thread_name("pt_data_worker")
@@ -185,10 +175,10 @@ def worker_entry(
         init_exception = None
         if isinstance(dataset, Unpickled):
             try:
-                dataset, collate_fn, init_fn = dataset.load()
+                dataset, job["collate_fn"], job["init_fn"] = dataset.load()
             except Exception as e:
                 init_exception = wrap(e)
-                dataset, init_fn = _Unavailable(e), None
+                dataset, job["init_fn"] = _Unavailable(e), None
         seed = base_seed + worker_id
         random.seed(seed)
         torch.manual_seed(seed)
@@ -201,11 +191,7 @@ def worker_entry(
         _torch_worker._worker_info = _torch_worker.WorkerInfo(
             id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset
         )
-        _serve(
-            fd, dataset, iterable, auto_collation, collate_fn, drop_last, init_fn, worker_id,
-            main_pid, shm_initial, shm_limit, prefetch_factor, sample_seeds, resume, shards,
-            batch_size, trim, wrap, init_exception, None,
-        )
+        _serve(fd, dataset, job, wrap, init_exception, main_pid, None)
     except KeyboardInterrupt:
         pass
     finally:
@@ -215,22 +201,9 @@ def worker_entry(
 def thread_entry(
     sock: socket.socket,
     dataset: Any,
-    iterable: bool,
-    auto_collation: bool,
-    collate_fn: Optional[Callable[[Any], Any]],
-    drop_last: bool,
+    job: dict[str, Any],
     base_seed: int,
-    init_fn: Optional[Callable[[int], None]],
-    worker_id: int,
     num_workers: int,
-    shm_initial: int,
-    shm_limit: int,
-    prefetch_factor: int,
-    sample_seeds: Optional[tuple[int, int]],
-    resume: Optional[dict[str, Any]],
-    shards: Optional[tuple[list[Any], Any]],
-    batch_size: Optional[int],
-    trim: bool,
     iterators: IteratorRegistry,
 ) -> None:
     """A worker thread (``worker_method="thread"``) in the main process: the
@@ -240,59 +213,43 @@ def thread_entry(
     carries generators seeded as a process worker seeds the global ones
     (``rng``, which ``torch.thread_safe_generator()`` returns)."""
     torch.multiprocessing._set_thread_name("pt_data_worker")
-    wrap = _wrapper(worker_id, "thread")
-    _worker_local.set(thread_worker_info(dataset, worker_id, num_workers, base_seed))
+    worker_id = job["worker_id"]
+    worker_local.set(thread_worker_info(dataset, worker_id, num_workers, base_seed))
     try:
-        _serve(
-            sock, dataset, iterable, auto_collation, collate_fn, drop_last, init_fn, worker_id,
-            0, shm_initial, shm_limit, prefetch_factor, sample_seeds, resume, shards,
-            batch_size, trim, wrap, None, iterators,
-        )
+        _serve(sock, dataset, job, _wrapper(worker_id, "thread"), None, 0, iterators)
     finally:
-        _worker_local.set(None)
+        worker_local.set(None)
 
 
 def _serve(
     fd: Union[int, socket.socket],
     dataset: Any,
-    iterable: bool,
-    auto_collation: bool,
-    collate_fn: Optional[Callable[[Any], Any]],
-    drop_last: bool,
-    init_fn: Optional[Callable[[int], None]],
-    worker_id: int,
-    main_pid: int,
-    shm_initial: int,
-    shm_limit: int,
-    prefetch_factor: int,
-    sample_seeds: Optional[tuple[int, int]],
-    resume: Optional[dict[str, Any]],
-    shards: Optional[tuple[list[Any], Any]],
-    batch_size: Optional[int],
-    trim: bool,
+    job: dict[str, Any],
     wrap: Callable[[BaseException], bytes],
     init_exception: Optional[bytes],
+    main_pid: int,
     iterators: Optional[IteratorRegistry],
 ) -> None:
     """``worker_init_fn``, the dataset's wrappers and fetch plan, then the
     Rust loop until the main process stops it; a process's and a thread's.
     A thread's socket is handed to the loop last: should anything before
     fail, the socket object closes and the main thread sees the worker end."""
+    worker_id, iterable = job["worker_id"], job["iterable"]
     try:
-        if init_fn is not None:
-            init_fn(worker_id)
+        if job["init_fn"] is not None:
+            job["init_fn"](worker_id)
     except Exception as e:
         init_exception = wrap(e)
     on_epoch = None
-    if sample_seeds is not None:
+    if job["sample_seeds"] is not None:
         # per_sample_seed=True: (seed, first epoch); the worker counts
         # the epochs it serves after that
-        dataset = SeededDataset(dataset, *sample_seeds)
+        dataset = SeededDataset(dataset, *job["sample_seeds"])
         on_epoch = dataset.start_epoch
     sharded = None
-    if shards is not None:
+    if job["shards"] is not None:
         # a sharded dataset: the engine's lanes read it through iter_shard
-        descriptors, seeder = shards
+        descriptors, seeder = job["shards"]
         sharded = (dataset.iter_shard, descriptors, seeder)
         if seeder is not None:
             on_epoch = seeder.start_epoch
@@ -304,7 +261,7 @@ def _serve(
         if init_exception is None:
             init_exception = wrap(e)
     try:
-        make_iter, state_fn = _state_hooks(dataset, iterable, resume)
+        make_iter, state_fn = _state_hooks(dataset, iterable, job["resume"])
     except Exception as e:
         # a state that the dataset's load_state_dict() refuses: the
         # first task re-raises it, as a failed worker_init_fn
@@ -317,24 +274,24 @@ def _serve(
         fd if isinstance(fd, int) else fd.detach(),
         dataset=dataset,
         iterable=iterable,
-        auto_collation=auto_collation,
-        drop_last=drop_last,
-        collate_fn=collate_fn,
+        auto_collation=job["auto_collation"],
+        drop_last=job["drop_last"],
+        collate_fn=job["collate_fn"],
         getitems=getitems,
         tensors=tensors,
         main_pid=main_pid,
-        shm_initial=shm_initial,
-        shm_limit=shm_limit,
-        prefetch_factor=prefetch_factor,
+        shm_initial=job["shm_initial"],
+        shm_limit=job["shm_limit"],
+        prefetch_factor=job["prefetch_factor"],
         make_iter=make_iter,
         wrap_exception=wrap,
         init_exception=init_exception,
         on_epoch=on_epoch,
         state_fn=None if sharded is not None else state_fn,
         sharded=sharded,
-        batch_size=batch_size,
+        batch_size=job["batch_size"],
         table=table,
-        trim=trim,
+        trim=job["trim"],
     )
 
 
@@ -368,17 +325,6 @@ class IteratorRegistry:
             return it
 
         return make
-
-
-class _WorkerLocal(threading.local):
-    info: Optional[Any] = None
-
-    def set(self, info: Optional[Any]) -> None:
-        self.info = info
-
-
-# The current worker thread's WorkerInfo (``None`` outside worker threads).
-_worker_local = _WorkerLocal()
 
 
 def thread_worker_info(dataset: Any, worker_id: int, num_workers: int, base_seed: int) -> Any:

@@ -35,6 +35,7 @@ from ferroloader.sampler import (
 from ferroloader.seeds import SeededDataset, ShardSeeder
 from ferroloader.shards import ElasticBatchSampler, ShardedDataset, ShardEpoch, Sharding
 from ferroloader.stats import LoaderStats, of_iterator
+from ferroloader.worker import thread_aware
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -564,66 +565,15 @@ class _MultiProcessIter(_core.MultiProcessIter):
         if threads:
             _check_thread_workers(loader, n)
         else:
-            ctx = loader.multiprocessing_context or torch.multiprocessing
-            fork = ctx.get_start_method() == "fork"
             forkserver.warm(loader)  # a context set after construction
-        per_worker = max(shm_limit() // n, 1 << 20)
-        per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
+        jobs = _worker_jobs(loader, base_seed, resume, ep, rec.number, arena is None)
         _check_fd_headroom(n)
         socks: list[socket.socket] = []
         procs: list[Any] = []
         pids: list[int] = []
         try:
-            if threads:
-                _start_threads(loader, socks, procs, pids, base_seed, per_worker, per_batch,
-                               resume, ep, rec.number, arena is None)
-            for i in range(0 if threads else n):
-                # spawn and forkserver pickle the user's objects for each
-                # worker: done here, they are unpickled inside the worker's
-                # set-up, where an error is the worker's (not a worker that
-                # died). One pickle per worker: a tensor's shared storage is
-                # handed over once per pickle.
-                user: Any = None if fork else _worker.Unpickled(
-                    dataset, loader.collate_fn, loader.worker_init_fn
-                )
-                parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-                close_fds = [s.fileno() for s in (*socks, parent)] if fork else []
-                w = ctx.Process(
-                    target=_worker.worker_entry,
-                    args=(
-                        child,
-                        [dataset if user is None else user],
-                        iterable,
-                        loader._auto_collation,
-                        loader.collate_fn if user is None else None,
-                        bool(loader.drop_last),
-                        base_seed,
-                        loader.worker_init_fn if user is None else None,
-                        i,
-                        n,
-                        os.getpid(),
-                        min(_INITIAL_ARENA, per_worker),
-                        per_worker,
-                        loader.prefetch_factor,
-                        close_fds,
-                        loader._sample_seeds(),
-                        state.worker_resume(loader, resume, i, per_batch),
-                        None
-                        if ep is None
-                        else (list(ep.descriptors), loader._shard_seeder(rec.number)),
-                        loader.batch_size,
-                        # a registered arena keeps its pages (see PinArena)
-                        arena is None,
-                    ),
-                )
-                w.daemon = True
-                socks.append(parent)
-                try:
-                    w.start()
-                finally:
-                    child.close()
-                procs.append(w)
-                pids.append(w.pid)
+            start = _start_threads if threads else _start_processes
+            start(loader, jobs, base_seed, socks, procs, pids)
             workers = [(s.detach(), pid) for s, pid in zip(socks, pids)]
             socks = []  # the engine owns (and on failure closes) them now
             # torch sets prefetch_factor to 2 when num_workers > 0 and none was given.
@@ -804,6 +754,80 @@ def _check_fd_headroom(num_workers: int) -> None:
         )
 
 
+def _worker_jobs(
+    loader: DataLoader[Any],
+    base_seed: int,
+    resume: Optional[dict[str, Any]],
+    ep: Optional[ShardEpoch],
+    epoch: int,
+    trim: bool,
+) -> list[dict[str, Any]]:
+    """Each worker's settings, a process's or a thread's (``_worker._serve``
+    reads them): ``trim`` is off where the arenas are registered with the
+    GPU (a registered arena keeps its pages, see PinArena)."""
+    n = loader.num_workers
+    per_worker = max(shm_limit() // n, 1 << 20)
+    per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
+    shards = None if ep is None else (list(ep.descriptors), loader._shard_seeder(epoch))
+    return [
+        {
+            "worker_id": i,
+            "iterable": loader._dataset_kind == _tdl._DatasetKind.Iterable,
+            "auto_collation": loader._auto_collation,
+            "collate_fn": loader.collate_fn,
+            "drop_last": bool(loader.drop_last),
+            "init_fn": loader.worker_init_fn,
+            "shm_initial": min(_INITIAL_ARENA, per_worker),
+            "shm_limit": per_worker,
+            "prefetch_factor": loader.prefetch_factor,
+            "sample_seeds": loader._sample_seeds(),
+            "resume": state.worker_resume(loader, resume, i, per_batch),
+            "shards": shards,
+            "batch_size": loader.batch_size,
+            "trim": trim,
+        }
+        for i in range(n)
+    ]
+
+
+def _start_processes(
+    loader: DataLoader[Any],
+    jobs: list[dict[str, Any]],
+    base_seed: int,
+    socks: list[socket.socket],
+    procs: list[Any],
+    pids: list[int],
+) -> None:
+    """Worker processes through ``multiprocessing`` (the loader's context),
+    each given its socket; ``socks``, ``procs`` and ``pids`` grow as they
+    start, so a failed start can end those that did."""
+    ctx = loader.multiprocessing_context or torch.multiprocessing
+    fork = ctx.get_start_method() == "fork"
+    for job in jobs:
+        # spawn and forkserver pickle the user's objects for each worker:
+        # done here, they are unpickled inside the worker's set-up, where an
+        # error is the worker's (not a worker that died). One pickle per
+        # worker: a tensor's shared storage is handed over once per pickle.
+        dataset: Any = loader.dataset
+        if not fork:
+            dataset = _worker.Unpickled(dataset, job["collate_fn"], job["init_fn"])
+            job = {**job, "collate_fn": None, "init_fn": None}
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        close_fds = [s.fileno() for s in (*socks, parent)] if fork else []
+        w = ctx.Process(
+            target=_worker.worker_entry,
+            args=(child, [dataset], job, base_seed, len(jobs), os.getpid(), close_fds),
+        )
+        w.daemon = True
+        socks.append(parent)
+        try:
+            w.start()
+        finally:
+            child.close()
+        procs.append(w)
+        pids.append(w.pid)
+
+
 def _check_thread_workers(loader: DataLoader[Any], n: int) -> None:
     """What thread workers cannot do, refused before any starts."""
     if n > 1 and state.stateful(loader.dataset):
@@ -816,53 +840,24 @@ def _check_thread_workers(loader: DataLoader[Any], n: int) -> None:
 
 def _start_threads(
     loader: DataLoader[Any],
+    jobs: list[dict[str, Any]],
+    base_seed: int,
     socks: list[socket.socket],
     threads: list[Any],
     pids: list[int],
-    base_seed: int,
-    per_worker: int,
-    per_batch: int,
-    resume: Optional[dict[str, Any]],
-    ep: Optional[ShardEpoch],
-    epoch: int,
-    trim: bool,
 ) -> None:
     """``worker_method="thread"``: the workers are threads of this process
     running the worker loop over the dataset object itself, each with its
     own arena and socket (pid 0: no process to watch)."""
-    from ferroloader import worker as _worker_info
-
-    _worker_info.thread_aware()
-    n = loader.num_workers
+    thread_aware()
     iterators = _worker.IteratorRegistry()
-    iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
-    for i in range(n):
+    for job in jobs:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         socks.append(parent)
         t = threading.Thread(
             target=_worker.thread_entry,
-            name=f"pt_data_worker_{i}",
-            args=(
-                child,
-                loader.dataset,
-                iterable,
-                loader._auto_collation,
-                loader.collate_fn,
-                bool(loader.drop_last),
-                base_seed,
-                loader.worker_init_fn,
-                i,
-                n,
-                min(_INITIAL_ARENA, per_worker),
-                per_worker,
-                loader.prefetch_factor,
-                loader._sample_seeds(),
-                state.worker_resume(loader, resume, i, per_batch),
-                None if ep is None else (list(ep.descriptors), loader._shard_seeder(epoch)),
-                loader.batch_size,
-                trim,
-                iterators,
-            ),
+            name=f"pt_data_worker_{job['worker_id']}",
+            args=(child, loader.dataset, job, base_seed, len(jobs), iterators),
             daemon=True,
         )
         t.start()

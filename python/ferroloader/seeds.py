@@ -32,6 +32,8 @@ from typing import Any, Optional
 import torch
 import torch.utils.data as _tud
 
+from ferroloader.worker import worker_local
+
 _MASK = (1 << 64) - 1
 
 
@@ -97,9 +99,7 @@ def seed_everything(s: int) -> None:
     worker thread the global generators are every thread's: its own
     (``get_worker_info().rng``, ``torch.thread_safe_generator()``) are
     seeded instead."""
-    from ferroloader._worker import _worker_local
-
-    info = _worker_local.info
+    info = worker_local.info
     if info is not None:
         rng = info.rng
         rng.torch_generator.manual_seed(s)

@@ -16,14 +16,23 @@ from typing import Any, Optional
 from torch.utils.data._utils import worker as _torch_worker
 
 
+class _WorkerLocal(threading.local):
+    info: Optional[Any] = None
+
+    def set(self, info: Optional[Any]) -> None:
+        self.info = info
+
+
+# The current worker thread's WorkerInfo (``None`` outside worker threads).
+worker_local = _WorkerLocal()
+
+
 def get_worker_info() -> Optional[_torch_worker.WorkerInfo]:
     """Information about the current loader worker (id, num_workers, seed,
     dataset; in a worker thread also ``rng`` and ``worker_method``), or
     ``None`` in the main process. Workers set torch's record, so
     ``torch.utils.data.get_worker_info()`` answers the same inside them."""
-    from ferroloader._worker import _worker_local
-
-    info = _worker_local.info
+    info = worker_local.info
     return info if info is not None else _torch_worker._worker_info
 
 
@@ -43,13 +52,11 @@ def thread_aware() -> None:
     ``from torch.utils.data import get_worker_info`` included, answers per
     thread). Outside ferroloader's worker threads it returns what it
     returned before. Done once, when the first thread worker starts."""
-    from ferroloader._worker import _worker_local
-
     with _patch_lock:
         fn = _torch_worker.get_worker_info
         if fn.__code__ is _torch_get_worker_info.__code__:
             return
-        _torch_worker._ferroloader_local = _worker_local  # type: ignore[attr-defined]
+        _torch_worker._ferroloader_local = worker_local  # type: ignore[attr-defined]
         fn.__code__ = _torch_get_worker_info.__code__
 
 
