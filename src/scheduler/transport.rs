@@ -250,10 +250,10 @@ impl Blocking for NoHost {}
 /// yield is still far cheaper than sleeping and being woken.
 ///
 /// Where far more tasks are runnable than there are cores (other work
-/// beside the loader), the spin is skipped: a spinning task keeps its turn while
-/// doing nothing, where a sleeping one is woken ahead of the busy ones
-/// (records beside two busy processes: about 3x the rate without spins;
-/// on an idle machine the spins double the rate of small batches).
+/// beside the loader), the spin is skipped: a spinning task keeps its turn
+/// while doing nothing, where a sleeping one is woken ahead of the busy
+/// ones (records beside two busy processes: about 3x the rate without
+/// spins; on an idle machine the spins double the rate of small batches).
 pub fn spin_wait(budget: std::time::Duration, mut ready: impl FnMut() -> bool) -> bool {
     let budget = spin_override().unwrap_or(budget);
     if !budget.is_zero() && !cores_to_spare() {
@@ -274,9 +274,9 @@ pub fn spin_wait(budget: std::time::Duration, mut ready: impl FnMut() -> bool) -
 /// Whether the machine has a core to spare for spinning: at most twice as
 /// many runnable tasks as this process may run on (on an idle machine the
 /// loader's own spinner and workers fit that; beside as many busy
-/// processes as cores they do not). Read from
-/// `/proc/loadavg` (its count of runnable tasks) at most every
-/// [`LOAD_CHECK`], process-wide; `true` where it cannot be read.
+/// processes as cores they do not). Read from `/proc/loadavg` (its count
+/// of runnable tasks) at most every [`LOAD_CHECK`], process-wide; `true`
+/// where it cannot be read.
 fn cores_to_spare() -> bool {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -299,10 +299,7 @@ fn cores_to_spare() -> bool {
     {
         return SPARE.load(Ordering::Relaxed);
     }
-    let spare = match (runnable_tasks(), usable_cores()) {
-        (Some(running), cores) => running <= (2 * cores).max(cores + 1),
-        (None, _) => true,
-    };
+    let spare = runnable_tasks().is_none_or(|running| running <= 2 * usable_cores());
     SPARE.store(spare, Ordering::Relaxed);
     spare
 }
