@@ -52,6 +52,10 @@ peers          records (dict of f32[16] + label, batch 256), uint8 images  >= 1x
 strings_mem    summed PSS growth of a 2-worker shuffled epoch over 2 million <= 0.1x
                Python strings with worker threads, against the dataset's
                size; their peak against process workers'                  <= 0.8x
+worker_threads PIL JPEG decoding (256x256, batch 32), worker_threads=2:     >= 1.2x
+               1 process x 2 threads against 1 process; 2 x 2 against 2   >= 1x
+               processes; 1 x 2 against 2 processes (as many workers),    >= 0.9x
+               its peak summed PSS against theirs                         <= 1x
 table          TableDataset, 1M rows x (8 numeric + 1 string), batch       >= 10x,
                256, shuffled, nw=0, rows/s: numeric columns against torch
                over a per-row pyarrow dataset and over HF datasets'
@@ -1580,6 +1584,79 @@ def sc_strings_mem(st: Settings, fl: Any) -> List[Check]:
     return [growth, peak]
 
 
+# --- threads inside worker processes: worker_threads=k on JPEG decoding ------
+
+THREADS_MARK = "@@WORKER_THREADS@@"
+# (processes, threads per process): the layouts compared, each in a fresh process
+WT_LAYOUTS = [(1, 1), (1, 2), (2, 1), (2, 2)]
+
+
+def worker_threads_child(arg: str, quick: bool) -> None:
+    """A fresh process: one layout ``P,k,root`` over the JPEG files under
+    ``root``; a warm-up epoch, then epochs for at least the bench's time, the
+    process tree's peak summed PSS sampled throughout."""
+    import peers
+
+    p, k, root = arg.split(",", 2)
+    fl = import_ferro()
+    paths = sorted(os.path.join(root, f) for f in os.listdir(root) if f.endswith(".jpg"))
+    ds = peers.JpegFiles(paths)
+    sampler = TreeMemSampler()
+    sampler.start()
+    try:
+        loader = fl.DataLoader(ds, batch_size=peers.IMAGE_BATCH, shuffle=True,
+                               num_workers=int(p), worker_threads=int(k),
+                               persistent_workers=True)
+        step = epoch_step(loader, float(len(ds)))
+        step()
+        rate = timed_rate(step, 1.0 if quick else 3.0)
+        del loader, step
+    finally:
+        sampler.stop()
+    print(THREADS_MARK + json.dumps({"rate": rate, "peak_pss_kib": sampler.peak_pss}),
+          flush=True)
+
+
+def sc_worker_threads(st: Settings, fl: Any) -> List[Check]:
+    """PIL JPEG decoding (which releases the GIL) with ``worker_threads=2``
+    against as many processes with one thread each, and the memory of one
+    process with two threads against two processes (as many workers).
+    Fresh processes per layout, rounds interleaved."""
+    import shutil
+
+    import peers
+
+    probe_workers(fl)
+    root = peers.tempdir()
+    try:
+        peers.make_jpegs(root, 64 if st.quick else 256)
+        runs: Dict[Tuple[int, int], List[Dict[str, Any]]] = {lay: [] for lay in WT_LAYOUTS}
+        for _ in range(st.repeats):
+            for p, k in WT_LAYOUTS:
+                runs[(p, k)].append(run_marked_child(
+                    "--_worker-threads-child", f"{p},{k},{root}", THREADS_MARK, st.quick, 600))
+            PROGRESS.tick()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    def rates(lay: Tuple[int, int]) -> List[float]:
+        return [r["rate"] for r in runs[lay]]
+
+    one = Check("jpeg: 1 process x 2 threads", "images/s", "1 process", target=1.2)
+    one.baseline, one.ferro = rates((1, 1)), rates((1, 2))
+    two = Check("jpeg: 2 processes x 2 threads", "images/s", "2 processes", target=1.0)
+    two.baseline, two.ferro = rates((2, 1)), rates((2, 2))
+    two.note = "2 cores: two processes already fill them"
+    same = Check("jpeg: 1 process x 2 threads", "images/s", "2 processes (as many workers)",
+                 target=0.9)
+    same.baseline, same.ferro = rates((2, 1)), rates((1, 2))
+    mem = Check("jpeg: peak summed PSS, 1 process x 2 threads", "MiB",
+                "2 processes (as many workers)", target=1.0, higher_is_better=False)
+    mem.baseline = [r["peak_pss_kib"] / 1024 for r in runs[(2, 1)]]
+    mem.ferro = [r["peak_pss_kib"] / 1024 for r in runs[(1, 2)]]
+    return [one, two, same, mem]
+
+
 # --- the peers: torchdata nodes, SPDL, Grain; ferroloader's threads -----------
 
 
@@ -1663,6 +1740,8 @@ SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
     "peers": ("records, memmap images, JPEG: threads and processes against the peers", sc_peers),
     "strings_mem": ("memory of an epoch over 2M Python strings, threads vs processes",
                     sc_strings_mem),
+    "worker_threads": ("JPEG decoding with threads inside worker processes (worker_threads=2)",
+                       sc_worker_threads),
     "table": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=0", sc_table),
     "table_w2": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=2", sc_table_w2),
     "table_mem": ("memory of a 2-worker job over a memory-mapped 1 GB Arrow file", sc_table_mem),
@@ -1791,6 +1870,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument(
         "--_strings-child", dest="strings_child", default=None, help=argparse.SUPPRESS
     )
+    p.add_argument(
+        "--_worker-threads-child", dest="worker_threads_child", default=None,
+        help=argparse.SUPPRESS,
+    )
     args = p.parse_args(argv)
     if args.repeats is None:
         args.repeats = 2 if args.quick else 7
@@ -1816,6 +1899,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.strings_child:
         strings_child(args.strings_child, args.quick)
+        return 0
+    if args.worker_threads_child:
+        worker_threads_child(args.worker_threads_child, args.quick)
         return 0
     st = Settings(
         repeats=args.repeats,

@@ -88,10 +88,26 @@ class JpegFiles:
             return np.asarray(im.convert("RGB"))
 
 
-def make_data(root: str) -> Dict[str, Any]:
-    """The three jobs' datasets over files written under ``root``."""
+def make_jpegs(root: str, n: int = JPEGS) -> List[str]:
+    """``n`` JPEG files of JPEG_SIZE squared written under ``root``: smooth
+    content with some noise (a realistic size)."""
     from PIL import Image
 
+    rng = np.random.default_rng(2)
+    paths = []
+    yy, xx = np.mgrid[0:JPEG_SIZE, 0:JPEG_SIZE]
+    for k in range(n):
+        base = ((xx * (k % 7 + 1) + yy * 3) % 256).astype(np.uint8)
+        img = np.stack([base, base[::-1], base.T], axis=-1)
+        img = np.clip(img + rng.integers(0, 24, img.shape), 0, 255).astype(np.uint8)
+        p = os.path.join(root, f"img{k:04d}.jpg")
+        Image.fromarray(img).save(p, quality=90)
+        paths.append(p)
+    return paths
+
+
+def make_data(root: str) -> Dict[str, Any]:
+    """The three jobs' datasets over files written under ``root``."""
     rng = np.random.default_rng(1)
     mm_path = os.path.join(root, "images.npy")
     mm = np.lib.format.open_memmap(mm_path, mode="w+", dtype=np.uint8,
@@ -100,20 +116,10 @@ def make_data(root: str) -> Dict[str, Any]:
         mm[k] = rng.integers(0, 256, (3, 224, 224), dtype=np.uint8)
     mm.flush()
     del mm
-    paths = []
-    yy, xx = np.mgrid[0:JPEG_SIZE, 0:JPEG_SIZE]
-    for k in range(JPEGS):
-        # smooth content with some noise: a JPEG of a realistic size
-        base = ((xx * (k % 7 + 1) + yy * 3) % 256).astype(np.uint8)
-        img = np.stack([base, base[::-1], base.T], axis=-1)
-        img = np.clip(img + rng.integers(0, 24, img.shape), 0, 255).astype(np.uint8)
-        p = os.path.join(root, f"img{k:04d}.jpg")
-        Image.fromarray(img).save(p, quality=90)
-        paths.append(p)
     return {
         "records": (Records(), RECORD_BATCH),
         "images": (MemmapImages(mm_path), IMAGE_BATCH),
-        "jpeg": (JpegFiles(paths), IMAGE_BATCH),
+        "jpeg": (JpegFiles(make_jpegs(root)), IMAGE_BATCH),
     }
 
 

@@ -27,11 +27,12 @@ from ferroloader import _core
 from ferroloader._fetch import fetch_plan
 from ferroloader.seeds import SeededDataset
 from ferroloader.state import stateful
-from ferroloader.worker import worker_local
+from ferroloader.worker import thread_aware, worker_local
 
 
-def _wrapper(worker_id: int, kind: str = "process") -> Callable[[BaseException], bytes]:
-    where = f"in DataLoader worker {kind} {worker_id}"
+def _wrapper(where: str) -> Callable[[BaseException], bytes]:
+    """Pickles a worker's exception with where it happened (torch's text:
+    ``in DataLoader worker process 0``)."""
 
     def wrap(exc: BaseException) -> bytes:
         wrapped = ExceptionWrapper(exc_info=(type(exc), exc, exc.__traceback__), where=where)
@@ -145,9 +146,9 @@ def _state_hooks(
 
 
 def worker_entry(
-    sock: socket.socket,
+    socks: list[socket.socket],
     dataset_holder: list[Any],
-    job: dict[str, Any],
+    jobs: list[dict[str, Any]],
     base_seed: int,
     num_workers: int,
     main_pid: int,
@@ -155,7 +156,9 @@ def worker_entry(
 ) -> None:
     """A worker process: torch's process set-up (signal handlers, one
     intra-op thread, the global generators seeded), then :func:`_serve`.
-    ``job``: the worker's settings (``DataLoader``'s ``_worker_job``)."""
+    ``jobs``: the settings (``DataLoader``'s ``_worker_jobs``) of the
+    workers it runs, one per socket: one, or ``worker_threads`` threads
+    (:func:`_serve_threads`)."""
     dataset = dataset_holder.pop()
     # Forked workers inherit the main process's ends of earlier workers'
     # sockets; holding them would keep those sockets open after the main
@@ -165,20 +168,24 @@ def worker_entry(
             os.close(fd)
         except OSError:
             pass
-    fd = sock.detach()
-    worker_id = job["worker_id"]
+    fds = [sock.detach() for sock in socks]
+    worker_id = jobs[0]["worker_id"]
     try:
         signal_handling._set_worker_signal_handlers()
         torch.multiprocessing._set_thread_name("pt_data_worker")
         torch.set_num_threads(1)
-        wrap = _wrapper(worker_id)
+        wrap = _wrapper(f"in DataLoader worker process {worker_id}")
         init_exception = None
         if isinstance(dataset, Unpickled):
             try:
-                dataset, job["collate_fn"], job["init_fn"] = dataset.load()
+                dataset, collate_fn, init_fn = dataset.load()
             except Exception as e:
                 init_exception = wrap(e)
-                dataset, job["init_fn"] = _Unavailable(e), None
+                dataset, collate_fn, init_fn = _Unavailable(e), None, None
+            for job in jobs:
+                job["collate_fn"], job["init_fn"] = collate_fn, init_fn
+        # the globals as torch seeds its worker's (with threads: as the
+        # process's first worker's; each thread also has generators of its own)
         seed = base_seed + worker_id
         random.seed(seed)
         torch.manual_seed(seed)
@@ -191,11 +198,55 @@ def worker_entry(
         _torch_worker._worker_info = _torch_worker.WorkerInfo(
             id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset
         )
-        _serve(fd, dataset, job, wrap, init_exception, main_pid, None)
+        if len(jobs) == 1:
+            _serve(fds[0], dataset, jobs[0], wrap, init_exception, main_pid, None)
+        else:
+            _serve_threads(fds, dataset, jobs, base_seed, num_workers, init_exception, main_pid)
     except KeyboardInterrupt:
         pass
     finally:
         _torch_worker._worker_info = None
+
+
+def _serve_threads(
+    fds: list[int],
+    dataset: Any,
+    jobs: list[dict[str, Any]],
+    base_seed: int,
+    num_workers: int,
+    init_exception: Optional[bytes],
+    main_pid: int,
+) -> None:
+    """``worker_threads=k``: the process's workers run as its threads (the
+    first on its main thread), each with its own socket, arena and
+    ``get_worker_info()`` (a thread worker's: ``rng`` seeded per worker),
+    sharing the process's one dataset replica. Returns when all are done."""
+    thread_aware()
+    iterators = IteratorRegistry()
+    process = jobs[0]["worker_id"]
+
+    def run(fd: int, job: dict[str, Any]) -> None:
+        wid = job["worker_id"]
+        worker_local.set(thread_worker_info(dataset, wid, num_workers, base_seed))
+        wrap = _wrapper(f"in DataLoader worker {wid} (a thread of worker process {process})")
+        try:
+            _serve(fd, dataset, job, wrap, init_exception, main_pid, iterators)
+        finally:
+            worker_local.set(None)
+
+    threads = [
+        threading.Thread(target=run, args=(fd, job), name=f"pt_data_worker_{job['worker_id']}")
+        for fd, job in zip(fds[1:], jobs[1:])
+    ]
+    for t in threads:
+        t.daemon = True
+        t.start()
+    try:
+        run(fds[0], jobs[0])
+    finally:
+        # the main process stops every worker; the process ends after the last
+        for t in threads:
+            t.join()
 
 
 def thread_entry(
@@ -215,8 +266,9 @@ def thread_entry(
     torch.multiprocessing._set_thread_name("pt_data_worker")
     worker_id = job["worker_id"]
     worker_local.set(thread_worker_info(dataset, worker_id, num_workers, base_seed))
+    wrap = _wrapper(f"in DataLoader worker thread {worker_id}")
     try:
-        _serve(sock, dataset, job, _wrapper(worker_id, "thread"), None, 0, iterators)
+        _serve(sock, dataset, job, wrap, None, 0, iterators)
     finally:
         worker_local.set(None)
 
@@ -315,11 +367,11 @@ class IteratorRegistry:
                 other = self._owner.get(id(it))
                 if other is not None and other[1] is it:
                     raise RuntimeError(
-                        f"worker_method='thread': iter(dataset) gave worker thread {worker_id} "
-                        f"the iterator worker thread {other[0]} is reading "
-                        f"({type(it).__name__}); thread workers share the dataset object, so "
-                        "__iter__ must return a new iterator on every call (a generator "
-                        "function does), or use worker_method='multiprocessing'"
+                        f"iter(dataset) gave worker thread {worker_id} the iterator worker "
+                        f"thread {other[0]} is reading ({type(it).__name__}); worker threads "
+                        "share the dataset object, so __iter__ must return a new iterator on "
+                        "every call (a generator function does), or use worker processes "
+                        "(worker_method='multiprocessing', worker_threads=1)"
                     )
                 self._owner[id(it)] = (worker_id, it)
             return it

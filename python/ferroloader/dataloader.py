@@ -77,12 +77,14 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         sharding: Optional[Sharding] = None,
         snapshot_every_n_steps: Optional[int] = 1,
         worker_method: str = "multiprocessing",
+        worker_threads: int = 1,
     ) -> None:
         if worker_method not in WORKER_METHODS:
             raise ValueError(
                 "worker_method option should be 'multiprocessing' or 'thread', but got "
                 f"worker_method={worker_method!r}"
             )
+        _check_worker_threads(worker_threads, worker_method, num_workers)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"seed should be an int or None, but got seed={seed!r}")
         if per_sample_seed and seed is None:
@@ -159,6 +161,9 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         # torch's proposed name (pytorch/pytorch#161044): where the workers
         # run, processes or threads of this process
         self.worker_method = worker_method
+        # threads inside each worker process (SPDL's layout): every thread
+        # is a worker of its own (its id, its arena, its share of the tasks)
+        self.worker_threads = int(worker_threads)
         self._seeded_generator = own
         self.sharding: Optional[Sharding] = (
             sharding if sharding is not None else (Sharding() if sharded else None)
@@ -220,6 +225,13 @@ class DataLoader(_tdl.DataLoader[_T_co]):
     def _sharded(self) -> bool:
         return self.sharding is not None
 
+    @property
+    def _workers(self) -> int:
+        """How many workers serve the loader: ``num_workers`` processes (or
+        threads), times ``worker_threads`` threads in each process. Each is
+        one worker to the engine, the state and ``get_worker_info()``."""
+        return self.num_workers * self.worker_threads
+
     def __len__(self) -> int:
         if not self._sharded():
             return super().__len__()
@@ -280,6 +292,23 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             # DataPipes (deprecated in torch) need torch's sharding and seeding.
             return _tdl._MultiProcessingDataLoaderIter(self)
         return _MultiProcessIter.start(self)
+
+
+def _check_worker_threads(k: Any, method: str, num_workers: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(
+            f"worker_threads option should be a positive integer, but got worker_threads={k!r}"
+        )
+    if k > 1 and method == "thread":
+        raise ConfigError(
+            "worker_threads= sets the threads inside each worker process; with "
+            "worker_method='thread' the workers are already threads (num_workers of them)"
+        )
+    if k > 1 and num_workers == 0:
+        raise ConfigError(
+            "worker_threads= sets the threads inside each worker process, and num_workers=0 "
+            "starts none: set num_workers >= 1"
+        )
 
 
 def _is_datapipe(dataset: Any) -> bool:
@@ -558,13 +587,12 @@ class _MultiProcessIter(_core.MultiProcessIter):
                 # torchdata's iterator: iter(sampler) again in _reset, after
                 # the base seed (its sampler draws when iterated)
                 source = _index_source(loader)
-            window = (loader.prefetch_factor or 2) * loader.num_workers
+            window = (loader.prefetch_factor or 2) * loader._workers
             source = state.resume_source(rec, source, resume, now, window)
         threads = loader.worker_method == "thread"
-        n = loader.num_workers
-        if threads:
-            _check_thread_workers(loader, n)
-        else:
+        n = loader._workers
+        _check_thread_workers(loader)
+        if not threads:
             forkserver.warm(loader)  # a context set after construction
         jobs = _worker_jobs(loader, base_seed, resume, ep, rec.number, arena is None)
         _check_fd_headroom(n)
@@ -646,7 +674,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
             if loader._setup_at_iter:
                 self._await_setup()
             return
-        window = (loader.prefetch_factor or 2) * loader.num_workers
+        window = (loader.prefetch_factor or 2) * loader._workers
         source = state.resume_source(rec, _index_source(loader), resume, now, window)
         rec.attach(self, multiprocess=True)
         self._reset_epoch(source, loader._IterableDataset_len_called)
@@ -765,7 +793,7 @@ def _worker_jobs(
     """Each worker's settings, a process's or a thread's (``_worker._serve``
     reads them): ``trim`` is off where the arenas are registered with the
     GPU (a registered arena keeps its pages, see PinArena)."""
-    n = loader.num_workers
+    n = loader._workers
     per_worker = max(shm_limit() // n, 1 << 20)
     per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
     shards = None if ep is None else (list(ep.descriptors), loader._shard_seeder(epoch))
@@ -799,42 +827,76 @@ def _start_processes(
     pids: list[int],
 ) -> None:
     """Worker processes through ``multiprocessing`` (the loader's context),
-    each given its socket; ``socks``, ``procs`` and ``pids`` grow as they
-    start, so a failed start can end those that did."""
+    each given its sockets: one, or ``worker_threads`` (worker ``i`` is a
+    thread of process ``i % num_workers``, so consecutive tasks go to
+    different processes). ``socks`` and ``pids`` are in worker order; they
+    and ``procs`` grow as processes start, so a failed start can end those
+    that did."""
     ctx = loader.multiprocessing_context or torch.multiprocessing
     fork = ctx.get_start_method() == "fork"
-    for job in jobs:
-        # spawn and forkserver pickle the user's objects for each worker:
-        # done here, they are unpickled inside the worker's set-up, where an
-        # error is the worker's (not a worker that died). One pickle per
-        # worker: a tensor's shared storage is handed over once per pickle.
-        dataset: Any = loader.dataset
-        if not fork:
-            dataset = _worker.Unpickled(dataset, job["collate_fn"], job["init_fn"])
-            job = {**job, "collate_fn": None, "init_fn": None}
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        close_fds = [s.fileno() for s in (*socks, parent)] if fork else []
-        w = ctx.Process(
-            target=_worker.worker_entry,
-            args=(child, [dataset], job, base_seed, len(jobs), os.getpid(), close_fds),
-        )
-        w.daemon = True
-        socks.append(parent)
-        try:
-            w.start()
-        finally:
-            child.close()
-        procs.append(w)
-        pids.append(w.pid)
+    p = loader.num_workers
+    parents: list[Optional[socket.socket]] = [None] * len(jobs)
+    owner = [0] * len(jobs)
+    try:
+        for first in range(p):
+            group = jobs[first::p]
+            # spawn and forkserver pickle the user's objects for each worker:
+            # done here, they are unpickled inside the worker's set-up, where an
+            # error is the worker's (not a worker that died). One pickle per
+            # process: a tensor's shared storage is handed over once per pickle.
+            dataset: Any = loader.dataset
+            if not fork:
+                dataset = _worker.Unpickled(dataset, group[0]["collate_fn"], group[0]["init_fn"])
+                group = [{**job, "collate_fn": None, "init_fn": None} for job in group]
+            pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in group]
+            mine = [pair[0] for pair in pairs]
+            opened = [s for s in parents if s is not None]
+            close_fds = [s.fileno() for s in (*opened, *mine)] if fork else []
+            w = ctx.Process(
+                target=_worker.worker_entry,
+                args=(
+                    [pair[1] for pair in pairs],
+                    [dataset],
+                    group,
+                    base_seed,
+                    len(jobs),
+                    os.getpid(),
+                    close_fds,
+                ),
+            )
+            w.daemon = True
+            for j, sock in enumerate(mine):
+                parents[first + j * p] = sock
+            try:
+                w.start()
+            finally:
+                for pair in pairs:
+                    pair[1].close()
+            procs.append(w)
+            for j in range(len(group)):
+                owner[first + j * p] = w.pid
+    finally:
+        # in worker order, those made so far (closed by the caller on failure)
+        socks.extend(s for s in parents if s is not None)
+    pids.extend(owner)
 
 
-def _check_thread_workers(loader: DataLoader[Any], n: int) -> None:
-    """What thread workers cannot do, refused before any starts."""
-    if n > 1 and state.stateful(loader.dataset):
+def _check_thread_workers(loader: DataLoader[Any]) -> None:
+    """What worker threads sharing a dataset object cannot do, refused
+    before any worker starts."""
+    if loader.worker_threads > 1:
+        who = f"worker_threads={loader.worker_threads}: the threads of a worker process"
+        fix = "worker_threads=1"
+    elif loader.worker_method == "thread" and loader.num_workers > 1:
+        who = "worker_method='thread': the worker threads"
+        fix = "worker_method='multiprocessing' (or one worker)"
+    else:
+        return
+    if state.stateful(loader.dataset):
         raise ConfigError(
-            "worker_method='thread': the worker threads share one dataset object, and this "
-            "dataset keeps a state (state_dict/load_state_dict) that torchdata's protocol "
-            "keeps per worker replica; use worker_method='multiprocessing' (or one worker)"
+            f"{who} share one dataset object, and this dataset keeps a state "
+            "(state_dict/load_state_dict) that torchdata's protocol keeps per worker "
+            f"replica; use {fix}"
         )
 
 

@@ -253,7 +253,7 @@ class ShardEpoch:
             )
             return
         dynamic = sharding.mode == "dynamic"
-        lanes = max(loader.num_workers, 1) if dynamic else sharding.lanes
+        lanes = max(loader._workers, 1) if dynamic else sharding.lanes
         saved = None
         if resume is not None:
             saved = (

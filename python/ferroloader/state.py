@@ -358,7 +358,8 @@ def snapshot(loader: Any) -> dict[str, Any]:
         _KEY: FORMAT,
         "fingerprint": _fingerprint(loader),
         "epochs_started": loader._epochs_started,
-        "num_workers": loader.num_workers,
+        # workers: processes (or threads) times worker_threads
+        "num_workers": loader._workers,
         "generators": [
             {"roles": list(roles), "state": _encode(g.get_state())} for roles, g in groups
         ],
@@ -686,7 +687,7 @@ def _check_workers(loader: Any, resume: Optional[dict[str, Any]], extra: dict[st
     position, a dataset's own state) resumes only with as many workers;
     torchdata refuses the same at ``iter()``."""
     saved = loader._resume_workers
-    if saved == loader.num_workers:
+    if saved == loader._workers:
         return
     sharded = resume is not None and "shards" in resume
     iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
@@ -696,10 +697,18 @@ def _check_workers(loader: Any, resume: Optional[dict[str, Any]], extra: dict[st
         raise StateMismatchError(
             f"load_state_dict(): {kind} saved with num_workers={saved} resumes only with "
             f"num_workers={saved} (each worker keeps its own replica of the dataset and its "
-            f"state); this loader has num_workers={loader.num_workers}. Resume with the same "
-            "num_workers, save at an epoch boundary without persistent workers, or make the "
+            "state; threads inside worker processes count as workers, num_workers x "
+            f"worker_threads); this loader has {_describe_workers(loader)}. Resume with the "
+            "same num_workers, save at an epoch boundary without persistent workers, or make the "
             "dataset a ferroloader.ShardedDataset (its position does not depend on num_workers)"
         )
+
+
+def _describe_workers(loader: Any) -> str:
+    k = loader.worker_threads
+    if k == 1:
+        return f"num_workers={loader.num_workers}"
+    return f"{loader._workers} workers (num_workers={loader.num_workers} x worker_threads={k})"
 
 
 def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
