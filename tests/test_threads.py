@@ -14,6 +14,7 @@ import _thread
 import functools
 import threading
 import time
+import warnings
 
 import ferroloader
 import mp_helpers as mh
@@ -335,6 +336,66 @@ def test_a_stateful_dataset_needs_processes():
 
     with pytest.raises(ferroloader.ConfigError, match="worker_method='multiprocessing'"):
         iter(FERRO.DataLoader(Stateful(4), num_workers=2, **THREAD))
+
+
+class HoldsSharedObjects(mh.MapDataset):
+    """Holds what threads cannot share: an open file, a generator, a
+    sqlite connection (reads go through them only to show they are used)."""
+
+    def __init__(self, n, path):
+        import random
+        import sqlite3
+
+        super().__init__(n)
+        self.f = open(path, "rb")
+        self.rng = random.Random(0)
+        self.db = sqlite3.connect(":memory:")
+        self.lock = threading.Lock()  # a lock is fine
+
+
+@ferro_only
+@time_limit(60)
+@pytest.mark.parametrize("layout", [dict(num_workers=2, worker_method="thread"),
+                                    dict(num_workers=1, worker_threads=2)])
+def test_objects_threads_cannot_share_are_named_in_a_warning(tmp_path, layout):
+    path = tmp_path / "data"
+    path.write_bytes(b"x" * 16)
+    ds = HoldsSharedObjects(4, str(path))
+    try:
+        with pytest.warns(ferroloader.ThreadSafetyWarning) as caught:
+            assert len(list(FERRO.DataLoader(ds, batch_size=2, **layout))) == 2
+        text = [str(w.message) for w in caught if w.category is ferroloader.ThreadSafetyWarning]
+        assert len(text) == 3
+        assert "'db' is a sqlite3 connection" in text[0]
+        assert "'f' is an open file" in text[1] and "os.pread" in text[1]
+        assert "'rng' is a random generator (Random)" in text[2]
+        assert all(w.filename == __file__ for w in caught
+                   if w.category is ferroloader.ThreadSafetyWarning)
+    finally:
+        ds.f.close()
+        ds.db.close()
+
+
+@ferro_only
+@time_limit(60)
+@pytest.mark.parametrize("layout", [dict(num_workers=1, worker_method="thread"),
+                                    dict(num_workers=2),
+                                    dict(num_workers=2, worker_method="thread")])
+def test_no_thread_safety_warning_without_sharing_threads(tmp_path, layout):
+    """One thread, worker processes (each its own replica), or a dataset
+    holding nothing shared: no warning."""
+    path = tmp_path / "data"
+    path.write_bytes(b"x" * 16)
+    ds = HoldsSharedObjects(4, str(path)) if "worker_method" not in layout or \
+        layout["num_workers"] == 1 else mh.MapDataset(4)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ferroloader.ThreadSafetyWarning)
+            assert len(list(FERRO.DataLoader(ds, batch_size=2, **layout))) == 2
+    finally:
+        if isinstance(ds, HoldsSharedObjects):
+            ds.f.close()
+            ds.db.close()
 
 
 @ferro_only

@@ -45,6 +45,7 @@ from ferroloader.errors import (
     SharedMemoryError,
     SharedMemoryLimitError,
     StateMismatchError,
+    ThreadSafetyWarning,
     WorkerDiedError,
     WorkerTimeoutError,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "TableDataset",
     "TableShards",
     "TensorDataset",
+    "ThreadSafetyWarning",
     "WeightedRandomSampler",
     "WorkerDiedError",
     "WorkerStats",

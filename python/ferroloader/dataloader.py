@@ -24,7 +24,7 @@ from torch.utils.data import _utils
 
 from ferroloader import _core, _worker, forkserver, pinning, state
 from ferroloader._fetch import fetch_plan
-from ferroloader.errors import ConfigError
+from ferroloader.errors import ConfigError, ThreadSafetyWarning
 from ferroloader.patch import record_dataset
 from ferroloader.sampler import (
     RandomSampler,
@@ -898,6 +898,39 @@ def _check_thread_workers(loader: DataLoader[Any]) -> None:
             "(state_dict/load_state_dict) that torchdata's protocol keeps per worker "
             f"replica; use {fix}"
         )
+    for name, problem in _thread_unsafe_attributes(loader.dataset):
+        warnings.warn(
+            f"{who} share one dataset object, and its attribute {name!r} is {problem}",
+            ThreadSafetyWarning,
+            stacklevel=6,  # the user's iter()
+        )
+
+
+def _thread_unsafe_attributes(dataset: Any) -> list[tuple[str, str]]:
+    """The dataset's own attributes that threads cannot share safely, with
+    why and what to do instead (a lint: objects deeper down, or locked by
+    the dataset itself, are not seen or are not a problem)."""
+    import io
+    import random
+    import sqlite3
+
+    import numpy as np
+
+    found = []
+    for name, value in sorted(getattr(dataset, "__dict__", {}).items()):
+        if isinstance(value, io.IOBase) and not value.closed:
+            found.append((name, "an open file: a seek() and read() by one thread interleave "
+                          "with another's; open a file per worker (keyed by "
+                          "get_worker_info().id) or read at an offset with os.pread"))
+        elif isinstance(value, (random.Random, np.random.RandomState, np.random.Generator,
+                                torch.Generator)):
+            found.append((name, f"a random generator ({type(value).__name__}): its draws then "
+                          "depend on which thread runs first; draw from "
+                          "get_worker_info().rng (or torch.thread_safe_generator())"))
+        elif isinstance(value, sqlite3.Connection):
+            found.append((name, "a sqlite3 connection, which refuses use from other threads; "
+                          "connect once per worker"))
+    return found
 
 
 def _start_threads(

@@ -65,6 +65,13 @@ class RebuiltAsTorchWarning(UserWarning):
     ``ferroloader.patch()``: torch's engine serves that loader."""
 
 
+class ThreadSafetyWarning(UserWarning):
+    """A dataset given to worker threads holds an object that threads
+    cannot share safely (an open file read with seek and read, a random
+    generator whose draws then depend on thread timing, a sqlite connection
+    bound to its thread)."""
+
+
 __all__ = [
     "ConfigError",
     "FerroloaderError",
@@ -74,6 +81,7 @@ __all__ = [
     "SharedMemoryError",
     "SharedMemoryLimitError",
     "StateMismatchError",
+    "ThreadSafetyWarning",
     "WorkerDiedError",
     "WorkerTimeoutError",
 ]
