@@ -32,10 +32,12 @@ def test_every_error_class_is_listed_with_its_torch_base():
     """The table above names every class in ``ferroloader.errors``; each is a
     FerroloaderError and a subclass of the exception torch raises there."""
     exported = {getattr(errors, name) for name in errors.__all__} - {errors.FerroloaderError}
-    # the one warning class: a UserWarning, not an error
-    assert issubclass(errors.RebuiltAsTorchWarning, UserWarning)
-    assert ferroloader.RebuiltAsTorchWarning is errors.RebuiltAsTorchWarning
-    assert exported - {errors.RebuiltAsTorchWarning} == set(TORCH_BASE)
+    # the warning classes: UserWarnings, not errors
+    warning_classes = {errors.RebuiltAsTorchWarning, errors.ThreadSafetyWarning}
+    for w in warning_classes:
+        assert issubclass(w, UserWarning) and not issubclass(w, errors.FerroloaderError)
+        assert getattr(ferroloader, w.__name__) is w
+    assert exported - warning_classes == set(TORCH_BASE)
     for cls, base in TORCH_BASE.items():
         assert issubclass(cls, errors.FerroloaderError), cls
         assert issubclass(cls, base), (cls, base)
