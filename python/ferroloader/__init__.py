@@ -49,6 +49,7 @@ from ferroloader.errors import (
     WorkerDiedError,
     WorkerTimeoutError,
 )
+from ferroloader.mixture import Mixture, MixtureBatchSampler
 from ferroloader.patch import Patch, patch
 from ferroloader.sampler import (
     BatchSampler,
@@ -82,6 +83,8 @@ __all__ = [
     "IterableDataset",
     "LoaderStats",
     "MapDataPipe",
+    "Mixture",
+    "MixtureBatchSampler",
     "Patch",
     "ProtocolError",
     "RandomSampler",

@@ -366,6 +366,22 @@ def elastic_indices(
 ) -> list[int]:
     """One rank's indices of an elastic split of a global sequence."""
 
+def mixture_indices(
+    lens: list[int],
+    segments: list[tuple[int, list[float]]],
+    root: int,
+    *,
+    replacement: bool,
+    exhausted: str,
+    num_samples: Optional[int],
+    start: int,
+    batch: int,
+    world: int,
+    rank: int,
+    tail: str,
+) -> tuple[int, list[int]]:
+    """A mixture epoch's length and one rank's global indices from ``start``."""
+
 def _seeds(seed: int, epoch: int, root: int, shard: int, block: int) -> tuple[int, int, int]:
     """``(epoch_seed, shard_order_seed, block_seed)`` as the engine computes them."""
 

@@ -25,6 +25,7 @@ from torch.utils.data import _utils
 from ferroloader import _core, _worker, forkserver, pinning, state
 from ferroloader._fetch import fetch_plan
 from ferroloader.errors import ConfigError, ThreadSafetyWarning
+from ferroloader.mixture import Mixture, MixtureBatchSampler
 from ferroloader.patch import record_dataset
 from ferroloader.sampler import (
     RandomSampler,
@@ -105,6 +106,17 @@ class DataLoader(_tdl.DataLoader[_T_co]):
                 "batch_sampler=ferroloader.ElasticBatchSampler(...) (elastic) or a "
                 "DistributedSampler"
             )
+        if isinstance(dataset, Mixture) and sampler is None and batch_sampler is None:
+            # a mixture's order is its draws: batched (and split across
+            # ranks) by its own sampler, whose epoch follows the loader's
+            if batch_size is None:
+                raise ConfigError(
+                    "a Mixture is batched by its draws: give batch_size (batch_size=None "
+                    "is not supported with a Mixture)"
+                )
+            batch_sampler = MixtureBatchSampler(dataset, batch_size, drop_last=bool(drop_last))
+            batch_sampler.auto_epoch = True
+            batch_size, drop_last, shuffle = 1, False, None
         # seed=: a private generator, reseeded per epoch, decides the order
         # and the workers' base seed; generator= keeps priority
         own = torch.Generator() if seed is not None and generator is None else None
@@ -386,6 +398,8 @@ def _index_source(loader: DataLoader[Any]) -> Any:
             "ElasticBatchSampler hands batches over in order (a snapshot counts a prefix of the "
             "global sequence); in_order=False is not supported with it"
         )
+    if getattr(index_sampler, "auto_epoch", False):
+        index_sampler.set_epoch(loader._epochs_started - 1)
     if auto and type(index_sampler).__iter__ is ElasticBatchSampler.__iter__:
         return index_sampler.native()
     native = native_batch_iter(index_sampler) if auto else native_iter(index_sampler)

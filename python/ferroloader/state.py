@@ -43,6 +43,7 @@ import torch.utils.data.sampler as _ts
 
 from ferroloader import _core
 from ferroloader.errors import ConfigError, StateMismatchError
+from ferroloader.mixture import MixtureBatchSampler
 from ferroloader.seeds import epoch_seed
 from ferroloader.shards import ElasticBatchSampler
 
@@ -412,6 +413,10 @@ def snapshot(loader: Any) -> dict[str, Any]:
             "epoch": sampler.epoch,
             "consumed": sampler.consumed(int(handed)),
         }
+        if isinstance(sampler, MixtureBatchSampler):
+            # the weights in force over the epoch so far (a resume with
+            # other weights follows them from its position on)
+            epoch["elastic_sampler"]["mixture"] = sampler.snapshot_segments()
     if rec.sampler is not None:
         untouched = rec.recorder is not None and not rec.recorder.pulled
         if untouched and rec.loaded_sampler_state is not None:
@@ -577,6 +582,8 @@ def _check_epoch(loader: Any, epoch: Any, generators: int, size: int, workers: i
             isinstance(loader._index_sampler, ElasticBatchSampler),
             "the state is of an ElasticBatchSampler, this loader has none",
         )
+        if "mixture" in e:
+            _check_segments(loader, e["mixture"])
     if "pending_batches" in epoch:
         pb = epoch["pending_batches"]
         _need(
@@ -613,6 +620,27 @@ def _check_layout(loader: Any, state: dict[str, Any]) -> None:
     _need("epoch" in state, "the state has no epoch")
     if state["epoch"] is not None:
         _check_epoch(loader, state["epoch"], len(gens), size, workers)
+
+
+def _check_segments(loader: Any, segments: Any) -> None:
+    sampler = loader._index_sampler
+    _need(
+        isinstance(sampler, MixtureBatchSampler), "the state is of a Mixture, this loader's is not"
+    )
+    n = len(sampler.mixture.names)
+    listed = isinstance(segments, list) and bool(segments)
+    _need(listed, "epoch.elastic_sampler.mixture is not a list")
+    last = -1
+    for seg in segments:
+        ok = (
+            isinstance(seg, list) and len(seg) == 2 and _is_int(seg[0]) and seg[0] > last
+            and isinstance(seg[1], list) and len(seg[1]) == n
+            and all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0
+                    for w in seg[1])
+        )
+        _need(ok, f"epoch.elastic_sampler.mixture is not [start, {n} weights] segments")
+        last = seg[0]
+    _need(segments[0][0] == 0, "epoch.elastic_sampler.mixture does not start at 0")
 
 
 def validate(loader: Any, state: Any) -> dict[str, Any]:
@@ -656,7 +684,10 @@ def load(loader: Any, state: dict[str, Any]) -> None:
     if epoch is not None and "elastic_sampler" in epoch:
         # the global position decides; any number of ranks continues it
         e = epoch["elastic_sampler"]
-        loader._index_sampler.resume_at(e["epoch"], e["consumed"])
+        if "mixture" in e:
+            loader._index_sampler.resume_at(e["epoch"], e["consumed"], e["mixture"])
+        else:
+            loader._index_sampler.resume_at(e["epoch"], e["consumed"])
         epoch = dict(epoch, drawn=0, pending=[], elastic=True)
         state = dict(state, epoch=epoch)
     groups = _generators(loader)

@@ -31,6 +31,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::worker_loop, m)?)?;
     m.add_function(wrap_pyfunction!(shards::shard_plan, m)?)?;
     m.add_function(wrap_pyfunction!(shards::elastic_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(shards::mixture_indices, m)?)?;
     m.add_function(wrap_pyfunction!(shards::_seeds, m)?)?;
     m.add_class::<shards::ShardPlan>()?;
     m.add_class::<shards::AddressBatches>()?;

@@ -330,6 +330,74 @@ pub fn elastic_indices(
     })
 }
 
+/// Rank `rank`'s indices of a mixture's epoch (`ferroloader.Mixture`): the
+/// epoch's draws (`sampler::mixture`) as global indices (each source's
+/// offset plus its index), read from global position `start` on as
+/// `elastic_indices` reads a permutation. Returns the epoch's length too.
+#[pyfunction]
+#[pyo3(signature = (lens, segments, root, *, replacement, exhausted, num_samples, start, batch, world, rank, tail))]
+#[allow(clippy::too_many_arguments)]
+pub fn mixture_indices(
+    lens: Vec<u64>,
+    segments: Vec<(u64, Vec<f64>)>,
+    root: u64,
+    replacement: bool,
+    exhausted: &str,
+    num_samples: Option<u64>,
+    start: u64,
+    batch: u64,
+    world: u64,
+    rank: u64,
+    tail: &str,
+) -> PyResult<(u64, Vec<i64>)> {
+    use crate::sampler::mixture::{mixture_draws, Exhausted, Mix, Segment};
+    let tail = parse_tail(tail)?;
+    let exhausted = Exhausted::parse(exhausted).ok_or_else(|| {
+        Class::Config.err(format!(
+            "exhausted should be 'stop_first', 'drop' or 'cycle', got {exhausted:?}"
+        ))
+    })?;
+    let sound = segments.first().is_some_and(|s| s.0 == 0)
+        && segments.windows(2).all(|w| w[0].0 < w[1].0)
+        && segments
+            .iter()
+            .all(|s| s.1.len() == lens.len() && s.1.iter().all(|w| w.is_finite() && *w >= 0.0));
+    if !sound || batch == 0 || world == 0 || rank >= world || (replacement && lens.contains(&0)) {
+        return Err(Class::Config.err(
+            "mixture: weights must be one finite, non-negative number per source, in \
+             segments starting at 0; batch >= 1, 0 <= rank < world_size; with replacement \
+             no source may be empty",
+        ));
+    }
+    let mix = Mix {
+        lens: lens.clone(),
+        replacement,
+        exhausted,
+        num_samples,
+    };
+    let segments: Vec<Segment> = segments
+        .into_iter()
+        .map(|(start, weights)| Segment { start, weights })
+        .collect();
+    let draws = mixture_draws(&mix, root, &segments);
+    let mut offsets = Vec::with_capacity(lens.len());
+    let mut acc = 0i64;
+    for &l in &lens {
+        offsets.push(acc);
+        acc += l as i64;
+    }
+    let n = draws.len() as u64;
+    let positions = elastic_positions(n, start, batch, world, rank, tail);
+    let out = positions
+        .into_iter()
+        .map(|p| {
+            let (s, i) = draws[p as usize];
+            offsets[s as usize] + i as i64
+        })
+        .collect();
+    Ok((n, out))
+}
+
 /// The seeds of `ferroloader.seeds` computed by the engine, for the test
 /// that the Python definitions are the engine's: `(epoch_seed(seed, epoch),
 /// shard_order_seed(root), block_seed(root, shard, block))`.

@@ -10,6 +10,7 @@
 
 mod batch;
 mod distributed;
+pub mod mixture;
 mod mt19937;
 mod ops;
 mod random;

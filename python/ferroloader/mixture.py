@@ -1,0 +1,264 @@
+"""Weighted mixtures of datasets, resumable on any number of workers or ranks.
+
+``Mixture({"web": web, "code": code}, weights={"web": 0.7, "code": 0.3},
+seed=0)`` is a map-style dataset over its sources (global index = the
+source's offset + its index) whose epoch is a sequence of draws computed in
+Rust (``ferroloader._core.mixture_indices``): draw ``p`` picks its source
+by the weights from a hash of (seed, epoch, p) and reads that source
+through a permutation of its own (or at a uniform index, with replacement).
+The sequence depends on the seed, the epoch, the position and the weights
+alone, not on ``num_workers`` or the number of ranks.
+
+A ``DataLoader`` over a ``Mixture`` batches it with a
+:class:`MixtureBatchSampler`, an :class:`~ferroloader.ElasticBatchSampler`
+over the draws: each global batch of ``batch_size * world_size`` draws is
+split across ranks, the loader's ``state_dict()`` holds the global position
+(and the weights in force, a few numbers), and a job saved on N ranks
+resumes on M with exactly the rest. Weights changed before resuming are
+followed from the resume position on: the draws before it are the old
+weights' and each source's read position carries over, so no item of a
+source is read twice in its pass.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Any, Mapping, Optional, Union
+
+from torch.utils.data import Dataset, IterableDataset
+
+from ferroloader import _core
+from ferroloader.errors import ConfigError
+from ferroloader.seeds import epoch_seed
+from ferroloader.shards import ElasticBatchSampler, _tail
+
+EXHAUSTED = ("stop_first", "drop", "cycle")
+
+
+class Mixture(Dataset[Any]):
+    """Map-style datasets drawn from by weight.
+
+    - ``weights``: a weight per source name (any non-negative numbers,
+      normalised; default equal). Change them with :meth:`set_weights`.
+    - ``replacement=False`` (default): each source is read in a random
+      order of its own, and ``exhausted`` says what a source that ran out
+      does: ``"drop"`` (default; it leaves the mixture, the others'
+      weights are renormalised, the epoch ends when all ran out: every item
+      once), ``"stop_first"`` (the epoch ends at the first draw that needs a
+      source with nothing left) or ``"cycle"`` (it starts a new pass; the
+      epoch ends when every source of non-zero weight has run out once).
+    - ``replacement=True``: each draw takes a uniform index of its source;
+      an epoch is ``num_samples`` draws (default: the sources' total).
+    - ``num_samples`` also caps an epoch without replacement.
+    """
+
+    def __init__(
+        self,
+        sources: Mapping[str, Any],
+        weights: Optional[Mapping[str, float]] = None,
+        *,
+        seed: int = 0,
+        replacement: bool = False,
+        exhausted: str = "drop",
+        num_samples: Optional[int] = None,
+    ) -> None:
+        if not isinstance(sources, Mapping) or not sources:
+            raise ConfigError("Mixture needs a non-empty mapping of names to datasets")
+        for name, ds in sources.items():
+            if isinstance(ds, IterableDataset) or not hasattr(ds, "__getitem__"):
+                raise ConfigError(
+                    f"Mixture source {name!r} is not a map-style dataset "
+                    f"({type(ds).__name__}); mix map-style datasets with __getitem__ and "
+                    "__len__"
+                )
+            try:
+                len(ds)
+            except TypeError:
+                raise ConfigError(f"Mixture source {name!r} has no len()") from None
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"Mixture seed should be an int, but got seed={seed!r}")
+        if exhausted not in EXHAUSTED:
+            raise ConfigError(
+                f"exhausted should be one of {EXHAUSTED}, but got exhausted={exhausted!r}"
+            )
+        if num_samples is not None and (
+            isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1
+        ):
+            raise ConfigError(
+                f"num_samples should be a positive integer or None, but got {num_samples!r}"
+            )
+        self.names = list(sources)
+        self.sources = [sources[n] for n in self.names]
+        self.seed = seed
+        self.replacement = bool(replacement)
+        self.exhausted = exhausted
+        self.num_samples = num_samples
+        self.lens = [len(ds) for ds in self.sources]
+        if self.replacement and 0 in self.lens:
+            empty = self.names[self.lens.index(0)]
+            raise ConfigError(
+                f"Mixture source {empty!r} is empty: nothing to draw with replacement"
+            )
+        self.offsets = [0]
+        for n in self.lens:
+            self.offsets.append(self.offsets[-1] + n)
+        self.weights: dict[str, float] = {}
+        self.set_weights(weights)
+
+    def set_weights(self, weights: Optional[Mapping[str, float]]) -> None:
+        """New weights (a weight per source name): the next epoch draws
+        with them, and so does a resumed epoch from its resume position."""
+        if weights is None:
+            weights = {n: 1.0 for n in self.names}
+        if not isinstance(weights, Mapping) or set(weights) != set(self.names):
+            got = sorted(weights) if isinstance(weights, Mapping) else weights
+            raise ConfigError(
+                f"Mixture weights should name every source ({sorted(self.names)}), got {got!r}"
+            )
+        clean = {}
+        for name in self.names:
+            w = weights[name]
+            number = isinstance(w, (int, float)) and not isinstance(w, bool)
+            if not number or not math.isfinite(w) or w < 0:
+                raise ConfigError(
+                    f"Mixture weight of {name!r} should be a finite number >= 0, got {w!r}"
+                )
+            clean[name] = float(w)
+        if sum(clean.values()) <= 0:
+            raise ConfigError("Mixture weights are all 0: nothing would be drawn")
+        self.weights = clean
+
+    def weight_list(self) -> list[float]:
+        return [self.weights[n] for n in self.names]
+
+    def __len__(self) -> int:
+        """Items addressable by global index (the sources' total); an
+        epoch's length is its batch sampler's."""
+        return self.offsets[-1]
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """The source name and its index for global index ``index``."""
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"Mixture index {index} out of range for {len(self)} items")
+        s = bisect.bisect_right(self.offsets, index) - 1
+        return self.names[s], index - self.offsets[s]
+
+    def __getitem__(self, index: int) -> Any:
+        name, i = self.locate(int(index))
+        return self.sources[self.names.index(name)][i]
+
+
+Segments = list[list[Union[int, list[float]]]]
+
+
+class MixtureBatchSampler(ElasticBatchSampler):
+    """Batches of a :class:`Mixture`'s draws, split across ranks as
+    :class:`~ferroloader.ElasticBatchSampler` splits a permutation
+    (``even`` defaults to whether there are several ranks). The
+    epoch advances with each iteration (or with ``set_epoch``); a
+    ``DataLoader`` over a ``Mixture`` builds one (``auto_epoch``: the
+    loader's epoch count decides)."""
+
+    def __init__(
+        self,
+        mixture: Mixture,
+        batch_size: int,
+        *,
+        drop_last: bool = False,
+        even: Optional[bool] = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+    ) -> None:
+        super().__init__(
+            len(mixture), batch_size, shuffle=False, seed=mixture.seed, drop_last=drop_last,
+            even=True, rank=rank, world_size=world_size,
+        )
+        # even (pad the last global batch so every rank gets one) only
+        # where there are ranks to even out: one rank's last batch is short
+        self.even = self.world_size > 1 if even is None else bool(even)
+        self.mixture = mixture
+        # set by a DataLoader that built it: the loader sets the epoch
+        self.auto_epoch = False
+        self._saved_segments: Optional[Segments] = None
+        # the current epoch's weights, each in force from a position on
+        self.segments: Segments = [[0, mixture.weight_list()]]
+        self._cache: Optional[tuple[Any, tuple[int, list[int]]]] = None
+
+    def _plan(self) -> tuple[int, Segments]:
+        """The next iteration's start position and weight segments."""
+        start = 0
+        saved = None
+        if self._resume is not None and self._resume[0] == self.epoch:
+            start = self._resume[1]
+            saved = self._saved_segments
+        now = self.mixture.weight_list()
+        if saved is None:
+            return start, [[0, now]]
+        segments = [list(s) for s in saved]
+        if segments[-1][1] != now:
+            if segments[-1][0] == start:
+                segments[-1] = [start, now]
+            else:
+                segments.append([start, now])
+        return start, segments
+
+    def _draw(self, start: int, segments: Segments, world: int, rank: int) -> tuple[int, list[int]]:
+        key = (self.epoch, start, repr(segments), world, rank, self.batch_size)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        m = self.mixture
+        out = _core.mixture_indices(
+            m.lens,
+            [(int(s[0]), list(s[1])) for s in segments],  # type: ignore[arg-type]
+            epoch_seed(m.seed, self.epoch),
+            replacement=m.replacement,
+            exhausted=m.exhausted,
+            num_samples=m.num_samples,
+            start=start,
+            batch=self.batch_size,
+            world=world,
+            rank=rank,
+            tail=_tail(self.drop_last, self.even),
+        )
+        self._cache = (key, out)
+        return out
+
+    def indices(self) -> list[int]:
+        start, segments = self._plan()
+        n, idx = self._draw(start, segments, self.world_size, self.rank)
+        self._resume = None
+        self._saved_segments = None
+        self._start = start
+        self.n = n
+        self.segments = segments
+        return idx
+
+    def __len__(self) -> int:
+        start, segments = self._plan()
+        n, _ = self._draw(start, segments, 1, 0)
+        self.n = n
+        step = self.batch_size * self.world_size
+        left = max(n - start, 0)
+        full, rest = divmod(left, step)
+        if rest == 0 or (self.even and self.drop_last):
+            return full
+        if self.even:
+            return full + 1
+        return full + (1 if rest > self.rank * self.batch_size else 0)
+
+    def resume_at(self, epoch: int, consumed: int, segments: Optional[Segments] = None) -> None:
+        super().resume_at(epoch, consumed)
+        self._saved_segments = segments
+
+    def snapshot_segments(self) -> Segments:
+        out: Segments = []
+        for start, weights in self.segments:
+            assert isinstance(start, int) and isinstance(weights, list)
+            out.append([start, [float(w) for w in weights]])
+        return out
+
+
+__all__ = ["Mixture", "MixtureBatchSampler"]

@@ -1,0 +1,324 @@
+"""``ferroloader.Mixture``: weighted draws from several map-style datasets.
+
+The engine's draws are checked against a reference written here in Python
+from the documented definition (``ferroloader.seeds.derive`` hashes, torch's
+``randperm`` per source pass); through the loader the sequence is the same
+for any number of workers, processes or threads; a snapshot at every
+position resumes exactly, also on 3 ranks after 1, and new weights on resume
+are followed from the resume position on.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ferroloader
+import pytest
+import torch
+import torch.utils.data as tud
+from ferroloader.seeds import derive, epoch_seed
+from helpers import time_limit
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+class Tagged(tud.Dataset):
+    """Item i of source ``tag``: ``tag * 1000 + i``."""
+
+    def __init__(self, tag: int, n: int) -> None:
+        self.tag, self.n = tag, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.tag * 1000 + i
+
+
+def mixture(lens=(5, 7, 4), weights=(1.0, 2.0, 1.0), **kw) -> ferroloader.Mixture:
+    names = [f"s{k}" for k in range(len(lens))]
+    return ferroloader.Mixture(
+        {n: Tagged(k, n_) for k, (n, n_) in enumerate(zip(names, lens))},
+        weights=dict(zip(names, weights)), **kw)
+
+
+def flat(loader) -> list[int]:
+    return [int(x) for b in loader for x in b]
+
+
+def reference(lens, weights, seed, epoch, *, replacement=False, exhausted="drop",
+              num_samples=None) -> list[int]:
+    """The documented draws, in Python: draw p picks the source by
+    ``derive(root, 11, p)`` over the weights of the sources still drawn
+    from; source s's k-th read is ``randperm(len_s)`` seeded with
+    ``derive(root, 13, s, pass)`` at ``k % len_s`` (with replacement:
+    ``derive(root, 12, p) % len_s``). Global index = offset + index."""
+    root = epoch_seed(seed, epoch)
+    offsets = [sum(lens[:s]) for s in range(len(lens))]
+    cap = (num_samples or sum(lens)) if replacement else (num_samples or math.inf)
+    reads = [0] * len(lens)
+    active = [n > 0 for n in lens]
+    ran_out = [n == 0 for n in lens]
+    perms: dict = {}
+    out: list[int] = []
+    p = 0
+    while p < cap:
+        if (exhausted == "cycle" and not replacement
+                and all(r or w <= 0 for r, w in zip(ran_out, weights))):
+            break
+        total = sum(w for w, a in zip(weights, active) if a)
+        if total <= 0:
+            break
+        target = ((derive(root, 11, p) >> 10) / float(1 << 53)) * total
+        acc, s = 0.0, None
+        for k, (w, a) in enumerate(zip(weights, active)):
+            if a and w > 0:
+                acc += w
+                s = k
+                if target < acc:
+                    break
+        n = lens[s]
+        if replacement:
+            index = derive(root, 12, p) % n
+        else:
+            k = reads[s]
+            if k >= n and exhausted == "stop_first":
+                break
+            key = (s, k // n)
+            if key not in perms:
+                g = torch.Generator().manual_seed(derive(root, 13, s, k // n))
+                perms[key] = torch.randperm(n, generator=g).tolist()
+            index = perms[key][k % n]
+        reads[s] += 1
+        if not replacement and reads[s] % n == 0:
+            ran_out[s] = True
+            if exhausted == "drop":
+                active[s] = False
+        out.append(offsets[s] + index)
+        p += 1
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# the draws
+# --------------------------------------------------------------------------- #
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lens=st.lists(st.integers(1, 25), min_size=1, max_size=4),
+    wseed=st.integers(0, 1000),
+    seed=st.integers(0, 2**40),
+    exhausted=st.sampled_from(["drop", "stop_first", "cycle"]),
+    replacement=st.booleans(),
+)
+def test_the_engines_draws_are_the_documented_ones(lens, wseed, seed, exhausted, replacement):
+    weights = [0.5 + (wseed * (k + 3)) % 7 for k in range(len(lens))]
+    m = mixture(lens, weights, seed=seed, exhausted=exhausted, replacement=replacement)
+    loader = ferroloader.DataLoader(m, batch_size=3)
+    got = [int(x) for b in loader for x in b]
+    expected = [m[i] for i in reference(lens, weights, seed, 0, exhausted=exhausted,
+                                        replacement=replacement)]
+    assert got == expected
+
+
+@time_limit(60)
+def test_realised_proportions_match_the_weights():
+    """With replacement, 12,000 draws: each source's share is within 5
+    binomial standard deviations of its weight."""
+    weights = (0.5, 0.3, 0.2)
+    m = mixture((100, 100, 100), weights, seed=1234, replacement=True, num_samples=12_000)
+    items = flat(ferroloader.DataLoader(m, batch_size=500))
+    assert len(items) == 12_000
+    for k, w in enumerate(weights):
+        share = sum(1 for x in items if x // 1000 == k) / len(items)
+        assert abs(share - w) < 5 * math.sqrt(w * (1 - w) / len(items)), (k, share, w)
+
+
+def test_drop_reads_every_item_once_and_epochs_differ():
+    m = mixture(seed=5)
+    loader = ferroloader.DataLoader(m, batch_size=4)
+    e0, e1 = flat(loader), flat(loader)
+    everything = sorted(m[i] for i in range(len(m)))
+    assert sorted(e0) == everything and sorted(e1) == everything
+    assert e0 != e1
+    # the sequence is a function of (seed, epoch): a fresh loader repeats it
+    again = ferroloader.DataLoader(mixture(seed=5), batch_size=4)
+    assert flat(again) == e0 and flat(again) == e1
+
+
+def test_stop_first_and_cycle():
+    stop = flat(ferroloader.DataLoader(mixture((3, 40), (1, 1), seed=2, exhausted="stop_first"),
+                                       batch_size=4))
+    assert sum(1 for x in stop if x < 1000) == 3 and len(stop) < 43
+    assert len(set(stop)) == len(stop)
+    cyc = flat(ferroloader.DataLoader(mixture((3, 40), (1, 1), seed=2, exhausted="cycle"),
+                                      batch_size=4))
+    big = [x for x in cyc if x >= 1000]
+    assert sorted(big) == [1000 + i for i in range(40)]
+    small = [x for x in cyc if x < 1000]
+    assert len(small) > 3 and set(small) == {0, 1, 2}
+
+
+def test_len_is_the_epochs_batches():
+    for exhausted in ("drop", "stop_first", "cycle"):
+        loader = ferroloader.DataLoader(mixture(seed=9, exhausted=exhausted), batch_size=3)
+        assert len(loader) == len(list(loader))
+
+
+@time_limit(90)
+@pytest.mark.parametrize("layout", [dict(num_workers=2), dict(num_workers=3),
+                                    dict(num_workers=2, worker_method="thread"),
+                                    dict(num_workers=1, worker_threads=2)])
+def test_the_sequence_is_the_same_for_any_workers(layout):
+    base = ferroloader.DataLoader(mixture(seed=4), batch_size=3)
+    other = ferroloader.DataLoader(mixture(seed=4), batch_size=3, persistent_workers=True,
+                                   **layout)
+    for _ in range(2):
+        assert flat(other) == flat(base)
+
+
+@time_limit(60)
+def test_per_sample_seed_and_stats_work_through_a_mixture():
+    class Noisy(Tagged):
+        def __getitem__(self, i):
+            return torch.rand(()).item() + super().__getitem__(i)
+
+    def make():
+        return ferroloader.Mixture({"a": Noisy(0, 6), "b": Noisy(1, 6)}, seed=3)
+
+    a = ferroloader.DataLoader(make(), batch_size=2, seed=1, per_sample_seed=True)
+    b = ferroloader.DataLoader(make(), batch_size=2, seed=1, per_sample_seed=True, num_workers=2)
+    assert [x.tolist() for x in a] == [x.tolist() for x in b]
+    assert b.stats().batches == 6
+
+
+# --------------------------------------------------------------------------- #
+# resume
+# --------------------------------------------------------------------------- #
+
+
+def _snapshot_after(loader, k: int) -> dict:
+    it = iter(loader)
+    for _ in range(k):
+        next(it)
+    sd = loader.state_dict()
+    del it
+    return sd
+
+
+@time_limit(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_at_every_position_is_exact(workers):
+    """In the second epoch (so the epoch counts), at every batch boundary,
+    resumed with 0 or 2 workers either way."""
+    kw = dict(batch_size=2)
+    whole = ferroloader.DataLoader(mixture(seed=6), **kw)
+    flat(whole)
+    second = [b.tolist() for b in whole]
+    for k in range(len(second) + 1):
+        loader = ferroloader.DataLoader(mixture(seed=6), num_workers=workers, **kw)
+        flat(loader)
+        sd = _snapshot_after(loader, k)
+        resumed = ferroloader.DataLoader(mixture(seed=6), num_workers=2 - workers, **kw)
+        resumed.load_state_dict(sd)
+        assert second[:k] + [b.tolist() for b in resumed] == second, k
+
+
+@time_limit(120)
+def test_resume_on_three_ranks_reads_exactly_the_rest():
+    """A snapshot of one rank at every position; three ranks resume it
+    (``even=False``: every draw once) and, read global batch by global
+    batch, give exactly the rest of the single rank's epoch."""
+    whole = flat(ferroloader.DataLoader(mixture(seed=8), batch_size=2))
+    for k in range(len(whole) // 2 + 1):
+        sd = _snapshot_after(ferroloader.DataLoader(mixture(seed=8), batch_size=2), k)
+        ranks = []
+        for r in range(3):
+            sampler = ferroloader.MixtureBatchSampler(mixture(seed=8), 2, even=False, rank=r,
+                                                      world_size=3)
+            loader = ferroloader.DataLoader(sampler.mixture, batch_sampler=sampler)
+            loader.load_state_dict(sd)
+            ranks.append([b.tolist() for b in loader])
+        rest = []
+        for g in range(max(len(x) for x in ranks)):
+            for r in range(3):
+                if g < len(ranks[r]):
+                    rest.extend(ranks[r][g])
+        assert whole[: 2 * k] + rest == whole, k
+
+
+@time_limit(60)
+@pytest.mark.parametrize("k", [0, 3, 6])
+def test_new_weights_on_resume_are_followed_from_there(k):
+    """Source 0's weight set to 0 at the resume: no item of it after, the
+    draws before are the old ones, and every other source is read to its
+    end with no item twice."""
+    whole = flat(ferroloader.DataLoader(mixture(seed=10), batch_size=2))
+    sd = _snapshot_after(ferroloader.DataLoader(mixture(seed=10), batch_size=2), k)
+    changed = mixture(seed=10)
+    changed.set_weights({"s0": 0.0, "s1": 1.0, "s2": 1.0})
+    resumed = ferroloader.DataLoader(changed, batch_size=2)
+    resumed.load_state_dict(sd)
+    rest = flat(resumed)
+    head = whole[: 2 * k]
+    assert all(x >= 1000 for x in rest)
+    done = head + rest
+    for tag, n in ((1, 7), (2, 4)):
+        assert sorted(x for x in done if x // 1000 == tag) == [tag * 1000 + i for i in range(n)]
+    # deterministic: the same resume gives the same rest, and its own
+    # snapshot (two weight segments) resumes exactly again
+    again = ferroloader.DataLoader(changed, batch_size=2)
+    again.load_state_dict(sd)
+    it = iter(again)
+    first = [int(x) for x in next(it)] if rest else []
+    sd2 = again.state_dict()
+    del it
+    assert first == rest[:2]
+    if rest:
+        segs = sd2["epoch"]["elastic_sampler"]["mixture"]
+        assert len(segs) == (2 if k else 1) and segs[-1][1] == [0.0, 1.0, 1.0]
+        third = ferroloader.DataLoader(changed, batch_size=2)
+        third.load_state_dict(sd2)
+        assert flat(third) == rest[2:]
+
+
+def test_a_damaged_mixture_state_is_refused():
+    sd = _snapshot_after(ferroloader.DataLoader(mixture(seed=1), batch_size=2), 2)
+    sd["epoch"]["elastic_sampler"]["mixture"] = [[0, [1.0, 2.0]]]
+    with pytest.raises(ferroloader.ConfigError, match="mixture is not"):
+        ferroloader.DataLoader(mixture(seed=1), batch_size=2).load_state_dict(sd)
+
+
+# --------------------------------------------------------------------------- #
+# arguments
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(weights={"s0": 1.0}), "should name every source"),
+    (dict(weights={"s0": -1.0, "s1": 1.0}), "finite number >= 0"),
+    (dict(weights={"s0": math.nan, "s1": 1.0}), "finite number >= 0"),
+    (dict(weights={"s0": 0, "s1": 0}), "all 0"),
+    (dict(exhausted="never"), "exhausted should be one of"),
+    (dict(num_samples=0), "num_samples should be a positive integer"),
+    (dict(seed="x"), "seed should be an int"),
+])
+def test_bad_arguments_are_refused(kwargs, match):
+    with pytest.raises(ferroloader.ConfigError, match=match):
+        ferroloader.Mixture({"s0": Tagged(0, 3), "s1": Tagged(1, 3)}, **kwargs)
+
+
+def test_sources_must_be_map_style_and_batched():
+    class It(tud.IterableDataset):
+        def __iter__(self):
+            yield 1
+
+    with pytest.raises(ferroloader.ConfigError, match="not a map-style dataset"):
+        ferroloader.Mixture({"a": It()})
+    with pytest.raises(ferroloader.ConfigError, match="give batch_size"):
+        ferroloader.DataLoader(mixture(), batch_size=None)
+    with pytest.raises(ferroloader.ConfigError, match="is empty"):
+        ferroloader.Mixture({"a": Tagged(0, 0)}, replacement=True)
