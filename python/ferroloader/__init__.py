@@ -50,6 +50,7 @@ from ferroloader.errors import (
     WorkerTimeoutError,
 )
 from ferroloader.mixture import Mixture, MixtureBatchSampler
+from ferroloader.packing import PackedLoader, Packing
 from ferroloader.patch import Patch, patch
 from ferroloader.sampler import (
     BatchSampler,
@@ -85,6 +86,8 @@ __all__ = [
     "MapDataPipe",
     "Mixture",
     "MixtureBatchSampler",
+    "PackedLoader",
+    "Packing",
     "Patch",
     "ProtocolError",
     "RandomSampler",

@@ -15,6 +15,7 @@ __all__ = [
     "ArrowTable",
     "BatchSamplerIter",
     "MultiProcessIter",
+    "Packer",
     "PinArena",
     "SamplerIter",
     "ShardPlan",
@@ -26,6 +27,8 @@ __all__ = [
     "_seeds",
     "collate",
     "elastic_indices",
+    "mixture_indices",
+    "ragged",
     "randperm",
     "shard_plan",
     "worker_loop",
@@ -399,3 +402,16 @@ class ArrowTable:
         """Row ``i`` as a dict of column name to value."""
     def gather(self, indices: list[int]) -> dict[str, Any]:
         """Rows ``indices`` as a batch: ``default_collate`` of the rows."""
+
+def ragged(samples: Any) -> dict[str, Any]:
+    """1-D integer sequences as ``{"tokens": flat int64, "lengths": int64}``."""
+
+@final
+class Packer:
+    """Packs sequences into ``rows`` rows of ``seq_len`` tokens."""
+
+    def __new__(cls, seq_len: int, rows: int, method: str, pad_id: int) -> Self: ...
+    def push(self, batch: Any) -> None: ...
+    def pop(self) -> Optional[dict[str, Any]]: ...
+    def flush(self) -> Optional[dict[str, Any]]: ...
+    def pending(self) -> dict[str, Any]: ...

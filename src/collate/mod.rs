@@ -2,6 +2,7 @@
 //! Pure byte movement, free of Python, so it is tested and benched alone.
 
 pub mod columns;
+pub mod packing;
 
 /// Copies equally sized samples back to back into `dst` (a stacked leaf).
 ///

@@ -14,6 +14,7 @@ mod ffi;
 mod indices;
 mod loader;
 mod multiproc;
+mod packing;
 mod pinning;
 mod sampler;
 mod shards;
@@ -33,6 +34,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shards::elastic_indices, m)?)?;
     m.add_function(wrap_pyfunction!(shards::mixture_indices, m)?)?;
     m.add_function(wrap_pyfunction!(shards::_seeds, m)?)?;
+    m.add_function(wrap_pyfunction!(packing::ragged, m)?)?;
+    m.add_class::<packing::Packer>()?;
     m.add_class::<shards::ShardPlan>()?;
     m.add_class::<shards::AddressBatches>()?;
     m.add_class::<table::ArrowTable>()?;

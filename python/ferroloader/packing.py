@@ -1,0 +1,169 @@
+"""Sequence packing as a batch stage, resumable.
+
+``Packing(seq_len=2048, rows=8, method="best_fit")`` packs variable-length
+token sequences into batches of ``rows`` rows of ``seq_len`` tokens::
+
+    packing = ferroloader.Packing(seq_len=2048, rows=8)
+    loader = ferroloader.DataLoader(ds, batch_size=64, collate_fn=packing.collate,
+                                    num_workers=2)
+    packed = packing.wrap(loader)
+    for batch in packed:  # {"tokens", "segment_ids", "positions"}, each (rows, seq_len)
+        ...
+    state = packed.state_dict()  # the loader's state and the sequences carried over
+
+``packing.collate`` turns a batch of samples (1-D integer tensors, arrays
+or lists) into one ragged batch (flat tokens and lengths) in the workers;
+the packer, in the training process, places each sequence (cut into pieces
+of ``seq_len`` where longer) into the first row with room (``first_fit``)
+or the row with the least room that fits (``best_fit``); a piece that fits
+no row closes the batch. ``segment_ids`` numbers the segments of each row
+from 1 (0 is padding, ``tokens`` there is ``pad_id``); ``positions`` counts
+tokens within each segment from 0: the layout of Grain's packed batches and
+of attention masks built from segment ids. Both steps are Rust loops.
+
+The state holds the pieces placed since the last batch handed over; a
+resume pushes them again (each placement depends only on the pieces since
+its batch opened), so no token is lost or repeated across a resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+from ferroloader import _core
+from ferroloader.errors import ConfigError
+
+METHODS = ("first_fit", "best_fit")
+
+
+class Packing:
+    """How sequences are packed: rows of ``seq_len`` tokens, ``rows`` rows
+    a batch, ``method`` ``"first_fit"`` or ``"best_fit"``, padding
+    ``pad_id``."""
+
+    def __init__(
+        self, seq_len: int, rows: int = 1, method: str = "first_fit", pad_id: int = 0
+    ) -> None:
+        for name, v in (("seq_len", seq_len), ("rows", rows)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"Packing {name} should be a positive integer, got {v!r}")
+        if method not in METHODS:
+            raise ConfigError(f"Packing method should be one of {METHODS}, got {method!r}")
+        if isinstance(pad_id, bool) or not isinstance(pad_id, int):
+            raise ConfigError(f"Packing pad_id should be an int, got {pad_id!r}")
+        self.seq_len = seq_len
+        self.rows = rows
+        self.method = method
+        self.pad_id = pad_id
+
+    @staticmethod
+    def collate(samples: Any) -> dict[str, Any]:
+        """A loader's ``collate_fn``: the batch's sequences as one ragged
+        batch, ``{"tokens": flat int64, "lengths": int64}``."""
+        out: dict[str, Any] = _core.ragged(samples)
+        return out
+
+    def packer(self) -> _core.Packer:
+        return _core.Packer(self.seq_len, self.rows, self.method, self.pad_id)
+
+    def wrap(self, loader: Any) -> PackedLoader:
+        """The packed batches of ``loader`` (whose ``collate_fn`` is
+        :meth:`collate`)."""
+        return PackedLoader(loader, self)
+
+
+class PackedLoader:
+    """Iterates the packed batches of a loader of ragged batches; its state
+    is the loader's plus the pieces carried over."""
+
+    def __init__(self, loader: Any, packing: Packing) -> None:
+        self.loader = loader
+        self.packing = packing
+        self._packer: Optional[_core.Packer] = None
+        self._restore: Optional[dict[str, Any]] = None
+        # the loader's epoch has ended and only the packer's last batches
+        # are left (the loader's own state then starts the next epoch)
+        self._loader_done = False
+        self._resume_done = False
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        packer = self.packing.packer()
+        if self._restore is not None:
+            packer.push(self._restore)
+            self._restore = None
+        skip, self._resume_done = self._resume_done, False
+        self._packer, self._loader_done = packer, skip
+        try:
+            if not skip:
+                for batch in self.loader:
+                    packer.push(batch)
+                    while (out := packer.pop()) is not None:
+                        yield out
+                self._loader_done = True
+            while (out := packer.flush()) is not None:
+                yield out
+        finally:
+            self._packer = None
+            self._loader_done = False
+
+    def __len__(self) -> int:
+        raise TypeError(
+            "a PackedLoader has no len(): how many packed batches an epoch makes depends on "
+            "its sequences' lengths"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position after the last batch the packer took, the
+        pieces placed since the last packed batch handed over (as token
+        lists), and whether the loader's epoch had ended (only the packer's
+        last batches left)."""
+        if self._packer is not None:
+            pending = self._packer.pending()
+        elif self._restore is not None:
+            pending = self._restore
+        else:
+            pending = None
+        carried = [] if pending is None else _split(pending)
+        done = self._loader_done if self._packer is not None else self._resume_done
+        return {
+            "loader": self.loader.state_dict(),
+            "packing": {
+                "seq_len": self.packing.seq_len,
+                "rows": self.packing.rows,
+                "method": self.packing.method,
+                "carried": carried,
+                "loader_done": done,
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        p = state.get("packing") if isinstance(state, dict) else None
+        if not isinstance(p, dict) or "loader" not in state:
+            raise ConfigError("load_state_dict(): not a PackedLoader state")
+        mine = (self.packing.seq_len, self.packing.rows, self.packing.method)
+        saved = (p.get("seq_len"), p.get("rows"), p.get("method"))
+        if saved != mine:
+            raise ConfigError(
+                f"load_state_dict(): the state was packed with (seq_len, rows, method) "
+                f"{saved}, this packing is {mine}"
+            )
+        carried = p.get("carried")
+        if not isinstance(carried, list) or not all(
+            isinstance(s, list) and all(isinstance(t, int) for t in s) for s in carried
+        ):
+            raise ConfigError("load_state_dict(): packing.carried is not lists of token ids")
+        self.loader.load_state_dict(state["loader"])
+        self._restore = Packing.collate(carried) if carried else None
+        self._resume_done = bool(p.get("loader_done", False))
+
+
+def _split(ragged: dict[str, Any]) -> list[list[int]]:
+    tokens = ragged["tokens"].tolist()
+    out, at = [], 0
+    for n in ragged["lengths"].tolist():
+        out.append(tokens[at : at + n])
+        at += n
+    return out
+
+
+__all__ = ["PackedLoader", "Packing"]

@@ -1,0 +1,200 @@
+//! `ferroloader.Packing`'s engine: sequences gathered into a ragged batch
+//! (`ragged`, a collate function) and packed into rows (`Packer`), each a
+//! Rust loop over the sequences.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::error::Class;
+use super::ffi::{DlView, FreshTensor, DL_CPU};
+use super::torch::torch;
+use crate::collate::packing::{Fit, Packed, Packer as Core};
+
+/// One sequence's tokens as `i64`: a 1-D integer tensor or array on the
+/// CPU (any integer width), else a Python sequence of ints.
+fn tokens_of(item: &Bound<'_, PyAny>, at: usize) -> PyResult<Vec<i64>> {
+    if let Some(view) = DlView::of_array(item) {
+        let dt = view.dtype();
+        let shape = view.shape();
+        let bytes = view.contiguous_bytes();
+        let int = matches!(dt.code, 0 | 1) && dt.lanes == 1 && matches!(dt.bits, 8 | 16 | 32 | 64);
+        let (true, 1, DL_CPU, Some(bytes)) = (int, shape.len(), view.device_type(), bytes) else {
+            return Err(Class::Config.err(format!(
+                "Packing: sample {at} is not a 1-D integer sequence on the CPU (shape {shape:?}, \
+                 dtype code {} bits {})",
+                dt.code, dt.bits
+            )));
+        };
+        let w = dt.bits as usize / 8;
+        let signed = dt.code == 0;
+        return Ok(bytes
+            .chunks_exact(w)
+            .map(|c| match (w, signed) {
+                (1, true) => i8::from_ne_bytes([c[0]]) as i64,
+                (1, false) => c[0] as i64,
+                (2, true) => i16::from_ne_bytes([c[0], c[1]]) as i64,
+                (2, false) => u16::from_ne_bytes([c[0], c[1]]) as i64,
+                (4, true) => i32::from_ne_bytes(c.try_into().expect("4 bytes")) as i64,
+                (4, false) => u32::from_ne_bytes(c.try_into().expect("4 bytes")) as i64,
+                _ => i64::from_ne_bytes(c.try_into().expect("8 bytes")),
+            })
+            .collect());
+    }
+    item.extract::<Vec<i64>>().map_err(|_| {
+        Class::Config.err(format!(
+            "Packing: sample {at} ({}) is not a sequence of token ids",
+            item.get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        ))
+    })
+}
+
+/// A new int64 (or int32) tensor of `shape` holding `values`.
+fn tensor_of<'py, T: Copy>(
+    py: Python<'py>,
+    shape: &[i64],
+    dtype: &Bound<'py, PyAny>,
+    values: &[T],
+    to_bytes: impl Fn(T) -> Vec<u8>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let t = torch(py)?;
+    let itemsize = std::mem::size_of::<T>();
+    let mut fresh = FreshTensor::empty(t.empty.bind(py), shape, dtype, itemsize)?;
+    for (dst, v) in fresh.bytes_mut().chunks_exact_mut(itemsize).zip(values) {
+        dst.copy_from_slice(&to_bytes(*v));
+    }
+    Ok(fresh.into_tensor())
+}
+
+fn int64_tensor<'py>(
+    py: Python<'py>,
+    shape: &[i64],
+    values: &[i64],
+) -> PyResult<Bound<'py, PyAny>> {
+    let dtype = torch(py)?.int64.bind(py).clone();
+    tensor_of(py, shape, &dtype, values, |v| v.to_ne_bytes().to_vec())
+}
+
+/// `{"tokens": flat int64, "lengths": int64}` of a list of sequences.
+fn ragged_of<'py>(py: Python<'py>, seqs: &[Vec<i64>]) -> PyResult<Bound<'py, PyDict>> {
+    let flat: Vec<i64> = seqs.iter().flatten().copied().collect();
+    let lens: Vec<i64> = seqs.iter().map(|s| s.len() as i64).collect();
+    let out = PyDict::new(py);
+    out.set_item("tokens", int64_tensor(py, &[flat.len() as i64], &flat)?)?;
+    out.set_item("lengths", int64_tensor(py, &[lens.len() as i64], &lens)?)?;
+    Ok(out)
+}
+
+/// Reads a ragged batch back: its flat tokens and lengths.
+fn read_ragged(batch: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<i64>>> {
+    let bad = || {
+        Class::Config.err(
+            "Packer.push takes a ragged batch: {'tokens': 1-D int64, 'lengths': 1-D int64} \
+             (what Packing.collate returns)",
+        )
+    };
+    let tokens = tokens_of(&batch.get_item("tokens").map_err(|_| bad())?, 0)?;
+    let lens = tokens_of(&batch.get_item("lengths").map_err(|_| bad())?, 0)?;
+    let total: i64 = lens.iter().sum();
+    if lens.iter().any(|&l| l < 0) || total != tokens.len() as i64 {
+        return Err(bad());
+    }
+    let mut out = Vec::with_capacity(lens.len());
+    let mut at = 0usize;
+    for l in lens {
+        out.push(tokens[at..at + l as usize].to_vec());
+        at += l as usize;
+    }
+    Ok(out)
+}
+
+/// `Packing.collate`: the samples (1-D integer sequences) as one ragged
+/// batch, `{"tokens": flat int64, "lengths": int64}`.
+#[pyfunction]
+pub fn ragged<'py>(py: Python<'py>, samples: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+    let mut seqs = Vec::new();
+    for (at, item) in samples.try_iter()?.enumerate() {
+        seqs.push(tokens_of(&item?, at)?);
+    }
+    ragged_of(py, &seqs)
+}
+
+/// The packer of `ferroloader.Packing` (see `collate::packing`).
+#[pyclass(module = "ferroloader._core")]
+pub struct Packer {
+    core: Core,
+    seq_len: usize,
+    rows: usize,
+}
+
+#[pymethods]
+impl Packer {
+    #[new]
+    fn new(seq_len: usize, rows: usize, method: &str, pad_id: i64) -> PyResult<Self> {
+        let fit = Fit::parse(method).ok_or_else(|| {
+            Class::Config.err(format!(
+                "Packing method should be 'first_fit' or 'best_fit', got {method:?}"
+            ))
+        })?;
+        if seq_len == 0 || rows == 0 {
+            return Err(Class::Config.err("Packing needs seq_len >= 1 and rows >= 1"));
+        }
+        Ok(Packer {
+            core: Core::new(seq_len, rows, fit, pad_id),
+            seq_len,
+            rows,
+        })
+    }
+
+    /// Adds a ragged batch's sequences, in order.
+    fn push(&mut self, batch: &Bound<'_, PyAny>) -> PyResult<()> {
+        for s in read_ragged(batch)? {
+            self.core.push(&s);
+        }
+        Ok(())
+    }
+
+    /// The next closed batch, or `None`.
+    fn pop<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.core.pop().map(|p| self.render(py, &p)).transpose()
+    }
+
+    /// The next closed batch, else the open one (the stream's end), else `None`.
+    fn flush<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.core.flush().map(|p| self.render(py, &p)).transpose()
+    }
+
+    /// The pieces placed since the last batch taken, as a ragged batch.
+    fn pending<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let pieces: Vec<Vec<i64>> = self
+            .core
+            .pending()
+            .into_iter()
+            .map(<[i64]>::to_vec)
+            .collect();
+        ragged_of(py, &pieces)
+    }
+}
+
+impl Packer {
+    fn render<'py>(&self, py: Python<'py>, p: &Packed) -> PyResult<Bound<'py, PyDict>> {
+        let shape = [self.rows as i64, self.seq_len as i64];
+        let int32 = py.import("torch")?.getattr("int32")?;
+        let out = PyDict::new(py);
+        out.set_item("tokens", int64_tensor(py, &shape, &p.tokens)?)?;
+        out.set_item(
+            "segment_ids",
+            tensor_of(py, &shape, &int32, &p.segment_ids, |v| {
+                v.to_ne_bytes().to_vec()
+            })?,
+        )?;
+        out.set_item(
+            "positions",
+            tensor_of(py, &shape, &int32, &p.positions, |v| {
+                v.to_ne_bytes().to_vec()
+            })?,
+        )?;
+        Ok(out)
+    }
+}
