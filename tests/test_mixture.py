@@ -49,12 +49,14 @@ def flat(loader) -> list[int]:
 
 
 def reference(lens, weights, seed, epoch, *, replacement=False, exhausted="drop",
-              num_samples=None) -> list[int]:
+              num_samples=None, shards=None) -> list[int]:
     """The documented draws, in Python: draw p picks the source by
     ``derive(root, 11, p)`` over the weights of the sources still drawn
     from; source s's k-th read is ``randperm(len_s)`` seeded with
     ``derive(root, 13, s, pass)`` at ``k % len_s`` (with replacement:
-    ``derive(root, 12, p) % len_s``). Global index = offset + index."""
+    ``derive(root, 12, p) % len_s``); a sharded source's pass is its shards
+    in the order of ``randperm(shards)`` from that seed, each in order.
+    Global index = offset + index."""
     root = epoch_seed(seed, epoch)
     offsets = [sum(lens[:s]) for s in range(len(lens))]
     cap = (num_samples or sum(lens)) if replacement else (num_samples or math.inf)
@@ -89,7 +91,12 @@ def reference(lens, weights, seed, epoch, *, replacement=False, exhausted="drop"
             key = (s, k // n)
             if key not in perms:
                 g = torch.Generator().manual_seed(derive(root, 13, s, k // n))
-                perms[key] = torch.randperm(n, generator=g).tolist()
+                if shards is None or shards[s] is None:
+                    perms[key] = torch.randperm(n, generator=g).tolist()
+                else:
+                    starts = [sum(shards[s][:j]) for j in range(len(shards[s]))]
+                    order = torch.randperm(len(shards[s]), generator=g).tolist()
+                    perms[key] = [starts[j] + o for j in order for o in range(shards[s][j])]
             index = perms[key][k % n]
         reads[s] += 1
         if not replacement and reads[s] % n == 0:
@@ -193,6 +200,77 @@ def test_per_sample_seed_and_stats_work_through_a_mixture():
     b = ferroloader.DataLoader(make(), batch_size=2, seed=1, per_sample_seed=True, num_workers=2)
     assert [x.tolist() for x in a] == [x.tolist() for x in b]
     assert b.stats().batches == 6
+
+
+class CountingShards(ferroloader.ShardedDataset):
+    """Shard ``s`` holds ``lens[s]`` items ``10_000 + 100 * s + offset``;
+    counts the shards it opened (in this process)."""
+
+    def __init__(self, lens):
+        self.lens = list(lens)
+        self.opened = 0
+
+    def shards(self):
+        return list(range(len(self.lens)))
+
+    def shard_len(self, shard):
+        return self.lens[shard]
+
+    def iter_shard(self, shard, start=0):
+        self.opened += 1
+        for o in range(start, self.lens[shard]):
+            yield 10_000 + 100 * shard + o
+
+
+SHARD_LENS = [3, 0, 5, 2, 6]
+
+
+def sharded_mixture(**kw):
+    return ferroloader.Mixture({"map": Tagged(7, 10), "sharded": CountingShards(SHARD_LENS)},
+                               weights={"map": 1.0, "sharded": 1.0}, seed=kw.pop("seed", 2),
+                               **kw)
+
+
+@time_limit(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sharded_source_is_read_shard_by_shard(workers):
+    """A ShardedDataset source: the draws are the documented ones (its
+    shards in a permuted order per pass, each shard's items in order),
+    every item once, each shard opened once when one process reads."""
+    m = sharded_mixture()
+    got = flat(ferroloader.DataLoader(m, batch_size=3, num_workers=workers))
+    opened = m._readers[1].ds.opened  # by this process (the workers' copies count their own)
+    expected = [m[i] for i in reference([10, 16], [1.0, 1.0], 2, 0,
+                                        shards=[None, SHARD_LENS])]
+    assert got == expected
+    items = [x for x in got if x >= 10_000]
+    assert sorted(items) == sorted(10_000 + 100 * s + o for s, n in enumerate(SHARD_LENS)
+                                   for o in range(n))
+    for s in range(len(SHARD_LENS)):
+        mine = [x for x in items if (x - 10_000) // 100 == s]
+        assert mine == sorted(mine)
+    if workers == 0:
+        assert opened == sum(1 for n in SHARD_LENS if n)
+
+
+@time_limit(90)
+def test_a_mixture_with_a_sharded_source_resumes_exactly():
+    whole = flat(ferroloader.DataLoader(sharded_mixture(), batch_size=2))
+    for k in range(0, len(whole) // 2 + 1, 3):
+        sd = _snapshot_after(ferroloader.DataLoader(sharded_mixture(), batch_size=2,
+                                                    num_workers=2), k)
+        resumed = ferroloader.DataLoader(sharded_mixture(), batch_size=2)
+        resumed.load_state_dict(sd)
+        assert whole[: 2 * k] + flat(resumed) == whole, k
+
+
+def test_a_sharded_source_needs_its_shard_lengths():
+    class Unknown(CountingShards):
+        def shard_len(self, shard):
+            return None
+
+    with pytest.raises(ferroloader.ConfigError, match="does not know every shard"):
+        ferroloader.Mixture({"a": Unknown([2, 3])})
 
 
 # --------------------------------------------------------------------------- #

@@ -382,6 +382,7 @@ def mixture_indices(
     world: int,
     rank: int,
     tail: str,
+    shards: Optional[list[Optional[list[int]]]] = None,
 ) -> tuple[int, list[int]]:
     """A mixture epoch's length and one rank's global indices from ``start``."""
 

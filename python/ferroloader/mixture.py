@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import threading
 from typing import Any, Mapping, Optional, Union
 
 from torch.utils.data import Dataset, IterableDataset
@@ -31,18 +32,20 @@ from torch.utils.data import Dataset, IterableDataset
 from ferroloader import _core
 from ferroloader.errors import ConfigError
 from ferroloader.seeds import epoch_seed
-from ferroloader.shards import ElasticBatchSampler, _tail
+from ferroloader.shards import ElasticBatchSampler, ShardedDataset, _tail
 
 EXHAUSTED = ("stop_first", "drop", "cycle")
 
 
 class Mixture(Dataset[Any]):
-    """Map-style datasets drawn from by weight.
+    """Map-style datasets (and ``ShardedDataset``s with known shard
+    lengths) drawn from by weight.
 
     - ``weights``: a weight per source name (any non-negative numbers,
       normalised; default equal). Change them with :meth:`set_weights`.
     - ``replacement=False`` (default): each source is read in a random
-      order of its own, and ``exhausted`` says what a source that ran out
+      order of its own (a sharded source: its shards in a random order,
+      each shard's items in order), and ``exhausted`` says what a source that ran out
       does: ``"drop"`` (default; it leaves the mixture, the others'
       weights are renormalised, the epoch ends when all ran out: every item
       once), ``"stop_first"`` (the epoch ends at the first draw that needs a
@@ -65,17 +68,22 @@ class Mixture(Dataset[Any]):
     ) -> None:
         if not isinstance(sources, Mapping) or not sources:
             raise ConfigError("Mixture needs a non-empty mapping of names to datasets")
+        readers: list[Any] = []
         for name, ds in sources.items():
+            if isinstance(ds, ShardedDataset):
+                readers.append(_ShardedReader(name, ds))
+                continue
             if isinstance(ds, IterableDataset) or not hasattr(ds, "__getitem__"):
                 raise ConfigError(
                     f"Mixture source {name!r} is not a map-style dataset "
                     f"({type(ds).__name__}); mix map-style datasets with __getitem__ and "
-                    "__len__"
+                    "__len__, or ferroloader.ShardedDatasets"
                 )
             try:
                 len(ds)
             except TypeError:
                 raise ConfigError(f"Mixture source {name!r} has no len()") from None
+            readers.append(ds)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"Mixture seed should be an int, but got seed={seed!r}")
         if exhausted not in EXHAUSTED:
@@ -90,11 +98,16 @@ class Mixture(Dataset[Any]):
             )
         self.names = list(sources)
         self.sources = [sources[n] for n in self.names]
+        # what a draw reads: the dataset, or a sharded one's reader
+        self._readers = readers
         self.seed = seed
         self.replacement = bool(replacement)
         self.exhausted = exhausted
         self.num_samples = num_samples
-        self.lens = [len(ds) for ds in self.sources]
+        self.lens = [len(r) for r in self._readers]
+        self.shard_lens = [
+            r.shard_lens if isinstance(r, _ShardedReader) else None for r in self._readers
+        ]
         if self.replacement and 0 in self.lens:
             empty = self.names[self.lens.index(0)]
             raise ConfigError(
@@ -148,7 +161,59 @@ class Mixture(Dataset[Any]):
 
     def __getitem__(self, index: int) -> Any:
         name, i = self.locate(int(index))
-        return self.sources[self.names.index(name)][i]
+        return self._readers[self.names.index(name)][i]
+
+
+class _ShardedReader:
+    """A ``ShardedDataset`` read by position: its shards laid end to end in
+    their given order (every ``shard_len`` known). A draw continues the
+    shard iterator the previous draw of this thread left open when it asks
+    for the next item, else opens ``iter_shard(shard, start=offset)``: a
+    sharded source's draws read shard after shard, so a worker reopens a
+    shard about once per batch."""
+
+    def __init__(self, name: str, ds: ShardedDataset[Any]) -> None:
+        self.ds = ds
+        self.shards = list(ds.shards())
+        lens = [ds.shard_len(sh) for sh in self.shards]
+        if any(n is None for n in lens):
+            raise ConfigError(
+                f"Mixture source {name!r} is a ShardedDataset whose shard_len() does not know "
+                "every shard: a mixture needs each source's length"
+            )
+        self.shard_lens = [int(n) for n in lens if n is not None]
+        self.starts = [0]
+        for n in self.shard_lens:
+            self.starts.append(self.starts[-1] + n)
+        self._open = threading.local()
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getitem__(self, index: int) -> Any:
+        k = bisect.bisect_right(self.starts, index) - 1
+        offset = index - self.starts[k]
+        held = getattr(self._open, "held", None)
+        if held is not None and held[0] == (k, offset):
+            it = held[1]
+        else:
+            it = iter(self.ds.iter_shard(self.shards[k], offset))
+        try:
+            item = next(it)
+        except StopIteration:
+            raise IndexError(
+                f"shard {self.shards[k]!r} ended before its shard_len() ({self.shard_lens[k]})"
+            ) from None
+        self._open.held = ((k, offset + 1), it)
+        return item
+
+    def __getstate__(self) -> dict[str, Any]:
+        # an open iterator stays in its process
+        return {k: v for k, v in self.__dict__.items() if k != "_open"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open = threading.local()
 
 
 Segments = list[list[Union[int, list[float]]]]
@@ -222,6 +287,7 @@ class MixtureBatchSampler(ElasticBatchSampler):
             world=world,
             rank=rank,
             tail=_tail(self.drop_last, self.even),
+            shards=m.shard_lens,
         )
         self._cache = (key, out)
         return out

@@ -335,7 +335,7 @@ pub fn elastic_indices(
 /// offset plus its index), read from global position `start` on as
 /// `elastic_indices` reads a permutation. Returns the epoch's length too.
 #[pyfunction]
-#[pyo3(signature = (lens, segments, root, *, replacement, exhausted, num_samples, start, batch, world, rank, tail))]
+#[pyo3(signature = (lens, segments, root, *, replacement, exhausted, num_samples, start, batch, world, rank, tail, shards=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn mixture_indices(
     lens: Vec<u64>,
@@ -349,6 +349,7 @@ pub fn mixture_indices(
     world: u64,
     rank: u64,
     tail: &str,
+    shards: Option<Vec<Option<Vec<u64>>>>,
 ) -> PyResult<(u64, Vec<i64>)> {
     use crate::sampler::mixture::{mixture_draws, Exhausted, Mix, Segment};
     let tail = parse_tail(tail)?;
@@ -369,8 +370,19 @@ pub fn mixture_indices(
              no source may be empty",
         ));
     }
+    let shards = shards.unwrap_or_else(|| vec![None; lens.len()]);
+    let shards_sound = shards.len() == lens.len()
+        && shards
+            .iter()
+            .zip(&lens)
+            .all(|(s, &l)| s.as_ref().is_none_or(|s| s.iter().sum::<u64>() == l));
+    if !shards_sound {
+        return Err(Class::Config
+            .err("mixture: a sharded source's shard lengths must add up to its length"));
+    }
     let mix = Mix {
         lens: lens.clone(),
+        shards,
         replacement,
         exhausted,
         num_samples,

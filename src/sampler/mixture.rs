@@ -7,7 +7,10 @@
 //! on the number of workers or ranks that read it. Without replacement a
 //! source is read through a permutation per pass (`randperm` seeded with
 //! `derive(root, [PERM, source, pass])`); with replacement each draw takes
-//! a uniform index of its own (`derive(root, [INDEX, p])`).
+//! a uniform index of its own (`derive(root, [INDEX, p])`). A sharded
+//! source (its shards' lengths given) is read shard after shard, its shard
+//! order permuted per pass the same way, each shard's items in order: a
+//! reader continues one shard instead of jumping through it.
 //!
 //! Weights may change part way (a job resumed with new weights): the
 //! weights are [`Segment`]s, each in force from its start position on; the
@@ -55,6 +58,9 @@ pub struct Segment {
 pub struct Mix {
     /// Each source's length.
     pub lens: Vec<u64>,
+    /// A sharded source's shard lengths (their sum is its length); `None`
+    /// for a map-style source.
+    pub shards: Vec<Option<Vec<u64>>>,
     pub replacement: bool,
     pub exhausted: Exhausted,
     /// At most this many draws per epoch (with replacement, the epoch's
@@ -100,6 +106,25 @@ fn pick(u: f64, weights: &[f64], active: &[bool]) -> Option<usize> {
     last // rounding: the last source with weight
 }
 
+/// A sharded source's reading order for one pass: its shards in a
+/// permuted order (`randperm` of the shard count), each shard's items in
+/// order, as the source's own indices (shards laid end to end in their
+/// given order).
+fn shard_walk(shard_lens: &[u64], rng: &mut Mt19937) -> Vec<i64> {
+    let mut starts = Vec::with_capacity(shard_lens.len());
+    let mut acc = 0i64;
+    for &l in shard_lens {
+        starts.push(acc);
+        acc += l as i64;
+    }
+    let mut out = Vec::with_capacity(acc as usize);
+    for sh in randperm(shard_lens.len(), rng) {
+        let sh = sh as usize;
+        out.extend(starts[sh]..starts[sh] + shard_lens[sh] as i64);
+    }
+    out
+}
+
 /// The epoch's draws, `(source, index)` in order, under `segments` (sorted
 /// by start, the first starting at 0), from the epoch's root seed.
 pub fn mixture_draws(mix: &Mix, root: u64, segments: &[Segment]) -> Vec<(u32, u64)> {
@@ -142,7 +167,11 @@ pub fn mixture_draws(mix: &Mix, root: u64, segments: &[Segment]) -> Vec<(u32, u6
             let fresh = !matches!(&perms[s], Some((q, _)) if *q == pass);
             if fresh {
                 let mut rng = Mt19937::new(derive(root, &[PERM, s as u64, pass]));
-                perms[s] = Some((pass, randperm(len as usize, &mut rng)));
+                let order = match mix.shards.get(s).and_then(Option::as_ref) {
+                    None => randperm(len as usize, &mut rng),
+                    Some(shard_lens) => shard_walk(shard_lens, &mut rng),
+                };
+                perms[s] = Some((pass, order));
             }
             let (_, perm) = perms[s].as_ref().expect("set above");
             perm[j as usize] as u64
@@ -168,6 +197,7 @@ mod tests {
     fn mix(lens: &[u64], replacement: bool, exhausted: Exhausted) -> Mix {
         Mix {
             lens: lens.to_vec(),
+            shards: vec![None; lens.len()],
             replacement,
             exhausted,
             num_samples: None,
@@ -253,10 +283,22 @@ mod tests {
         assert!(d.iter().all(|&(s, i)| i < m.lens[s as usize]));
     }
 
+    #[test]
+    fn a_sharded_source_is_read_shard_by_shard() {
+        let mut m = mix(&[10], false, Exhausted::Drop);
+        m.shards = vec![Some(vec![4, 0, 6])];
+        let d = mixture_draws(&m, 2, &seg(&[1.0]));
+        let idx: Vec<u64> = d.iter().map(|x| x.1).collect();
+        // shard 0 is items 0..4, shard 2 items 4..10: one after the other
+        let a: Vec<u64> = (0..4).collect();
+        let b: Vec<u64> = (4..10).collect();
+        assert!(idx == [a.clone(), b.clone()].concat() || idx == [b, a].concat());
+    }
+
     proptest! {
         #[test]
         fn proportions_follow_the_weights(w in 0.05f64..0.95, seed in any::<u64>()) {
-            let m = Mix { lens: vec![1000, 1000], replacement: true,
+            let m = Mix { lens: vec![1000, 1000], shards: vec![None, None], replacement: true,
                           exhausted: Exhausted::Drop, num_samples: Some(20_000) };
             let d = mixture_draws(&m, seed, &seg(&[w, 1.0 - w]));
             let share = d.iter().filter(|x| x.0 == 0).count() as f64 / d.len() as f64;
@@ -271,7 +313,8 @@ mod tests {
             policy in 0usize..3,
         ) {
             let exhausted = [Exhausted::StopFirst, Exhausted::Drop, Exhausted::Cycle][policy];
-            let m = Mix { lens: lens.clone(), replacement: false, exhausted, num_samples: None };
+            let m = Mix { lens: lens.clone(), shards: vec![None; lens.len()], replacement: false,
+                          exhausted, num_samples: None };
             let w: Vec<f64> = (0..lens.len()).map(|i| 1.0 + i as f64).collect();
             let a = mixture_draws(&m, seed, &seg(&w));
             prop_assert_eq!(&a, &mixture_draws(&m, seed, &seg(&w)));
