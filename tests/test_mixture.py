@@ -305,6 +305,26 @@ def test_resume_at_every_position_is_exact(workers):
         assert second[:k] + [b.tolist() for b in resumed] == second, k
 
 
+@time_limit(90)
+@pytest.mark.parametrize("make", ["mixture", "elastic"])
+def test_stateful_dataloader_with_workers_resumes_exactly(make):
+    """torchdata's loader iterates its sampler twice at a multi-process
+    start; an elastic sampler (a mixture's too) keeps its resume position."""
+    def loader():
+        if make == "mixture":
+            return ferroloader.StatefulDataLoader(mixture(seed=3), batch_size=2, num_workers=2)
+        sampler = ferroloader.ElasticBatchSampler(20, 2, seed=1)
+        return ferroloader.StatefulDataLoader(list(range(20)), batch_sampler=sampler,
+                                              num_workers=2)
+
+    whole = flat(loader())
+    for k in (1, 3):
+        sd = _snapshot_after(loader(), k)
+        resumed = loader()
+        resumed.load_state_dict(sd)
+        assert whole[: 2 * k] + flat(resumed) == whole
+
+
 @time_limit(120)
 def test_resume_on_three_ranks_reads_exactly_the_rest():
     """A snapshot of one rank at every position; three ranks resume it

@@ -597,9 +597,12 @@ class _MultiProcessIter(_core.MultiProcessIter):
         else:
             source = _index_source(loader)
             base_seed = state.base_seed(loader, rec, resume)
-            if loader._index_stream_twice and not rec.reset:
+            elastic = isinstance(loader._index_sampler, ElasticBatchSampler)
+            if loader._index_stream_twice and not rec.reset and not elastic:
                 # torchdata's iterator: iter(sampler) again in _reset, after
-                # the base seed (its sampler draws when iterated)
+                # the base seed (its sampler draws when iterated). An
+                # elastic sampler (a mixture's too) draws from no generator,
+                # and its first iteration took the resume position
                 source = _index_source(loader)
             window = (loader.prefetch_factor or 2) * loader._workers
             source = state.resume_source(rec, source, resume, now, window)
