@@ -12,13 +12,16 @@ the 2-thread/1-thread ratio; one timed run of about ``--seconds`` each.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import sysconfig
-import time
 from typing import Any
 
 import ferroloader
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from thread_scaling import rate  # beside this file
 
 
 class PureDataset:
@@ -54,17 +57,6 @@ class NumpyDataset:
         for _ in range(self.work // 100):
             v = np.sin(v) * np.float32(0.5) + v.mean()
         return {"x": v[:16].copy(), "y": i % 10}
-
-
-def rate(loader: Any, n: int, seconds: float) -> float:
-    for _ in loader:  # starts the persistent workers, warms up
-        pass
-    done, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for _ in loader:
-            pass
-        done += n
-    return done / (time.perf_counter() - t0)
 
 
 def main() -> None:

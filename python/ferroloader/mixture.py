@@ -306,14 +306,7 @@ class MixtureBatchSampler(ElasticBatchSampler):
         start, segments = self._plan()
         n, _ = self._draw(start, segments, 1, 0)
         self.n = n
-        step = self.batch_size * self.world_size
-        left = max(n - start, 0)
-        full, rest = divmod(left, step)
-        if rest == 0 or (self.even and self.drop_last):
-            return full
-        if self.even:
-            return full + 1
-        return full + (1 if rest > self.rank * self.batch_size else 0)
+        return self._batches(n, start)
 
     def resume_at(self, epoch: int, consumed: int, segments: Optional[Segments] = None) -> None:
         super().resume_at(epoch, consumed)

@@ -412,8 +412,12 @@ class ElasticBatchSampler(_ts.Sampler[list[int]]):
             yield idx[i : i + self.batch_size]
 
     def __len__(self) -> int:
+        return self._batches(self.n, self._start_for_len())
+
+    def _batches(self, n: int, start: int) -> int:
+        """This rank's batches of a global sequence of ``n`` from ``start``."""
         step = self.batch_size * self.world_size
-        left = max(self.n - self._start_for_len(), 0)
+        left = max(n - start, 0)
         full, rest = divmod(left, step)
         if rest == 0 or (self.even and self.drop_last):
             return full

@@ -183,18 +183,10 @@ impl Packer {
         let int32 = py.import("torch")?.getattr("int32")?;
         let out = PyDict::new(py);
         out.set_item("tokens", int64_tensor(py, &shape, &p.tokens)?)?;
-        out.set_item(
-            "segment_ids",
-            tensor_of(py, &shape, &int32, &p.segment_ids, |v| {
-                v.to_ne_bytes().to_vec()
-            })?,
-        )?;
-        out.set_item(
-            "positions",
-            tensor_of(py, &shape, &int32, &p.positions, |v| {
-                v.to_ne_bytes().to_vec()
-            })?,
-        )?;
+        for (name, values) in [("segment_ids", &p.segment_ids), ("positions", &p.positions)] {
+            let t = tensor_of(py, &shape, &int32, values, |v| v.to_ne_bytes().to_vec())?;
+            out.set_item(name, t)?;
+        }
         Ok(out)
     }
 }
