@@ -47,8 +47,9 @@ peers          records (dict of f32[16] + label, batch 256), uint8 images  >= 1x
                from a memory map (batch 32) and PIL-decoded JPEGs (batch
                32), 2 workers or threads each, shuffled: ferroloader's
                threads (worker_method="thread") against torchdata nodes
-               threads, SPDL threads and its own processes; its processes
-               against torch, nodes threads and Grain processes
+               threads, SPDL threads and its own processes (also each
+               loader alone in a fresh process); its processes against
+               torch, nodes threads and Grain processes
 strings_mem    summed PSS growth of a 2-worker shuffled epoch over 2 million <= 0.1x
                Python strings with worker threads, against the dataset's
                size; their peak against process workers'                  <= 0.8x
@@ -1665,6 +1666,49 @@ def sc_worker_threads(st: Settings, fl: Any) -> List[Check]:
 # --- the peers: torchdata nodes, SPDL, Grain; ferroloader's threads -----------
 
 
+METHOD_MARK = "@@METHOD@@"
+
+
+def method_child(arg: str, quick: bool) -> None:
+    """A fresh process: ``method,job,root``: one ferroloader loader (2
+    workers of ``method``) over the peers job's files under ``root``, alone
+    in its process; a warm-up epoch, then its rate."""
+    import peers
+
+    method, job, root = arg.split(",", 2)
+    fl = import_ferro()
+    if job == "images":
+        ds: Any = peers.MemmapImages(os.path.join(root, "images.npy"))
+    else:
+        ds = peers.JpegFiles(sorted(
+            os.path.join(root, f) for f in os.listdir(root) if f.endswith(".jpg")))
+    loader = fl.DataLoader(ds, batch_size=peers.IMAGE_BATCH, shuffle=True, num_workers=2,
+                           persistent_workers=True, worker_method=method)
+    step = epoch_step(loader, float(len(ds)))
+    step()
+    rate = timed_rate(step, 1.0 if quick else 3.0)
+    print(METHOD_MARK + json.dumps({"rate": rate}), flush=True)
+
+
+def alone_checks(st: Settings, root: str) -> List[Check]:
+    """Thread workers against process workers on images and JPEG, each
+    loader alone in a fresh process, rounds interleaved: in one process the
+    loader whose arenas were filled last runs about 0.8x the others,
+    whichever its method (measured with two loaders of one method), which
+    biases the in-process rows against the later one."""
+    checks = []
+    for job in ("images", "jpeg"):
+        c = Check(f"{job}: ferroloader threads, each loader alone", "samples/s",
+                  "ferroloader processes, alone", 1.0)
+        for _ in range(st.repeats):
+            rates = [run_marked_child("--_method-child", f"{m},{job},{root}", METHOD_MARK,
+                                      st.quick, 600)["rate"]
+                     for m in ("multiprocessing", "thread")]
+            c.add(rates[0], rates[1])
+        checks.append(c)
+    return checks
+
+
 def sc_peers(st: Settings, fl: Any) -> List[Check]:
     """Records, memory-mapped images and JPEG decoding, 2 workers or threads
     each: ferroloader's thread and process workers against torch, torchdata
@@ -1716,6 +1760,7 @@ def sc_peers(st: Settings, fl: Any) -> List[Check]:
                 checks.append(c)
             del makers, steps
             gc.collect()
+        checks += alone_checks(st, root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if missing and checks:
@@ -1879,6 +1924,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--_worker-threads-child", dest="worker_threads_child", default=None,
         help=argparse.SUPPRESS,
     )
+    p.add_argument("--_method-child", dest="method_child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.repeats is None:
         args.repeats = 2 if args.quick else 7
@@ -1907,6 +1953,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.worker_threads_child:
         worker_threads_child(args.worker_threads_child, args.quick)
+        return 0
+    if args.method_child:
+        method_child(args.method_child, args.quick)
         return 0
     st = Settings(
         repeats=args.repeats,
