@@ -150,6 +150,46 @@ def test_workers_pack_the_same_batches(layout):
     assert as_lists(other) == base
 
 
+def _grain():
+    try:
+        import grain
+        from grain import experimental
+    except ImportError:
+        return None
+    return grain, experimental
+
+
+@pytest.mark.skipif(_grain() is None,
+                    reason="grain is not installed (the test extra brings it on Python >= 3.10)")
+@pytest.mark.parametrize("method", ["first_fit", "best_fit"])
+def test_rows_equal_grains_packers(method):
+    """Grain's FirstFit/BestFitPackIterDataset (bins unshuffled) on the same
+    sequences give the same rows, segment ids and positions, in order. At
+    the stream's end Grain hands over only its non-empty bins; ferroloader's
+    last batch keeps its ``rows`` rows (empty ones all padding)."""
+    grain, experimental = _grain()
+    cls = {"first_fit": experimental.FirstFitPackIterDataset,
+           "best_fit": experimental.BestFitPackIterDataset}[method]
+    lens = lengths("uniform", 80, 5)
+    seqs = []
+    nxt = 1
+    for n in lens:
+        seqs.append(np.arange(nxt, nxt + min(n, 16), dtype=np.int64))
+        nxt += n
+    source = grain.MapDataset.source([{"tokens": s} for s in seqs]).to_iter_dataset()
+    theirs = [(x["tokens"].tolist(), x["tokens_segment_ids"].tolist(),
+               x["tokens_positions"].tolist())
+              for x in cls(source, length_struct={"tokens": 16}, num_packing_bins=3,
+                           shuffle_bins=False)]
+    packing = ferroloader.Packing(seq_len=16, rows=3, method=method)
+    ours = [(b["tokens"][r].tolist(), b["segment_ids"][r].tolist(), b["positions"][r].tolist())
+            for b in packing.wrap(ferroloader.DataLoader(seqs, batch_size=7,
+                                                         collate_fn=packing.collate))
+            for r in range(3)]
+    assert ours[: len(theirs)] == theirs
+    assert all(not any(seg) for _, seg, _ in ours[len(theirs):])
+
+
 # --------------------------------------------------------------------------- #
 # resume
 # --------------------------------------------------------------------------- #
