@@ -169,6 +169,17 @@ def test_stop_first_and_cycle():
     assert len(small) > 3 and set(small) == {0, 1, 2}
 
 
+def test_torchdatas_stop_criteria_names_are_taken():
+    for name, ours in (("FIRST_DATASET_EXHAUSTED", "stop_first"),
+                       ("ALL_DATASETS_EXHAUSTED", "drop"),
+                       ("CYCLE_UNTIL_ALL_DATASETS_EXHAUSTED", "cycle")):
+        a = flat(ferroloader.DataLoader(mixture((3, 40), (1, 1), seed=2, exhausted=name),
+                                        batch_size=4))
+        b = flat(ferroloader.DataLoader(mixture((3, 40), (1, 1), seed=2, exhausted=ours),
+                                        batch_size=4))
+        assert a == b
+
+
 def test_len_is_the_epochs_batches():
     for exhausted in ("drop", "stop_first", "cycle"):
         loader = ferroloader.DataLoader(mixture(seed=9, exhausted=exhausted), batch_size=3)

@@ -35,6 +35,12 @@ from ferroloader.seeds import epoch_seed
 from ferroloader.shards import ElasticBatchSampler, ShardedDataset, _tail
 
 EXHAUSTED = ("stop_first", "drop", "cycle")
+# torchdata's StopCriteria names (torchdata.nodes.MultiNodeWeightedSampler)
+_TORCHDATA_NAMES = {
+    "FIRST_DATASET_EXHAUSTED": "stop_first",
+    "ALL_DATASETS_EXHAUSTED": "drop",
+    "CYCLE_UNTIL_ALL_DATASETS_EXHAUSTED": "cycle",
+}
 
 
 class Mixture(Dataset[Any]):
@@ -51,6 +57,9 @@ class Mixture(Dataset[Any]):
       once), ``"stop_first"`` (the epoch ends at the first draw that needs a
       source with nothing left) or ``"cycle"`` (it starts a new pass; the
       epoch ends when every source of non-zero weight has run out once).
+      torchdata's ``StopCriteria`` names are taken too
+      (``FIRST_DATASET_EXHAUSTED``, ``ALL_DATASETS_EXHAUSTED``,
+      ``CYCLE_UNTIL_ALL_DATASETS_EXHAUSTED``).
     - ``replacement=True``: each draw takes a uniform index of its source;
       an epoch is ``num_samples`` draws (default: the sources' total).
     - ``num_samples`` also caps an epoch without replacement.
@@ -86,6 +95,7 @@ class Mixture(Dataset[Any]):
             readers.append(ds)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"Mixture seed should be an int, but got seed={seed!r}")
+        exhausted = _TORCHDATA_NAMES.get(exhausted, exhausted)
         if exhausted not in EXHAUSTED:
             raise ConfigError(
                 f"exhausted should be one of {EXHAUSTED}, but got exhausted={exhausted!r}"
