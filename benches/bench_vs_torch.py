@@ -57,6 +57,9 @@ worker_threads PIL JPEG decoding (256x256, batch 32), worker_threads=2:     >= 1
                1 process x 2 threads against 1 process; 2 x 2 against 2   >= 1x
                processes; 2 x 2 against 4 processes (as many workers),    >= 0.9x
                its peak summed PSS against theirs                         <= 1x
+packing        20,000 token sequences (geometric lengths, mean 150) packed    >= 1x
+               into batches of 8 x 2048 rows, tokens/s: Packing (first and
+               best fit) against Grain's FirstFit/BestFitPackIterDataset
 table          TableDataset, 1M rows x (8 numeric + 1 string), batch       >= 10x,
                256, shuffled, nw=0, rows/s: numeric columns against torch
                over a per-row pyarrow dataset and over HF datasets'
@@ -1768,6 +1771,49 @@ def sc_peers(st: Settings, fl: Any) -> List[Check]:
     return checks
 
 
+# --- packing: sequences into rows, against Grain's packers --------------------
+
+
+def sc_packing(st: Settings, fl: Any) -> List[Check]:
+    """Token sequences (geometric lengths, mean 150, at most 2048) packed
+    into batches of 8 rows of 2048, in one process: ferroloader's
+    ``Packing`` through a loader (ragged collate, then the packer) against
+    Grain's ``FirstFitPackIterDataset`` / ``BestFitPackIterDataset`` (bins
+    unshuffled), which place the same rows. Tokens per second."""
+    try:
+        import grain
+        from grain import experimental
+    except ImportError as e:
+        raise Skip(f"skipped: grain is not installed ({e})") from None
+    rng = np.random.default_rng(0)
+    lens = np.minimum(rng.geometric(1 / 150, 2_000 if st.quick else 20_000), 2048)
+    seqs = [rng.integers(0, 50_000, n).astype(np.int64) for n in lens]
+    tokens = float(lens.sum())
+    checks = []
+    for method, cls in (("first_fit", experimental.FirstFitPackIterDataset),
+                        ("best_fit", experimental.BestFitPackIterDataset)):
+        packing = fl.Packing(seq_len=2048, rows=8, method=method)
+
+        def ours(packing: Any = packing) -> float:
+            loader = fl.DataLoader(seqs, batch_size=256, collate_fn=packing.collate)
+            for _ in packing.wrap(loader):
+                pass
+            return tokens
+
+        def theirs(cls: Any = cls) -> float:
+            source = grain.MapDataset.source([{"tokens": s} for s in seqs]).to_iter_dataset()
+            for _ in cls(source, length_struct={"tokens": 2048}, num_packing_bins=8,
+                         shuffle_bins=False):
+                pass
+            return tokens
+
+        c = Check(f"{method}, 8 x 2048 rows", "tokens/s", "Grain", 1.0)
+        for _ in range(st.repeats):
+            c.add(timed_rate(theirs, st.min_time), timed_rate(ours, st.min_time))
+        checks.append(c)
+    return checks
+
+
 # ---------------------------------------------------------------------------
 # Driver
 # ---------------------------------------------------------------------------
@@ -1792,6 +1838,7 @@ SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
                     sc_strings_mem),
     "worker_threads": ("JPEG decoding with threads inside worker processes (worker_threads=2)",
                        sc_worker_threads),
+    "packing": ("sequences packed into 8 x 2048 rows, against Grain's packers", sc_packing),
     "table": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=0", sc_table),
     "table_w2": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=2", sc_table_w2),
     "table_mem": ("memory of a 2-worker job over a memory-mapped 1 GB Arrow file", sc_table_mem),
