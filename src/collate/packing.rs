@@ -41,22 +41,21 @@ pub struct Packed {
     pub positions: Vec<i32>,
 }
 
-/// A batch being filled: each row's pieces in order.
+/// A batch being filled: its pieces in arrival order (what a resume
+/// replays), and each row's pieces as indices into them.
 struct Open {
-    rows: Vec<Vec<Vec<i64>>>,
+    pieces: Vec<Vec<i64>>,
+    rows: Vec<Vec<usize>>,
     used: Vec<usize>,
 }
 
 impl Open {
     fn new(rows: usize) -> Self {
         Open {
+            pieces: Vec::new(),
             rows: vec![Vec::new(); rows],
             used: vec![0; rows],
         }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.used.iter().all(|&u| u == 0)
     }
 }
 
@@ -65,10 +64,8 @@ pub struct Packer {
     fit: Fit,
     pad: i64,
     open: Open,
-    /// Closed batches not taken yet, each with its pieces in arrival order.
-    ready: VecDeque<(Open, Vec<Vec<i64>>)>,
-    /// The open batch's pieces in arrival order.
-    open_order: Vec<Vec<i64>>,
+    /// Closed batches not taken yet.
+    ready: VecDeque<Open>,
 }
 
 impl Packer {
@@ -81,14 +78,13 @@ impl Packer {
             pad,
             open: Open::new(rows),
             ready: VecDeque::new(),
-            open_order: Vec::new(),
         }
     }
 
     /// Adds one sequence (cut into pieces of at most `seq_len`).
     pub fn push(&mut self, seq: &[i64]) {
         for piece in seq.chunks(self.seq_len) {
-            self.place(piece.to_vec());
+            self.place(piece);
         }
     }
 
@@ -102,25 +98,21 @@ impl Packer {
         }
     }
 
-    fn place(&mut self, piece: Vec<i64>) {
-        let row = match self.row_for(piece.len()) {
-            Some(r) => r,
-            None => {
-                let rows = self.open.rows.len();
-                let closed = std::mem::replace(&mut self.open, Open::new(rows));
-                let order = std::mem::take(&mut self.open_order);
-                self.ready.push_back((closed, order));
-                0
-            }
-        };
+    fn place(&mut self, piece: &[i64]) {
+        let row = self.row_for(piece.len()).unwrap_or_else(|| {
+            let rows = self.open.rows.len();
+            let closed = std::mem::replace(&mut self.open, Open::new(rows));
+            self.ready.push_back(closed);
+            0
+        });
         self.open.used[row] += piece.len();
-        self.open.rows[row].push(piece.clone());
-        self.open_order.push(piece);
+        self.open.rows[row].push(self.open.pieces.len());
+        self.open.pieces.push(piece.to_vec());
     }
 
     /// The oldest closed batch, if any.
     pub fn pop(&mut self) -> Option<Packed> {
-        self.ready.pop_front().map(|(batch, _)| self.render(&batch))
+        self.ready.pop_front().map(|batch| self.render(&batch))
     }
 
     /// The open batch, if it holds anything (the end of the stream).
@@ -128,12 +120,11 @@ impl Packer {
         if let Some(p) = self.pop() {
             return Some(p);
         }
-        if self.open.is_empty() {
+        if self.open.pieces.is_empty() {
             return None;
         }
         let rows = self.open.rows.len();
         let batch = std::mem::replace(&mut self.open, Open::new(rows));
-        self.open_order.clear();
         Some(self.render(&batch))
     }
 
@@ -141,9 +132,8 @@ impl Packer {
     pub fn pending(&self) -> Vec<&[i64]> {
         self.ready
             .iter()
-            .flat_map(|(_, order)| order.iter())
-            .chain(self.open_order.iter())
-            .map(|p| p.as_slice())
+            .chain(std::iter::once(&self.open))
+            .flat_map(|b| b.pieces.iter().map(Vec::as_slice))
             .collect()
     }
 
@@ -156,7 +146,8 @@ impl Packer {
         };
         for (r, pieces) in batch.rows.iter().enumerate() {
             let mut at = r * self.seq_len;
-            for (s, piece) in pieces.iter().enumerate() {
+            for (s, &p) in pieces.iter().enumerate() {
+                let piece = &batch.pieces[p];
                 out.tokens[at..at + piece.len()].copy_from_slice(piece);
                 for (k, i) in (at..at + piece.len()).enumerate() {
                     out.segment_ids[i] = s as i32 + 1;

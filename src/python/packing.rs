@@ -25,20 +25,26 @@ fn tokens_of(item: &Bound<'_, PyAny>, at: usize) -> PyResult<Vec<i64>> {
                 dt.code, dt.bits
             )));
         };
-        let w = dt.bits as usize / 8;
-        let signed = dt.code == 0;
-        return Ok(bytes
-            .chunks_exact(w)
-            .map(|c| match (w, signed) {
-                (1, true) => i8::from_ne_bytes([c[0]]) as i64,
-                (1, false) => c[0] as i64,
-                (2, true) => i16::from_ne_bytes([c[0], c[1]]) as i64,
-                (2, false) => u16::from_ne_bytes([c[0], c[1]]) as i64,
-                (4, true) => i32::from_ne_bytes(c.try_into().expect("4 bytes")) as i64,
-                (4, false) => u32::from_ne_bytes(c.try_into().expect("4 bytes")) as i64,
-                _ => i64::from_ne_bytes(c.try_into().expect("8 bytes")),
-            })
-            .collect());
+        fn widen<T: bytemuck::Pod + Into<i64>>(bytes: &[u8]) -> Vec<i64> {
+            bytes
+                .chunks_exact(std::mem::size_of::<T>())
+                .map(|c| bytemuck::pod_read_unaligned::<T>(c).into())
+                .collect()
+        }
+        return Ok(match (dt.bits, dt.code == 0) {
+            (8, true) => widen::<i8>(bytes),
+            (8, false) => widen::<u8>(bytes),
+            (16, true) => widen::<i16>(bytes),
+            (16, false) => widen::<u16>(bytes),
+            (32, true) => widen::<i32>(bytes),
+            (32, false) => widen::<u32>(bytes),
+            // u64 ids above i64::MAX wrap, as torch's int64 cast does
+            (_, true) => widen::<i64>(bytes),
+            (_, false) => bytes
+                .chunks_exact(8)
+                .map(|c| bytemuck::pod_read_unaligned::<u64>(c) as i64)
+                .collect(),
+        });
     }
     item.extract::<Vec<i64>>().map_err(|_| {
         Class::Config.err(format!(
@@ -50,20 +56,18 @@ fn tokens_of(item: &Bound<'_, PyAny>, at: usize) -> PyResult<Vec<i64>> {
     })
 }
 
-/// A new int64 (or int32) tensor of `shape` holding `values`.
-fn tensor_of<'py, T: Copy>(
+/// A new tensor of `shape` and `dtype` (whose item is a `T`) holding `values`.
+fn tensor_of<'py, T: bytemuck::Pod>(
     py: Python<'py>,
     shape: &[i64],
     dtype: &Bound<'py, PyAny>,
     values: &[T],
-    to_bytes: impl Fn(T) -> Vec<u8>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let t = torch(py)?;
-    let itemsize = std::mem::size_of::<T>();
-    let mut fresh = FreshTensor::empty(t.empty.bind(py), shape, dtype, itemsize)?;
-    for (dst, v) in fresh.bytes_mut().chunks_exact_mut(itemsize).zip(values) {
-        dst.copy_from_slice(&to_bytes(*v));
-    }
+    let mut fresh = FreshTensor::empty(t.empty.bind(py), shape, dtype, std::mem::size_of::<T>())?;
+    fresh
+        .bytes_mut()
+        .copy_from_slice(bytemuck::cast_slice(values));
     Ok(fresh.into_tensor())
 }
 
@@ -72,22 +76,21 @@ fn int64_tensor<'py>(
     shape: &[i64],
     values: &[i64],
 ) -> PyResult<Bound<'py, PyAny>> {
-    let dtype = torch(py)?.int64.bind(py).clone();
-    tensor_of(py, shape, &dtype, values, |v| v.to_ne_bytes().to_vec())
+    tensor_of(py, shape, torch(py)?.int64.bind(py), values)
 }
 
 /// `{"tokens": flat int64, "lengths": int64}` of a list of sequences.
-fn ragged_of<'py>(py: Python<'py>, seqs: &[Vec<i64>]) -> PyResult<Bound<'py, PyDict>> {
-    let flat: Vec<i64> = seqs.iter().flatten().copied().collect();
-    let lens: Vec<i64> = seqs.iter().map(|s| s.len() as i64).collect();
+fn ragged_of<'py, S: AsRef<[i64]>>(py: Python<'py>, seqs: &[S]) -> PyResult<Bound<'py, PyDict>> {
+    let flat: Vec<i64> = seqs.iter().flat_map(|s| s.as_ref()).copied().collect();
+    let lens: Vec<i64> = seqs.iter().map(|s| s.as_ref().len() as i64).collect();
     let out = PyDict::new(py);
     out.set_item("tokens", int64_tensor(py, &[flat.len() as i64], &flat)?)?;
     out.set_item("lengths", int64_tensor(py, &[lens.len() as i64], &lens)?)?;
     Ok(out)
 }
 
-/// Reads a ragged batch back: its flat tokens and lengths.
-fn read_ragged(batch: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<i64>>> {
+/// Reads a ragged batch back: its flat tokens and lengths (checked to agree).
+fn read_ragged(batch: &Bound<'_, PyAny>) -> PyResult<(Vec<i64>, Vec<i64>)> {
     let bad = || {
         Class::Config.err(
             "Packer.push takes a ragged batch: {'tokens': 1-D int64, 'lengths': 1-D int64} \
@@ -100,13 +103,7 @@ fn read_ragged(batch: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<i64>>> {
     if lens.iter().any(|&l| l < 0) || total != tokens.len() as i64 {
         return Err(bad());
     }
-    let mut out = Vec::with_capacity(lens.len());
-    let mut at = 0usize;
-    for l in lens {
-        out.push(tokens[at..at + l as usize].to_vec());
-        at += l as usize;
-    }
-    Ok(out)
+    Ok((tokens, lens))
 }
 
 /// `Packing.collate`: the samples (1-D integer sequences) as one ragged
@@ -149,8 +146,11 @@ impl Packer {
 
     /// Adds a ragged batch's sequences, in order.
     fn push(&mut self, batch: &Bound<'_, PyAny>) -> PyResult<()> {
-        for s in read_ragged(batch)? {
-            self.core.push(&s);
+        let (tokens, lens) = read_ragged(batch)?;
+        let mut at = 0;
+        for l in lens {
+            self.core.push(&tokens[at..at + l as usize]);
+            at += l as usize;
         }
         Ok(())
     }
@@ -167,13 +167,7 @@ impl Packer {
 
     /// The pieces placed since the last batch taken, as a ragged batch.
     fn pending<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let pieces: Vec<Vec<i64>> = self
-            .core
-            .pending()
-            .into_iter()
-            .map(<[i64]>::to_vec)
-            .collect();
-        ragged_of(py, &pieces)
+        ragged_of(py, &self.core.pending())
     }
 }
 
@@ -184,8 +178,7 @@ impl Packer {
         let out = PyDict::new(py);
         out.set_item("tokens", int64_tensor(py, &shape, &p.tokens)?)?;
         for (name, values) in [("segment_ids", &p.segment_ids), ("positions", &p.positions)] {
-            let t = tensor_of(py, &shape, &int32, values, |v| v.to_ne_bytes().to_vec())?;
-            out.set_item(name, t)?;
+            out.set_item(name, tensor_of(py, &shape, &int32, values)?)?;
         }
         Ok(out)
     }
