@@ -226,13 +226,10 @@ def _serve_threads(
     process = jobs[0]["worker_id"]
 
     def run(fd: int, job: dict[str, Any]) -> None:
-        wid = job["worker_id"]
-        worker_local.set(thread_worker_info(dataset, wid, num_workers, base_seed))
-        wrap = _wrapper(f"in DataLoader worker {wid} (a thread of worker process {process})")
-        try:
-            _serve(fd, dataset, job, wrap, init_exception, main_pid, iterators)
-        finally:
-            worker_local.set(None)
+        where = f"in DataLoader worker {job['worker_id']} (a thread of worker process {process})"
+        _serve_in_thread(
+            fd, dataset, job, base_seed, num_workers, where, init_exception, main_pid, iterators
+        )
 
     threads = [
         threading.Thread(target=run, args=(fd, job), name=f"pt_data_worker_{job['worker_id']}")
@@ -264,11 +261,26 @@ def thread_entry(
     carries generators seeded as a process worker seeds the global ones
     (``rng``, which ``torch.thread_safe_generator()`` returns)."""
     torch.multiprocessing._set_thread_name("pt_data_worker")
-    worker_id = job["worker_id"]
-    worker_local.set(thread_worker_info(dataset, worker_id, num_workers, base_seed))
-    wrap = _wrapper(f"in DataLoader worker thread {worker_id}")
+    where = f"in DataLoader worker thread {job['worker_id']}"
+    _serve_in_thread(sock, dataset, job, base_seed, num_workers, where, None, 0, iterators)
+
+
+def _serve_in_thread(
+    fd: Union[int, socket.socket],
+    dataset: Any,
+    job: dict[str, Any],
+    base_seed: int,
+    num_workers: int,
+    where: str,
+    init_exception: Optional[bytes],
+    main_pid: int,
+    iterators: IteratorRegistry,
+) -> None:
+    """:func:`_serve` with this thread's own ``get_worker_info()`` record
+    (a worker thread's, of the main process or of a worker process)."""
+    worker_local.set(thread_worker_info(dataset, job["worker_id"], num_workers, base_seed))
     try:
-        _serve(sock, dataset, job, wrap, None, 0, iterators)
+        _serve(fd, dataset, job, _wrapper(where), init_exception, main_pid, iterators)
     finally:
         worker_local.set(None)
 

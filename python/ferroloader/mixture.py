@@ -160,18 +160,23 @@ class Mixture(Dataset[Any]):
         epoch's length is its batch sampler's."""
         return self.offsets[-1]
 
-    def locate(self, index: int) -> tuple[str, int]:
-        """The source name and its index for global index ``index``."""
+    def _source_of(self, index: int) -> tuple[int, int]:
+        """The source's position and its index for global index ``index``."""
         if index < 0:
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError(f"Mixture index {index} out of range for {len(self)} items")
         s = bisect.bisect_right(self.offsets, index) - 1
-        return self.names[s], index - self.offsets[s]
+        return s, index - self.offsets[s]
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """The source name and its index for global index ``index``."""
+        s, i = self._source_of(index)
+        return self.names[s], i
 
     def __getitem__(self, index: int) -> Any:
-        name, i = self.locate(int(index))
-        return self._readers[self.names.index(name)][i]
+        s, i = self._source_of(int(index))
+        return self._readers[s][i]
 
 
 class _ShardedReader:
@@ -280,8 +285,10 @@ class MixtureBatchSampler(ElasticBatchSampler):
                 segments.append([start, now])
         return start, segments
 
-    def _draw(self, start: int, segments: Segments, world: int, rank: int) -> tuple[int, list[int]]:
-        key = (self.epoch, start, repr(segments), world, rank, self.batch_size)
+    def _draw(self, start: int, segments: Segments) -> tuple[int, list[int]]:
+        """The epoch's length and this rank's indices from ``start`` (one
+        computation serves ``len()`` and the iteration)."""
+        key = (self.epoch, start, repr(segments), self.world_size, self.rank, self.batch_size)
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
         m = self.mixture
@@ -294,8 +301,8 @@ class MixtureBatchSampler(ElasticBatchSampler):
             num_samples=m.num_samples,
             start=start,
             batch=self.batch_size,
-            world=world,
-            rank=rank,
+            world=self.world_size,
+            rank=self.rank,
             tail=_tail(self.drop_last, self.even),
             shards=m.shard_lens,
         )
@@ -304,7 +311,7 @@ class MixtureBatchSampler(ElasticBatchSampler):
 
     def indices(self) -> list[int]:
         start, segments = self._plan()
-        n, idx = self._draw(start, segments, self.world_size, self.rank)
+        n, idx = self._draw(start, segments)
         self._resume = None
         self._saved_segments = None
         self._start = start
@@ -314,7 +321,7 @@ class MixtureBatchSampler(ElasticBatchSampler):
 
     def __len__(self) -> int:
         start, segments = self._plan()
-        n, _ = self._draw(start, segments, 1, 0)
+        n, _ = self._draw(start, segments)
         self.n = n
         return self._batches(n, start)
 

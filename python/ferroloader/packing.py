@@ -80,7 +80,8 @@ class PackedLoader:
         self.loader = loader
         self.packing = packing
         self._packer: Optional[_core.Packer] = None
-        self._restore: Optional[dict[str, Any]] = None
+        # the pieces a loaded state carried over, pushed first by iter()
+        self._restore: list[list[int]] = []
         # the loader's epoch has ended and only the packer's last batches
         # are left (the loader's own state then starts the next epoch)
         self._loader_done = False
@@ -88,9 +89,9 @@ class PackedLoader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         packer = self.packing.packer()
-        if self._restore is not None:
-            packer.push(self._restore)
-            self._restore = None
+        if self._restore:
+            packer.push(Packing.collate(self._restore))
+            self._restore = []
         skip, self._resume_done = self._resume_done, False
         self._packer, self._loader_done = packer, skip
         try:
@@ -117,13 +118,7 @@ class PackedLoader:
         pieces placed since the last packed batch handed over (as token
         lists), and whether the loader's epoch had ended (only the packer's
         last batches left)."""
-        if self._packer is not None:
-            pending = self._packer.pending()
-        elif self._restore is not None:
-            pending = self._restore
-        else:
-            pending = None
-        carried = [] if pending is None else _split(pending)
+        carried = _split(self._packer.pending()) if self._packer is not None else self._restore
         done = self._loader_done if self._packer is not None else self._resume_done
         return {
             "loader": self.loader.state_dict(),
@@ -131,7 +126,7 @@ class PackedLoader:
                 "seq_len": self.packing.seq_len,
                 "rows": self.packing.rows,
                 "method": self.packing.method,
-                "carried": carried,
+                "carried": [list(c) for c in carried],
                 "loader_done": done,
             },
         }
@@ -153,7 +148,7 @@ class PackedLoader:
         ):
             raise ConfigError("load_state_dict(): packing.carried is not lists of token ids")
         self.loader.load_state_dict(state["loader"])
-        self._restore = Packing.collate(carried) if carried else None
+        self._restore = [list(c) for c in carried]
         self._resume_done = bool(p.get("loader_done", False))
 
 
