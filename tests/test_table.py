@@ -468,3 +468,64 @@ def test_randomly_damaged_arrow_files_are_errors_never_crashes(tmp_path):
     assert "PanicException" not in proc.stderr
     counts = eval(proc.stdout.strip().splitlines()[-1])  # the script's dict
     assert counts["ok"] + counts["error"] == 40
+
+
+def test_a_parquet_path_or_a_directory_says_what_reads_it(tmp_path):
+    """A path to a Parquet file (or a directory, or any non-Arrow file) is a
+    ConfigError (a ValueError) saying a path opens only an Arrow IPC file
+    and what to use instead, never pyarrow's 'Expected to read ... metadata
+    bytes'."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"x": [1, 2, 3]}), str(path))
+    for src in (str(path), path, str(tmp_path / "train.bin")):
+        if str(src).endswith(".bin"):
+            os.replace(path, src)
+        with pytest.raises(fl.ConfigError, match="a Parquet file, not an Arrow IPC file") as e:
+            fl.TableDataset(src)
+        assert "pyarrow.parquet.read_table(path)" in str(e.value)
+        assert "ferroloader.TableShards" in str(e.value)
+    other = tmp_path / "notes.txt"
+    other.write_text("no table here, just some text long enough to hold a header")
+    with pytest.raises(ValueError, match="is not an Arrow IPC file"):
+        fl.TableDataset(str(other))
+    with pytest.raises(fl.ConfigError, match=r"is a directory.*ferroloader\.TableShards"):
+        fl.TableDataset(str(tmp_path))
+
+
+def test_a_pandas_frames_index_is_not_a_column_and_nan_loads_as_nan():
+    """A filtered DataFrame (an index other than a RangeIndex) gives its
+    columns only, and NaN in a float column loads as NaN, as torch's loader
+    over the frame's rows gives it; a real missing value (pd.NA in a
+    nullable column) is still refused as a null."""
+    pd = pytest.importorskip("pandas", reason="pandas is a test extra")
+    frame = pd.DataFrame(
+        {"x": [1.0, -1.0, np.nan, 3.0, 4.0], "y": np.arange(5, dtype=np.int64),
+         "h": np.array([0.5, np.nan, 1.0, 2.0, 0.0], dtype=np.float16)}
+    )
+    picked = frame[frame.y != 1]  # index [0, 2, 3, 4]: kept by pyarrow as a column
+    ds = fl.TableDataset(picked)
+    assert ds.columns == ["x", "y", "h"]
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(picked)
+
+        def __getitem__(self, i: int) -> dict:
+            row = picked.iloc[i]
+            return {"x": torch.tensor(row["x"], dtype=torch.float64),
+                    "y": torch.tensor(int(row["y"])),
+                    "h": torch.tensor(float(row["h"]), dtype=torch.float16)}
+
+    want = torch_batches(Rows(), batch_size=2)
+    for nw in (0, 1):
+        got = ferro_batches(ds, batch_size=2, num_workers=nw)
+        assert [sorted(b) for b in got] == [["h", "x", "y"]] * 2
+        for w, g in zip(want, got):
+            for k in w:
+                assert torch.equal(w[k].isnan(), g[k].isnan()), k
+                assert torch.equal(w[k].nan_to_num(), g[k].nan_to_num()), k
+                assert w[k].dtype == g[k].dtype, k
+    assert torch.isnan(ds[1]["x"])
+    with pytest.raises(fl.ConfigError, match="'z' has nulls"):
+        fl.TableDataset(pd.DataFrame({"z": pd.array([1.0, None], dtype="Float64")}))

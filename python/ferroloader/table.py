@@ -17,29 +17,86 @@ from __future__ import annotations
 
 import operator
 import os
+import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
 from ferroloader import _core
 from ferroloader.collate import default_collate
 from ferroloader.dataset import Dataset
+from ferroloader.errors import ConfigError
 from ferroloader.shards import ShardedDataset
 
 
-def _open_ipc(path: str) -> Any:
+def _open_ipc(path: str, who: str = "TableDataset") -> Any:
     """A memory-mapped Arrow IPC file (file or stream format) as a pyarrow
     Table whose buffers are the mapping: nothing is read until used, and
-    every process that maps the file shares its pages."""
+    every process that maps the file shares its pages. Anything else (a
+    Parquet file, a directory) is a ``ConfigError`` saying what reads it."""
     try:
         import pyarrow as pa
         import pyarrow.ipc as ipc
     except ImportError as e:  # pragma: no cover - pyarrow is a test extra
         raise ImportError("TableDataset over an Arrow IPC file needs pyarrow") from e
+    if os.path.isdir(path):
+        raise ConfigError(
+            f"{who}: {path!r} is a directory, not an Arrow IPC file; for a directory of "
+            f"Parquet or Arrow files use ferroloader.TableShards({path!r})"
+        )
     source = pa.memory_map(path, "r")
     try:
         return ipc.open_file(source).read_all()
     except pa.ArrowInvalid:
         source.seek(0)
+    try:
         return ipc.open_stream(source).read_all()
+    except pa.ArrowInvalid as e:
+        raise ConfigError(_not_ipc(path, source, who)) from e
+
+
+def _not_ipc(path: str, source: Any, who: str) -> str:
+    """What to say of a file that is not Arrow IPC: a path opens only an
+    Arrow IPC file (memory-mapped)."""
+    source.seek(0)
+    parquet = source.read(4) == _PARQUET_MAGIC or _is_parquet(path)
+    what = "a Parquet file, not an Arrow IPC file" if parquet else (
+        "not an Arrow IPC file (file or stream format)"
+    )
+    return (
+        f"{who}: {path!r} is {what}; a path opens only an Arrow IPC file "
+        "(memory-mapped). For Parquet, read it with pyarrow.parquet.read_table(path) and pass "
+        "the table to TableDataset, or use ferroloader.TableShards(path) (one shard per row "
+        "group; also takes a directory of Parquet or Arrow files)"
+    )
+
+
+_PARQUET_MAGIC = b"PAR1"
+
+
+def _pandas_table(frame: Any) -> Any:
+    """A pandas DataFrame as a pyarrow Table of its columns: the index is
+    not a column (torch over the rows would not give it), and a NaN in a
+    NumPy float column stays NaN (pyarrow's ``from_pandas`` conversion,
+    which pandas' ``__arrow_c_stream__`` uses, makes it a null, which no
+    tensor holds); a missing value of a nullable dtype (``pd.NA``) stays a
+    null."""
+    import numpy as np
+    import pyarrow as pa
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    for i in range(table.num_columns):
+        if table.column(i).null_count == 0:
+            continue
+        values = frame.iloc[:, i]
+        if isinstance(values.dtype, np.dtype) and values.dtype.kind == "f":
+            field = table.schema.field(i)
+            array = pa.array(values.to_numpy(), type=field.type, from_pandas=False)
+            table = table.set_column(i, field, array)
+    return table
+
+
+def _is_pandas_frame(obj: Any) -> bool:
+    pd = sys.modules.get("pandas")  # not imported: obj is no DataFrame
+    return pd is not None and isinstance(obj, pd.DataFrame)
 
 
 def _is_hf_dataset(obj: Any) -> bool:
@@ -51,9 +108,11 @@ class TableDataset(Dataset[dict[str, Any]]):
     """A map-style dataset over a table; see the module doc.
 
     ``table``: anything with ``__arrow_c_stream__`` or ``__arrow_c_array__``
-    (pyarrow Tables and RecordBatches, pandas >= 2.2, polars, DuckDB results),
-    a path to an Arrow IPC file (memory-mapped), or a ``datasets.Dataset``
-    (its Arrow table, through its ``select``/``shuffle`` indices mapping).
+    (pyarrow Tables and RecordBatches, polars, DuckDB results), a pandas
+    DataFrame (its columns, not its index; NaN in a float column loads as
+    NaN), a path to an Arrow IPC file (memory-mapped; for Parquet see
+    ``TableShards``), or a ``datasets.Dataset`` (its Arrow table, through
+    its ``select``/``shuffle`` indices mapping).
     ``columns``: the columns to load, in order (default: all).
     ``transform``: called on each collated batch (a dict), inside the worker.
     With torch's own ``DataLoader``, pass ``collate_fn=ds.collate`` to apply it.
@@ -78,6 +137,8 @@ class TableDataset(Dataset[dict[str, Any]]):
             mapping = None
             if isinstance(src, str):
                 arrow = _open_ipc(src)
+            elif _is_pandas_frame(src):
+                arrow = _pandas_table(src)
             elif _is_hf_dataset(src):
                 arrow = src.data.table
                 if src._indices is not None:
@@ -159,7 +220,7 @@ class TableShards(ShardedDataset[dict[str, Any]]):
                     groups = range(meta.num_row_groups)
                     out += [(path, g, meta.row_group(g).num_rows) for g in groups]
                 else:
-                    out.append((path, -1, _open_ipc(path).num_rows))
+                    out.append((path, -1, _open_ipc(path, "TableShards").num_rows))
             self._shards = out
         return self._shards
 
@@ -173,7 +234,7 @@ class TableShards(ShardedDataset[dict[str, Any]]):
 
             table = pq.ParquetFile(path).read_row_group(group, columns=self.columns)
         else:
-            table = _open_ipc(path)
+            table = _open_ipc(path, "TableShards")
         return _core.ArrowTable(table, self.columns, None)
 
     def iter_shard(self, shard: Any, start: int = 0) -> Any:
