@@ -341,6 +341,23 @@ def test_loader_attributes():
     assert loader.batch_sampler.sampler is loader.sampler
 
 
+def test_batch_sampler_is_an_instance_of_ferroloaders_and_exactly_torchs_class():
+    """A loader's batch_sampler is an instance of ferroloader.BatchSampler (as torch's is of
+    torch's), and its class is exactly torch's BatchSampler, which frameworks that rebuild
+    loaders (Lightning: ``type(batch_sampler) is not BatchSampler``) require; a hand-built
+    ferroloader.BatchSampler passes the same check and batches as torch's."""
+    ds = ListDataset(lambda i: i)
+    for lib in (TORCH, FERRO):
+        loader = lib.DataLoader(ds, batch_size=3, shuffle=True)
+        assert isinstance(loader.batch_sampler, lib.BatchSampler)
+        assert type(loader.batch_sampler) is tud.BatchSampler
+    made = ferroloader.BatchSampler(ferroloader.SequentialSampler(range(7)), 3, False)
+    assert type(made) is tud.BatchSampler
+    assert len(made) == 3 and list(made) == [[0, 1, 2], [3, 4, 5], [6]]
+    loader = ferroloader.DataLoader(list(range(7)), batch_sampler=made)
+    assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5], [6]]
+
+
 def test_setting_loader_attribute_allowed_ones():
     """As in torch, collate_fn and new user attributes can be set on a built DataLoader, and the
     new collate_fn takes effect."""

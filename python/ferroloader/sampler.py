@@ -1,11 +1,20 @@
 """Samplers: torch's classes, iterated by the Rust engine.
 
-Each class subclasses its torch counterpart (same constructor, checks,
-attributes and ``len``) and replaces ``__iter__`` with a Rust iterator that
-yields the same indices and consumes the generator exactly as torch does.
-Configurations the engine does not cover (non-CPU generators, an empty data
-source, non-integer subset indices) fall back to torch's own ``__iter__``, so
-they behave, and fail, exactly as in torch.
+Each index sampler subclasses its torch counterpart (same constructor,
+checks, attributes and ``len``) and replaces ``__iter__`` with a Rust
+iterator that yields the same indices and consumes the generator exactly as
+torch does. Configurations the engine does not cover (non-CPU generators, an
+empty data source, non-integer subset indices) fall back to torch's own
+``__iter__``, so they behave, and fail, exactly as in torch.
+
+``BatchSampler`` (like ``Sampler``) is torch's class itself: a loader's
+``batch_sampler`` must be exactly torch's ``BatchSampler`` for frameworks
+that rebuild loaders (Lightning treats any other class, a subclass
+included, as a custom batch sampler), and ``isinstance`` against
+``ferroloader.BatchSampler`` must hold for it. The loader batches a torch
+``BatchSampler`` over a known sampler in Rust anyway
+(:func:`native_batch_iter`); iterated by hand, outside a loader, it is
+torch's Python loop (the same batches).
 """
 
 from __future__ import annotations
@@ -68,7 +77,8 @@ def native_iter(sampler: Any) -> Optional[_core.SamplerIter]:
 
 
 def native_batch_iter(batch_sampler: Any) -> Optional[_core.BatchSamplerIter]:
-    """A Rust iterator of index lists for torch's or our ``BatchSampler``."""
+    """A Rust iterator of index lists for torch's ``BatchSampler`` (also
+    ``ferroloader.BatchSampler``), unless a subclass overrides ``__iter__``."""
     if getattr(type(batch_sampler), "__iter__", None) not in _BATCH_ITERS:
         return None
     bs, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
@@ -110,15 +120,9 @@ class WeightedRandomSampler(_ts.WeightedRandomSampler):
         return _weighted(self)  # type: ignore[return-value]
 
 
-class BatchSampler(_ts.BatchSampler):
-    __doc__ = _ts.BatchSampler.__doc__
+BatchSampler = _ts.BatchSampler
 
-    def __iter__(self) -> Iterator[list[int]]:
-        it = native_batch_iter(self)
-        return it if it is not None else super().__iter__()
-
-
-_BATCH_ITERS = {_ts.BatchSampler.__iter__, BatchSampler.__iter__}
+_BATCH_ITERS = {_ts.BatchSampler.__iter__}
 
 _NATIVE: dict[Any, Callable[[Any], Optional[_core.SamplerIter]]] = {
     _ts.SequentialSampler.__iter__: _sequential,
