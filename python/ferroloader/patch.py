@@ -26,10 +26,20 @@ Outside a patch, when a framework builds torch's ``DataLoader`` over the
 dataset of a ferroloader loader (it rebuilt that loader as torch's), a
 :class:`~ferroloader.errors.RebuiltAsTorchWarning` says so, once per
 framework.
+
+What this does to torch's class: ``import ferroloader`` alone changes
+nothing. The first ``patch()``, or the first ferroloader ``DataLoader``
+built, gives ``torch.utils.data.DataLoader`` a ``__new__`` (the hook above,
+which returns ``object.__new__(cls)`` unless a patch or a rebuild applies)
+and a ``__signature__`` that answers what ``inspect.signature`` answered
+before, for torch's class and every subclass: tools that read the
+signature (``help()``, Lightning's and accelerate's argument inspection)
+see the class's own ``__init__`` arguments, not ``(*args, **kwargs)``.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import warnings
@@ -144,14 +154,48 @@ def _calling_framework() -> Optional[str]:
 
 def record_dataset(dataset: Any) -> None:
     """Remembers a ferroloader loader's dataset (for the rebuild warning)."""
+    _install()
     try:
         _ferro_datasets[id(dataset)] = dataset
     except TypeError:
         pass  # not weakly referenceable (a list, a tuple)
 
 
-# Installed once: inherited by every subclass, it leaves them alone.
-_TORCH_DATALOADER.__new__ = staticmethod(_new)  # type: ignore[method-assign]
+class _InitSignature:
+    """``__signature__`` of torch's ``DataLoader`` and its subclasses while
+    the hook is installed: the signature ``inspect`` gives without the hook
+    (the nearest ``__init__`` in the class's MRO, without ``self``).
+    ``None`` for a class with a ``__new__`` of its own (``inspect`` then
+    reads it as usual); instances have none."""
+
+    def __get__(self, instance: Any, owner: Optional[type] = None) -> Optional[inspect.Signature]:
+        if instance is not None or owner is None:
+            raise AttributeError("__signature__")
+        for klass in owner.__mro__:
+            if "__new__" in vars(klass) and klass is not _TORCH_DATALOADER:
+                return None
+            init = vars(klass).get("__init__")
+            if init is not None:
+                sig = inspect.signature(init)
+                return sig.replace(parameters=list(sig.parameters.values())[1:])
+        return None
+
+
+_installed = False
+
+
+def _install() -> None:
+    """Gives torch's ``DataLoader`` the hook, once, when it is first needed
+    (a patch, or a ferroloader loader whose rebuild must be recognised):
+    importing ferroloader leaves torch's class as it is. Inherited by every
+    subclass, the hook leaves them alone."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        _TORCH_DATALOADER.__signature__ = _InitSignature()  # type: ignore[attr-defined]
+        _TORCH_DATALOADER.__new__ = staticmethod(_new)  # type: ignore[method-assign]
+        _installed = True
 
 
 class Patch:
@@ -160,6 +204,7 @@ class Patch:
 
     def __init__(self) -> None:
         global _active
+        _install()
         with _lock:
             _active += 1
         self._live = True

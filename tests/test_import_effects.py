@@ -1,0 +1,57 @@
+"""What ``import ferroloader`` does to torch: nothing. torch's ``DataLoader``
+keeps its signature and its help text; once a ferroloader loader is built
+(or a patch entered) the class gets its hook, and ``inspect.signature``
+still answers for it and its subclasses as before."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+_SCRIPT = textwrap.dedent(
+    """
+    import inspect, pydoc
+    import torch.utils.data as tud
+
+    class Mine(tud.DataLoader):
+        def __init__(self, dataset, scale=2):
+            super().__init__(dataset)
+
+    class Inherits(Mine):
+        pass
+
+    def snapshot():
+        return [str(inspect.signature(c)) for c in (tud.DataLoader, Mine, Inherits)]
+
+    before = snapshot()
+    doc = pydoc.render_doc(tud.DataLoader, renderer=pydoc.plaintext)
+    import ferroloader
+    assert "__new__" not in vars(tud.DataLoader), "the import changed torch's class"
+    assert snapshot() == before, (snapshot(), before)
+    assert pydoc.render_doc(tud.DataLoader, renderer=pydoc.plaintext) == doc
+    print("import: unchanged")
+
+    ferroloader.DataLoader(list(range(4)), batch_size=2)
+    assert snapshot() == before, (snapshot(), before)
+    with ferroloader.patch():
+        built = tud.DataLoader(list(range(4)), batch_size=2)
+        assert type(built) is ferroloader.DataLoader
+        assert snapshot() == before
+    assert type(Inherits(list(range(4)))) is Inherits
+    assert "seed" in inspect.signature(ferroloader.DataLoader).parameters
+    print("hooked: signatures unchanged")
+    """
+)
+
+
+def test_import_leaves_torch_dataloader_signature_and_help() -> None:
+    """Importing ferroloader changes neither the signature nor the help of
+    torch's class; building a ferroloader loader and patching keep every
+    signature (torch's class, a subclass, a subclass of that)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=90
+    )
+    assert out.returncode == 0, out.stderr
+    assert "import: unchanged" in out.stdout
+    assert "hooked: signatures unchanged" in out.stdout
