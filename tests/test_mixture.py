@@ -431,3 +431,22 @@ def test_sources_must_be_map_style_and_batched():
         ferroloader.DataLoader(mixture(), batch_size=None)
     with pytest.raises(ferroloader.ConfigError, match="is empty"):
         ferroloader.Mixture({"a": Tagged(0, 0)}, replacement=True)
+
+
+@pytest.mark.parametrize("exhausted", ["stop_first", "FIRST_DATASET_EXHAUSTED", "cycle"])
+def test_an_empty_source_drawn_from_is_refused_where_it_cannot_be_drawn(exhausted):
+    """An empty source of non-zero weight under stop_first (it would end the epoch at its
+    first draw, as torchdata's FIRST_DATASET_EXHAUSTED does) or cycle (nothing to start a
+    pass with) is a ConfigError naming it, at construction and from set_weights, never an
+    epoch that silently reads all of the other sources; with weight 0 it is never drawn,
+    and drop leaves it out (every item of the others once)."""
+    sources = {"a": Tagged(0, 0), "b": Tagged(1, 6)}
+    with pytest.raises(ferroloader.ConfigError, match=r"source 'a' is empty and has weight 1\.0"):
+        ferroloader.Mixture(sources, exhausted=exhausted)
+    m = ferroloader.Mixture(sources, {"a": 0, "b": 1}, exhausted=exhausted)
+    assert sorted(flat(ferroloader.DataLoader(m, batch_size=4))) == [1000 + i for i in range(6)]
+    with pytest.raises(ferroloader.ConfigError, match="'a' is empty"):
+        m.set_weights({"a": 0.5, "b": 1})
+    assert m.weights == {"a": 0.0, "b": 1.0}
+    m = ferroloader.Mixture(sources, exhausted="drop")
+    assert sorted(flat(ferroloader.DataLoader(m, batch_size=4))) == [1000 + i for i in range(6)]

@@ -57,6 +57,9 @@ class Mixture(Dataset[Any]):
       once), ``"stop_first"`` (the epoch ends at the first draw that needs a
       source with nothing left) or ``"cycle"`` (it starts a new pass; the
       epoch ends when every source of non-zero weight has run out once).
+      An empty source of non-zero weight is refused with ``"stop_first"``
+      and ``"cycle"`` (a ``ConfigError``; it would end every epoch at its
+      first draw, or has nothing to cycle); ``"drop"`` never draws it.
       torchdata's ``StopCriteria`` names are taken too
       (``FIRST_DATASET_EXHAUSTED``, ``ALL_DATASETS_EXHAUSTED``,
       ``CYCLE_UNTIL_ALL_DATASETS_EXHAUSTED``).
@@ -150,7 +153,29 @@ class Mixture(Dataset[Any]):
             clean[name] = float(w)
         if sum(clean.values()) <= 0:
             raise ConfigError("Mixture weights are all 0: nothing would be drawn")
+        self._check_empty(clean)
         self.weights = clean
+
+    def _check_empty(self, weights: Mapping[str, float]) -> None:
+        """An empty source drawn from (a weight above 0) has run out before
+        the epoch starts: ``"drop"`` leaves it out (every item of every
+        source once: it has none), but ``"stop_first"`` would end every
+        epoch at its first draw and ``"cycle"`` has nothing to start a new
+        pass with; both are refused rather than silently never drawing it."""
+        if self.exhausted == "drop":
+            return
+        for name, n in zip(self.names, self.lens):
+            if n == 0 and weights[name] > 0:
+                why = (
+                    "the epoch would end at its first draw (torchdata's FIRST_DATASET_EXHAUSTED)"
+                    if self.exhausted == "stop_first"
+                    else "it has no item to start a new pass with"
+                )
+                raise ConfigError(
+                    f"Mixture source {name!r} is empty and has weight {weights[name]!r}: with "
+                    f"exhausted={self.exhausted!r} {why}. Leave it out, give it weight 0, or use "
+                    "exhausted='drop' (an empty source is then never drawn)"
+                )
 
     def weight_list(self) -> list[float]:
         return [self.weights[n] for n in self.names]
