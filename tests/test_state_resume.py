@@ -339,6 +339,34 @@ def test_sharded_state_from_other_shards_is_refused(mode, before, after):
         other.load_state_dict(sd)
 
 
+@pytest.mark.parametrize(
+    "layout", [{}, {"num_workers": 2}, {"num_workers": 2, "worker_method": "thread"}],
+    ids=["w0", "w2", "threads2"],
+)
+def test_a_state_drawn_past_the_epochs_end_is_a_clear_error(layout):
+    """A state whose epoch.drawn is past the epoch's end (edited, or from a longer dataset) is
+    the same ConfigError with or without workers, naming both counts: never a bare
+    StopIteration out of iter() (with workers, the batches in flight are drawn again)."""
+    def make() -> fl.DataLoader:
+        return fl.DataLoader(list(range(20)), batch_size=2, shuffle=True, **layout)
+
+    loader = make()
+    it = iter(loader)
+    next(it)
+    next(it)
+    sd = loader.state_dict()
+    del it
+    sd["epoch"]["drawn"] = 50
+    resumed = make()
+    resumed.load_state_dict(sd)
+    with pytest.raises(fl.ConfigError) as e:
+        next(iter(resumed))
+    assert str(e.value) == (
+        "load_state_dict(): the state is 50 batches into the epoch, but this loader's epoch "
+        "has 10"
+    )
+
+
 # the fuzz: no state of any shape reaches an InternalError, a hang or a crash
 
 

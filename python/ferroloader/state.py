@@ -867,14 +867,16 @@ def resume_source(
         else:
             got = sum(1 for _ in itertools.islice(source, first))
         if got < first:
-            raise ConfigError(
-                f"load_state_dict(): the state is {first} batches into the epoch, but this "
-                f"loader's epoch has {got}"
-            )
+            raise _past_end(drawn, got)
         wanted = set(pending)
         kept = []
         for seq in range(first, drawn):
-            item = next(source)
+            try:
+                item = next(source)
+            except StopIteration:
+                # (the batches in flight at the snapshot are re-drawn here:
+                # a bare StopIteration would end iter() as an empty epoch)
+                raise _past_end(drawn, seq) from None
             if seq in wanted:
                 kept.append(item)
         rec.base = {"drawn": drawn, "kept": [s for s in range(first, drawn) if s in wanted]}
@@ -888,6 +890,13 @@ def resume_source(
         _set(rec.groups, now)
         if "dataset_state" in resume:
             rec.dataset.load_state_dict(resume["dataset_state"])
+
+
+def _past_end(drawn: int, batches: int) -> ConfigError:
+    return ConfigError(
+        f"load_state_dict(): the state is {drawn} batches into the epoch, but this "
+        f"loader's epoch has {batches}"
+    )
 
 
 def resume_iterable(
