@@ -86,6 +86,8 @@ def test_shared_memory_limit_is_its_own_runtime_error(monkeypatch):
         ("FERROLOADER_WARN_WAITING", "often"),
         ("FERROLOADER_WARN_WAITING", "1.5"),
         ("FERROLOADER_WARN_WAITING", "0"),
+        ("FERROLOADER_DISABLE", "memfs"),
+        ("FERROLOADER_DISABLE", "pidfd,cuda"),
     ],
 )
 @pytest.mark.parametrize("nw", [0, 1])
@@ -100,9 +102,23 @@ def test_a_bad_setting_is_a_config_error(monkeypatch, name, value, nw):
     assert isinstance(ei.value, errors.ConfigError)
 
 
+def test_an_unknown_facility_to_disable_names_the_accepted_ones(monkeypatch):
+    """A misspelt FERROLOADER_DISABLE entry is refused, naming the variable, the bad name and
+    every name it takes, instead of being ignored (the facility would stay on)."""
+    monkeypatch.setenv("FERROLOADER_DISABLE", "memfs")
+    with pytest.raises(errors.ConfigError) as e:
+        iter(ferroloader.DataLoader(list(range(4))))
+    assert str(e.value) == (
+        "FERROLOADER_DISABLE='memfs' names 'memfs', which is not a facility ferroloader can "
+        "turn off; it takes a comma-separated list of memfd, pidfd, cuda-register"
+    )
+
+
 @pytest.mark.parametrize(
     "name,value", [("FERROLOADER_SHM_LIMIT", "1e18"), ("FERROLOADER_SHM_LIMIT", "64T"),
-                   ("FERROLOADER_SPIN_US", " 50 "), ("FERROLOADER_WARN_WAITING", "0.5")]
+                   ("FERROLOADER_SPIN_US", " 50 "), ("FERROLOADER_WARN_WAITING", "0.5"),
+                   # (not memfd or pidfd: the engine reads the list once per process)
+                   ("FERROLOADER_DISABLE", " CUDA-register, ")]
 )
 def test_good_settings_are_taken(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
@@ -176,3 +192,5 @@ def test_a_panic_at_the_boundary_is_an_internal_error():
     with pytest.raises(errors.InternalError, match="a deliberate test failed") as e:
         _core._panic_in_guard()
     assert isinstance(e.value, Exception) and isinstance(e.value, RuntimeError)
+    # it says how to report it (the README's bug section)
+    assert "python -m ferroloader" in str(e.value)

@@ -544,6 +544,11 @@ def shm_limit() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
+# FERROLOADER_DISABLE's names: the engine's (src/facilities.rs) and the
+# pinning's (ferroloader.pinning.DISABLE)
+_DISABLE = ("memfd", "pidfd", pinning.DISABLE)
+
+
 def check_environment() -> None:
     """Refuses settings the engine would otherwise ignore: each read when
     an epoch starts, so a bad value is named before any worker starts."""
@@ -556,6 +561,16 @@ def check_environment() -> None:
         raise ConfigError(
             f"FERROLOADER_SPIN_US={spin!r} is not a whole number of microseconds up to "
             "10000000 (e.g. 100)"
+        )
+    disable = os.environ.get("FERROLOADER_DISABLE", "")
+    unknown = [
+        n.strip() for n in disable.split(",") if n.strip() and n.strip().lower() not in _DISABLE
+    ]
+    if unknown:
+        raise ConfigError(
+            f"FERROLOADER_DISABLE={disable!r} names {', '.join(map(repr, unknown))}, which is "
+            f"not a facility ferroloader can turn off; it takes a comma-separated list of "
+            f"{', '.join(_DISABLE)}"
         )
     share = os.environ.get("FERROLOADER_WARN_WAITING", "").strip() or None
     if share is not None:
