@@ -204,6 +204,12 @@ mod tests {
             FromWorker::Batch {
                 seq: 3,
                 record: record_ref,
+                times: crate::stats::StageTimes {
+                    fetch: 5,
+                    collate: 6,
+                    transfer: 7,
+                    batches: 1,
+                },
             },
             FromWorker::Error {
                 seq: 4,

@@ -1,18 +1,11 @@
 //! Per-stage timings, counted cheaply enough to stay on: a worker's fetch
-//! (the dataset), collate and transfer (writing the record), reported to
-//! the main process in a small `Stats` message at most every
-//! [`REPORT_EVERY`]; the main process adds its own waits, decoding and
-//! pinning (in the bindings). A clock read costs ~20 ns; a batch takes a
-//! few of them.
+//! (the dataset), collate and transfer (writing the record), sent to the
+//! main process with each batch (in its `Batch` message: a batch read is a
+//! batch counted, whenever the workers stop), or ahead of an error or an
+//! end; the main process adds its own waits, decoding and pinning (in the
+//! bindings). A clock read costs ~20 ns; a batch takes a few of them.
 
-use std::time::{Duration, Instant};
-
-/// A worker reports its timings with a batch once this much wall time has
-/// passed since its last report...
-pub const REPORT_EVERY: Duration = Duration::from_millis(50);
-/// ...or once this much stage time went unreported: slow batches are each
-/// reported, tiny ones about once per millisecond of work.
-pub const REPORT_WORK_NS: u64 = 1_000_000;
+use std::time::Instant;
 
 /// Nanoseconds spent per stage, and the batches they are for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -33,16 +26,6 @@ impl StageTimes {
 
     pub fn is_empty(&self) -> bool {
         *self == StageTimes::default()
-    }
-
-    /// Stage time in all, ns.
-    pub fn work(&self) -> u64 {
-        self.fetch + self.collate + self.transfer
-    }
-
-    /// Whether a worker should report these (unreported) timings now.
-    pub fn due(&self, last_report: Instant) -> bool {
-        self.work() >= REPORT_WORK_NS || last_report.elapsed() >= REPORT_EVERY
     }
 }
 

@@ -7,8 +7,9 @@ batch over shared memory), ``pin`` (``pin_memory``) and ``loop`` (the
 training loop's own time between batches). In the workers (or in the main
 process with ``num_workers=0``): ``fetch`` (the dataset: ``__getitem__``,
 ``__getitems__``, an iterator, a table gather), ``collate`` and ``transfer``
-(writing the batch into shared memory), summed over workers; a worker
-reports them every 50 ms.
+(writing the batch into shared memory), summed over workers; a worker's
+timings travel with each batch it sends, so once an epoch has ended every
+batch its workers made is counted.
 
 ``FERROLOADER_WARN_WAITING=0.3`` (a share) warns once per iterator when the
 training loop waits on data for more than that share of its time over 256

@@ -126,7 +126,8 @@ impl Loader {
         }
     }
 
-    /// Each worker's stage timings reported so far (all epochs).
+    /// Each worker's stage timings reported so far (all epochs): every
+    /// batch read from a worker is counted (its timings come with it).
     pub fn worker_times(&self) -> &[crate::stats::StageTimes] {
         &self.worker_times
     }
@@ -390,6 +391,11 @@ impl Loader {
         event: Event,
         draw: &mut impl FnMut() -> Result<Option<TaskIndices>, E>,
     ) -> Result<usize, E> {
+        if let Event::Batch { worker, times, .. } = &event {
+            // counted as it arrives, whichever epoch it belongs to: the
+            // worker made it
+            self.add_times(*worker, times);
+        }
         let (seq, worker, payload) = match event {
             Event::Died { worker, pid, exit } => {
                 self.sched.mark_unavailable(worker);
@@ -402,9 +408,7 @@ impl Loader {
                 return Ok(0)
             }
             Event::Stats { worker, times } => {
-                if let Some(t) = self.worker_times.get_mut(worker) {
-                    t.add(&times);
-                }
+                self.add_times(worker, &times);
                 return Ok(0);
             }
             Event::Retry { worker, seq } => {
@@ -509,6 +513,7 @@ impl Loader {
                 worker,
                 seq,
                 record,
+                ..
             } => (seq, worker, Payload::Batch(record)),
             Event::Failed {
                 worker,
@@ -521,6 +526,12 @@ impl Loader {
             self.early.push_back((seq, worker, data));
         }
         Ok(1)
+    }
+
+    fn add_times(&mut self, worker: usize, times: &crate::stats::StageTimes) {
+        if let Some(t) = self.worker_times.get_mut(worker) {
+            t.add(times);
+        }
     }
 
     /// A dynamic lane ran out of shards on task `seq`: give it the next one

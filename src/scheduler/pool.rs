@@ -23,11 +23,13 @@ pub const MAILBOX_BYTES: usize = 256 << 10;
 /// Something a worker did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// Task `seq`'s batch is in `record` of the worker's arena.
+    /// Task `seq`'s batch is in `record` of the worker's arena; `times`:
+    /// the worker's stage timings that came with it.
     Batch {
         worker: usize,
         seq: u64,
         record: RecordRef,
+        times: crate::stats::StageTimes,
     },
     /// Task `seq` raised in user code (a serialised exception).
     Failed {
@@ -296,10 +298,11 @@ impl WorkerPool {
                     link.arena.add_segment(id, seg);
                     continue;
                 }
-                FromWorker::Batch { seq, record } => Event::Batch {
+                FromWorker::Batch { seq, record, times } => Event::Batch {
                     worker: w,
                     seq,
                     record,
+                    times,
                 },
                 FromWorker::Error { seq, payload } => Event::Failed {
                     worker: w,

@@ -43,7 +43,8 @@ pub mod to_worker {
 
 /// Tags of [`FromWorker`] bodies.
 pub mod from_worker {
-    /// `u64` seq, `u32` segment, `u64` offset, `u64` length.
+    /// `u64` seq, `u32` segment, `u64` offset, `u64` length, then the
+    /// stage timings not reported before (as in `STATS`).
     pub const BATCH: u8 = 1;
     /// `u64` seq, `u64` n, n bytes (a pickled `ExceptionWrapper`).
     pub const ERROR: u8 = 2;
@@ -64,7 +65,8 @@ pub mod from_worker {
     /// earlier task it sent back with `NEED_WORK`).
     pub const RETRY: u8 = 9;
     /// `u64` fetch ns, `u64` collate ns, `u64` transfer ns, `u64` batches:
-    /// the worker's stage timings since its last report.
+    /// the worker's stage timings since its last report (sent before an
+    /// `ERROR` or `EXHAUSTED`; a `BATCH` carries its own).
     pub const STATS: u8 = 10;
     /// `u8` flag, then (flag 1) `u64` n, n bytes: the worker has set up
     /// for an epoch, and the error its setup raised, when one did.
@@ -139,9 +141,13 @@ pub const ON_SOCKET: &[u8] = &[0xFF];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FromWorker {
+    /// Task `seq`'s batch, and the worker's stage timings since its last
+    /// report (this batch's and those of tasks that made none): they travel
+    /// with the batch, so every batch the main process reads is counted.
     Batch {
         seq: u64,
         record: RecordRef,
+        times: crate::stats::StageTimes,
     },
     /// A pickled `ExceptionWrapper` for task `seq`.
     Error {
@@ -347,12 +353,13 @@ impl FromWorker {
     pub fn encode(&self, out: &mut Vec<u8>) {
         use from_worker::*;
         match self {
-            FromWorker::Batch { seq, record } => {
+            FromWorker::Batch { seq, record, times } => {
                 out.push(BATCH);
                 out.extend_from_slice(&seq.to_le_bytes());
                 out.extend_from_slice(&record.segment.to_le_bytes());
                 out.extend_from_slice(&record.offset.to_le_bytes());
                 out.extend_from_slice(&record.len.to_le_bytes());
+                put_times(out, times);
             }
             FromWorker::Error { seq, payload } => {
                 out.push(ERROR);
@@ -400,9 +407,7 @@ impl FromWorker {
             }
             FromWorker::Stats(t) => {
                 out.push(STATS);
-                for v in [t.fetch, t.collate, t.transfer, t.batches] {
-                    out.extend_from_slice(&v.to_le_bytes());
-                }
+                put_times(out, t);
             }
         }
     }
@@ -418,6 +423,7 @@ impl FromWorker {
                     offset: r.u64()?,
                     len: r.u64()?,
                 },
+                times: get_times(&mut r)?,
             },
             ERROR => FromWorker::Error {
                 seq: r.u64()?,
@@ -452,17 +458,27 @@ impl FromWorker {
                 },
             },
             RETRY => FromWorker::Retry { seq: r.u64()? },
-            STATS => FromWorker::Stats(crate::stats::StageTimes {
-                fetch: r.u64()?,
-                collate: r.u64()?,
-                transfer: r.u64()?,
-                batches: r.u64()?,
-            }),
+            STATS => FromWorker::Stats(get_times(&mut r)?),
             _ => return Err(DecodeError("message tag")),
         };
         r.end()?;
         Ok(msg)
     }
+}
+
+fn put_times(out: &mut Vec<u8>, t: &crate::stats::StageTimes) {
+    for v in [t.fetch, t.collate, t.transfer, t.batches] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn get_times(r: &mut Reader<'_>) -> Result<crate::stats::StageTimes, DecodeError> {
+    Ok(crate::stats::StageTimes {
+        fetch: r.u64()?,
+        collate: r.u64()?,
+        transfer: r.u64()?,
+        batches: r.u64()?,
+    })
 }
 
 /// A one-byte boolean: 0 or 1, nothing else.
@@ -534,16 +550,27 @@ mod tests {
 
     fn from_worker_msg() -> impl Strategy<Value = FromWorker> {
         prop_oneof![
-            (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(
-                |(seq, segment, offset, len)| FromWorker::Batch {
+            (
+                any::<u64>(),
+                any::<u32>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<[u64; 4]>()
+            )
+                .prop_map(|(seq, segment, offset, len, t)| FromWorker::Batch {
                     seq,
                     record: RecordRef {
                         segment,
                         offset,
                         len,
                     },
-                }
-            ),
+                    times: crate::stats::StageTimes {
+                        fetch: t[0],
+                        collate: t[1],
+                        transfer: t[2],
+                        batches: t[3],
+                    },
+                }),
             (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..50))
                 .prop_map(|(seq, payload)| FromWorker::Error { seq, payload }),
             any::<u64>().prop_map(|seq| FromWorker::Exhausted { seq }),
@@ -571,6 +598,12 @@ mod tests {
                         emitted
                     }
                 }),
+            any::<[u64; 4]>().prop_map(|t| FromWorker::Stats(crate::stats::StageTimes {
+                fetch: t[0],
+                collate: t[1],
+                transfer: t[2],
+                batches: t[3],
+            })),
         ]
     }
 

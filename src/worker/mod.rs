@@ -25,7 +25,9 @@
 //!                           ◀──── Segment{id} (+ memfd), when the arena grew
 //!                           ◀──── State{seq, bytes}, before the batch, when the
 //!                                 iterable replica has state methods (snapshots)
-//!                           ◀──── Batch{seq, record} | Error{seq, wrapper}
+//!                           ◀──── Stats{times}, before an Error or Exhausted, when the
+//!                                 worker has stage timings not yet sent
+//!                           ◀──── Batch{seq, record, times} | Error{seq, wrapper}
 //!                                 | Exhausted{seq} (then Drained: later tasks ignored)
 //!   Resume (persistent workers, next epoch) ─────▶ Idle | Drained ──▶ Idle
 //!                           ◀──── Resumed, Started{error?} (host.start_epoch again)
@@ -244,8 +246,9 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
     // comes back, the lane's later tasks are sent back too (a later task
     // must not take items before an earlier one).
     let mut waiting: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
-    let mut times = crate::stats::StageTimes::default();
-    let mut reported = Instant::now();
+    // Stage timings of tasks that made no batch and sent no answer yet (a
+    // lane's task sent back for work): they go with the next answer.
+    let mut unreported = crate::stats::StageTimes::default();
     loop {
         if config.trim {
             records.maybe_trim(Instant::now())?;
@@ -281,9 +284,16 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                     }
                 }
                 // what goes ahead of the answer: the replica's state, the
-                // lane's position, the stage timings when due
+                // lane's position; the stage timings come with a batch, or
+                // ahead of an error or an end (none is left behind in the
+                // worker when the main process stops reading it)
                 let mut before = Vec::new();
-                let msg = match host.run(indices, &mut records)? {
+                let reply = host.run(indices, &mut records)?;
+                unreported.add(&host.take_times());
+                if !unreported.is_empty() && matches!(reply, Reply::Failed(_) | Reply::Exhausted) {
+                    before.push(FromWorker::Stats(std::mem::take(&mut unreported)));
+                }
+                let msg = match reply {
                     Reply::Batch(record) => {
                         if let Some(payload) = host.state_after_batch()? {
                             before.push(FromWorker::State { seq, payload });
@@ -291,12 +301,11 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                         if let Some((lane, pos)) = host.lane_after_batch() {
                             before.push(FromWorker::LanePos { seq, lane, pos });
                         }
-                        times.add(&host.take_times());
-                        if times.due(reported) {
-                            reported = Instant::now();
-                            before.push(FromWorker::Stats(std::mem::take(&mut times)));
+                        FromWorker::Batch {
+                            seq,
+                            record,
+                            times: std::mem::take(&mut unreported),
                         }
-                        FromWorker::Batch { seq, record }
                     }
                     Reply::Failed(payload) => FromWorker::Error { seq, payload },
                     Reply::NeedWork { lane, given } => {
