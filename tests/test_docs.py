@@ -1,0 +1,123 @@
+"""The documentation's code runs as written: every ```python block of the
+README and of docs/ is run, each page's blocks in order in one fresh
+interpreter (a page builds on its earlier blocks), in an empty directory
+(pages make their own small data there). A block that cannot run here is
+preceded by ``<!-- not run: why -->`` and the reason must be given.
+
+Also: the pages link to files that exist, and ``python -m ferroloader``
+prints the report the README's bug section asks for."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\s*$")
+SKIP = re.compile(r"<!--\s*not run:\s*(.*?)\s*-->")
+
+
+def blocks(page: Path) -> list[tuple[int, str, str]]:
+    """``(line, language, code)`` of each fenced block; the language of a
+    python block preceded by a ``not run`` comment becomes ``skip:<why>``."""
+    lines = page.read_text().splitlines()
+    out: list[tuple[int, str, str]] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if m:
+            start, lang = i + 1, m.group(1)
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith("```"):
+                j += 1
+            prev = next((lines[k] for k in range(i - 1, -1, -1) if lines[k].strip()), "")
+            skip = SKIP.search(prev)
+            if lang == "python" and skip:
+                lang = f"skip:{skip.group(1)}"
+            out.append((start, lang, "\n".join(lines[i + 1 : j]) + "\n"))
+            i = j + 1
+        else:
+            i += 1
+    return out
+
+
+def page_id(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_page_code_runs(page: Path, tmp_path: Path) -> None:
+    """Every python block of the page runs without error, in order."""
+    found = blocks(page)
+    skipped = [(line, lang) for line, lang, _ in found if lang.startswith("skip:")]
+    for line, lang in skipped:
+        assert lang[len("skip:") :].strip(), f"{page_id(page)}:{line}: 'not run' needs a reason"
+    code = [(line, src) for line, lang, src in found if lang == "python"]
+    if not code:
+        assert not any(lang == "py" for _, lang, _ in found), "use ```python for Python"
+        return
+    # One script: each block marked with its line, so a failure names it.
+    script, origin = [], []
+    for line, src in code:
+        script.append(f"# --- {page_id(page)}:{line}\n")
+        origin.append((sum(s.count("\n") for s in script), line))
+        script.append(src)
+    path = tmp_path / "page.py"
+    path.write_text("".join(script))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "tests"))
+    out = subprocess.run(
+        [sys.executable, str(path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    if out.returncode != 0:
+        failed = [int(n) for n in re.findall(r'File ".*page\.py", line (\d+)', out.stderr)]
+        where = "?"
+        if failed:
+            at = failed[-1]
+            base, md = max((o for o in origin if o[0] <= at), default=(0, 0))
+            where = f"{page_id(page)}:{md + at - base}"
+        pytest.fail(f"the block at {where} failed:\n{out.stderr[-4000:]}")
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_page_links_resolve(page: Path) -> None:
+    """Every relative link of the page names a file of the repository."""
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue
+        assert (page.parent / target).exists(), f"{page_id(page)} links to missing {target}"
+
+
+def test_python_m_ferroloader_reports_versions() -> None:
+    """The bug report's versions: ferroloader's, torch's, the facilities."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ferroloader"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    import ferroloader
+    import torch
+
+    assert f"ferroloader: {ferroloader.__version__}" in out.stdout
+    assert f"torch: {torch.__version__}" in out.stdout
+    assert re.search(r"^memfd: (available|missing)", out.stdout, re.M)
+
+
+def test_no_file_outside_the_repository_is_cited() -> None:
+    """The project stands on its own: no page or source cites a design
+    document that is not in the repository."""
+    for path in [*PAGES, *(ROOT / "src").rglob("*.rs"), *(ROOT / "python").rglob("*.py")]:
+        text = path.read_text()
+        assert "DESIGN.md" not in text, f"{path.relative_to(ROOT)} cites DESIGN.md"
