@@ -2,7 +2,7 @@
 //! memory, the record format and collate layouts in pure Rust, with PyO3
 //! bindings behind the `python` feature.
 //!
-//! The batch path (DESIGN.md), stage by stage:
+//! The batch path (docs/architecture.md), stage by stage:
 //!
 //! | stage | module |
 //! | --- | --- |
