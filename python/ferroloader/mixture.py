@@ -66,6 +66,19 @@ class Mixture(Dataset[Any]):
     - ``replacement=True``: each draw takes a uniform index of its source;
       an epoch is ``num_samples`` draws (default: the sources' total).
     - ``num_samples`` also caps an epoch without replacement.
+
+    A ``DataLoader`` over a mixture batches its draws (with a
+    :class:`MixtureBatchSampler`); the draws depend only on (seed, epoch,
+    position) and the weights, never on ``num_workers``.
+
+    >>> import torch, ferroloader
+    >>> mix = ferroloader.Mixture({"a": torch.arange(6), "b": torch.arange(100, 102)},
+    ...                           weights={"a": 3, "b": 1}, seed=0)
+    >>> len(mix), mix.locate(6)
+    (8, ('b', 0))
+    >>> items = [int(v) for batch in ferroloader.DataLoader(mix, batch_size=4) for v in batch]
+    >>> sorted(items)
+    [0, 1, 2, 3, 4, 5, 100, 101]
     """
 
     def __init__(
@@ -265,7 +278,15 @@ class MixtureBatchSampler(ElasticBatchSampler):
     (``even`` defaults to whether there are several ranks). The
     epoch advances with each iteration (or with ``set_epoch``); a
     ``DataLoader`` over a ``Mixture`` builds one (``auto_epoch``: the
-    loader's epoch count decides)."""
+    loader's epoch count decides). Pass one yourself to choose the ranks.
+
+    >>> import torch, ferroloader
+    >>> mix = ferroloader.Mixture({"a": torch.arange(8), "b": torch.arange(8, 16)}, seed=0)
+    >>> sampler = ferroloader.MixtureBatchSampler(mix, 4, rank=0, world_size=2)
+    >>> loader = ferroloader.DataLoader(mix, batch_sampler=sampler)
+    >>> len(loader), [len(b) for b in loader]
+    (2, [4, 4])
+    """
 
     def __init__(
         self,

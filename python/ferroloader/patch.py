@@ -200,7 +200,16 @@ def _install() -> None:
 
 class Patch:
     """An active patch (see the module doc): ``undo()``, or leave the
-    ``with`` block, to end it."""
+    ``with`` block, to end it.
+
+    >>> import torch.utils.data as tud, ferroloader
+    >>> p = ferroloader.patch()
+    >>> type(tud.DataLoader(range(4))).__module__
+    'ferroloader.dataloader'
+    >>> p.undo()
+    >>> p.active, type(tud.DataLoader(range(4))).__module__
+    (False, 'torch.utils.data.dataloader')
+    """
 
     def __init__(self) -> None:
         global _active
@@ -235,7 +244,15 @@ class Patch:
 def patch() -> Patch:
     """Makes constructing torch's ``DataLoader`` (and torchdata's
     ``StatefulDataLoader``) build ferroloader's, until the returned
-    ``Patch`` is undone (at the end of a ``with`` block)."""
+    ``Patch`` is undone (at the end of a ``with`` block). No name is
+    rebound: ``torch.utils.data.DataLoader`` stays torch's class.
+
+    >>> import torch.utils.data as tud, ferroloader
+    >>> with ferroloader.patch():
+    ...     loader = tud.DataLoader(range(4), batch_size=2)
+    >>> isinstance(loader, ferroloader.DataLoader), isinstance(loader, tud.DataLoader)
+    (True, True)
+    """
     return Patch()
 
 

@@ -31,7 +31,20 @@ _T_co = TypeVar("_T_co", covariant=True)
 @runtime_checkable
 class Stateful(Protocol):
     """An object with ``state_dict()`` and ``load_state_dict()``: a dataset,
-    sampler or iterator whose position the loader's state carries."""
+    sampler or iterator whose position the loader's state carries
+    (torchdata's protocol of the same name).
+
+    >>> import ferroloader
+    >>> class Counter:
+    ...     def __init__(self):
+    ...         self.n = 0
+    ...     def state_dict(self):
+    ...         return {"n": self.n}
+    ...     def load_state_dict(self, state_dict):
+    ...         self.n = state_dict["n"]
+    >>> isinstance(Counter(), ferroloader.Stateful)
+    True
+    """
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -139,7 +152,19 @@ class StatefulDataLoader(DataLoader[_T_co]):
     the first ``next()``; and ``state_dict()`` before the first ``iter()``
     (or after ``load_state_dict()``) starts the epoch's iterator, which the
     next ``iter()`` returns. Everything else, state included, is
-    ``DataLoader``'s."""
+    ``DataLoader``'s.
+
+    >>> import torch
+    >>> from ferroloader.stateful_dataloader import StatefulDataLoader
+    >>> loader = StatefulDataLoader(torch.arange(10), batch_size=5, shuffle=True)
+    >>> it = iter(loader)
+    >>> first = next(it)
+    >>> state = loader.state_dict()
+    >>> resumed = StatefulDataLoader(torch.arange(10), batch_size=5, shuffle=True)
+    >>> resumed.load_state_dict(state)
+    >>> [b.tolist() for b in resumed] == [next(it).tolist()]
+    True
+    """
 
     _setup_at_iter: ClassVar[bool] = True
     _index_stream_twice: ClassVar[bool] = True

@@ -27,7 +27,15 @@ _NS = 1e-9
 @dataclass
 class WorkerStats:
     """One worker's (or the main process's, with ``num_workers=0``) stage
-    timings, in seconds."""
+    timings, in seconds: ``fetch`` (the dataset), ``collate``, ``transfer``
+    (writing the batch into shared memory), and the ``batches`` it made.
+
+    >>> import ferroloader, torch
+    >>> loader = ferroloader.DataLoader(torch.arange(8), batch_size=2, num_workers=2)
+    >>> _ = list(loader)
+    >>> [w.batches for w in loader.stats().workers]
+    [2, 2]
+    """
 
     fetch: float = 0.0
     collate: float = 0.0
@@ -45,7 +53,19 @@ class WorkerStats:
 
 @dataclass
 class LoaderStats:
-    """Stage timings of a loader's batches, in seconds (see the module doc)."""
+    """Stage timings of a loader's batches, in seconds (see the module doc):
+    what ``DataLoader.stats()`` returns, summed over every epoch so far.
+    ``print()`` it for a table.
+
+    >>> import ferroloader, torch
+    >>> loader = ferroloader.DataLoader(torch.arange(8), batch_size=2)
+    >>> _ = list(loader)
+    >>> stats = loader.stats()
+    >>> stats.batches, 0.0 <= stats.waiting_share <= 1.0
+    (4, True)
+    >>> stats.limiting_stage() in ("fetch", "collate", "transfer", "decode", "pin")
+    True
+    """
 
     batches: int = 0
     wait: float = 0.0

@@ -116,6 +116,13 @@ class TableDataset(Dataset[dict[str, Any]]):
     ``columns``: the columns to load, in order (default: all).
     ``transform``: called on each collated batch (a dict), inside the worker.
     With torch's own ``DataLoader``, pass ``collate_fn=ds.collate`` to apply it.
+
+    >>> import pyarrow as pa, ferroloader
+    >>> ds = ferroloader.TableDataset(pa.table({"x": [0.5, 1.5, 2.5], "y": [1, 2, 3]}))
+    >>> ds[1]
+    {'x': tensor(1.5000, dtype=torch.float64), 'y': tensor(2)}
+    >>> next(iter(ferroloader.DataLoader(ds, batch_size=3)))
+    {'x': tensor([0.5000, 1.5000, 2.5000], dtype=torch.float64), 'y': tensor([1, 2, 3])}
     """
 
     def __init__(
@@ -186,6 +193,15 @@ class TableShards(ShardedDataset[dict[str, Any]]):
     Each lane opens one shard's table at a time; rows are collated as
     ``default_collate`` collates them (per row, unlike ``TableDataset``'s
     gather). Needs pyarrow.
+
+    >>> import os, tempfile, pyarrow as pa, pyarrow.parquet as pq, ferroloader
+    >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
+    >>> pq.write_table(pa.table({"y": list(range(10))}), path, row_group_size=5)
+    >>> shards = ferroloader.TableShards(path)
+    >>> len(shards.shards())
+    2
+    >>> sorted(int(v) for b in ferroloader.DataLoader(shards, batch_size=4) for v in b["y"])
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
     """
 
     _SUFFIXES = (".parquet", ".pq", ".arrow", ".feather", ".ipc")
