@@ -405,6 +405,47 @@ def test_worker_method_is_checked():
 
 
 @ferro_only
+def test_thread_workers_need_num_workers():
+    """worker_method='thread' with num_workers=0 (no worker to run as a thread) is refused
+    at construction with a ValueError saying so, as worker_threads > 1 is."""
+    with pytest.raises(ferroloader.ConfigError) as e:
+        FERRO.DataLoader(mh.MapDataset(4), worker_method="thread")
+    assert isinstance(e.value, ValueError)
+    assert str(e.value) == (
+        "worker_method='thread' runs num_workers worker threads, and num_workers=0 starts none "
+        "(it loads in the main thread): set num_workers >= 1, or leave worker_method at its "
+        "default"
+    )
+    with pytest.raises(ValueError, match="num_workers=0 starts none"):
+        FERRO.DataLoader(mh.MapDataset(4), num_workers=0, worker_threads=2)
+
+
+def _too_many_warnings(lib, **kw) -> list[str]:
+    """The worker-count warnings of building a loader with one worker more than the CPUs and
+    iterating it twice."""
+    n = (torch._utils.cpu_count() or 1) + 1
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loader = lib.DataLoader(list(range(n)), num_workers=n, **kw)
+        for _ in range(2):
+            list(loader)
+    return [str(w.message) for w in seen if "This DataLoader will create" in str(w.message)]
+
+
+@ferro_only
+@time_limit(60)
+def test_too_many_worker_threads_are_warned_of_once_as_threads():
+    """More worker threads than CPUs: torch's advice once per loader, naming them worker
+    threads; worker processes keep torch's own warnings (text and count) exactly."""
+    got = _too_many_warnings(FERRO, **THREAD)
+    n = (torch._utils.cpu_count() or 1) + 1
+    assert len(got) == 1, got
+    assert got[0].startswith(f"This DataLoader will create {n} worker threads in total. ")
+    assert "worker processes" not in got[0]
+    assert _too_many_warnings(FERRO) == _too_many_warnings(TORCH)
+
+
+@ferro_only
 @time_limit(60)
 def test_init_fn_errors_reach_the_loop_as_torch_words_them():
     init = functools.partial(mh.failing_init)

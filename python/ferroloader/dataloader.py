@@ -130,6 +130,9 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             # sampler=, so torch's checks and its BatchSampler are unchanged)
             sampler = self._default_sampler(dataset, bool(shuffle), generator, own)
             shuffle = None
+        # read by torch's __init__ (check_worker_number_rationality)
+        self.worker_method = worker_method
+        self._warned_thread_count = False
         super().__init__(
             dataset,
             batch_size,
@@ -295,6 +298,47 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             it._shutdown_workers()
         return super().__iter__()
 
+    @property
+    def check_worker_number_rationality(self) -> Callable[[], None]:
+        """torch's check of the worker count against the CPUs (called by its
+        ``__init__`` and at each ``iter()``): torch's own method for worker
+        processes (its text, and the locations its warnings name: a property
+        hands it out, so no frame of ours comes between), ours for threads."""
+        if getattr(self, "worker_method", "multiprocessing") == "thread":
+            return self._check_thread_count
+        return _tdl.DataLoader.check_worker_number_rationality.__get__(self)
+
+    def _check_thread_count(self) -> None:
+        """torch's warning when more workers than CPUs would start, for
+        worker threads: the same advice, naming them threads, once per
+        loader (torch warns of processes at construction and each iter())."""
+        if not self.num_workers or self._warned_thread_count:
+            return
+        suggest = torch._utils.cpu_count()  # what torch's check counts
+        if suggest is not None and self.num_workers <= suggest:
+            return
+        self._warned_thread_count = True
+        if suggest is None:
+            advice = (
+                "DataLoader is not able to compute a suggested max number of worker in "
+                "current system."
+            )
+        else:
+            cpuset = (
+                "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"
+            )
+            advice = (
+                f"Our suggested max number of worker in current system is {suggest}{cpuset}, "
+                "which is smaller than what this DataLoader is going to create."
+            )
+        warnings.warn(
+            f"This DataLoader will create {self.num_workers} worker threads in total. {advice} "
+            "Please be aware that excessive worker creation might get DataLoader running slow "
+            "or even freeze, lower the worker number to avoid potential slowness/freeze if "
+            "necessary.",
+            stacklevel=2,
+        )
+
     def _get_iterator(self) -> Any:
         check_environment()
         if self.num_workers == 0:
@@ -320,6 +364,12 @@ def _check_worker_threads(k: Any, method: str, num_workers: int) -> None:
         raise ConfigError(
             "worker_threads= sets the threads inside each worker process, and num_workers=0 "
             "starts none: set num_workers >= 1"
+        )
+    if method == "thread" and num_workers == 0:
+        raise ConfigError(
+            "worker_method='thread' runs num_workers worker threads, and num_workers=0 starts "
+            "none (it loads in the main thread): set num_workers >= 1, or leave worker_method "
+            "at its default"
         )
 
 
