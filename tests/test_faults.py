@@ -527,6 +527,40 @@ def test_iterator_in_a_reference_cycle_is_collected():
 # --------------------------------------------------------------------------- #
 
 
+class _HoldsALambda(torch.utils.data.Dataset):
+    """A dataset that does not pickle (a lambda attribute)."""
+
+    def __init__(self) -> None:
+        self.f = lambda i: i
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        return self.f(i)
+
+
+@time_limit(120)
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_an_unpicklable_dataset_gets_torchs_hint_and_error(context):
+    """A dataset that spawn or forkserver cannot pickle: torch's warning (the pickle error,
+    the start method, set_start_method('fork')), then the pickle error itself, as torch."""
+    import warnings
+
+    got = {}
+    for lib in (TORCH, FERRO):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(Exception) as e:
+                list(lib.DataLoader(_HoldsALambda(), num_workers=1,
+                                    multiprocessing_context=context))
+        hints = [str(w.message) for w in seen if "pickle error" in str(w.message)]
+        got[lib] = (type(e.value), str(e.value), hints)
+    want = got[TORCH]
+    assert want[2] and "set_start_method('fork')" in want[2][0], "test bug: torch gave no hint"
+    assert got[FERRO] == want
+
+
 @time_limit(120)
 @ferro_only
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])

@@ -9,14 +9,16 @@ replaced: indices, fetch, default collation and reassembly run in Rust.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
+import pickle
 import socket
 import threading
 import time
 import warnings
-from typing import Any, Callable, ClassVar, Iterable, Optional, TypeVar, Union
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Optional, TypeVar, Union
 
 import torch
 import torch.utils.data.dataloader as _tdl
@@ -928,7 +930,10 @@ def _start_processes(
             # process: a tensor's shared storage is handed over once per pickle.
             dataset: Any = loader.dataset
             if not fork:
-                dataset = _worker.Unpickled(dataset, group[0]["collate_fn"], group[0]["init_fn"])
+                with _pickle_hint():
+                    dataset = _worker.Unpickled(
+                        dataset, group[0]["collate_fn"], group[0]["init_fn"]
+                    )
                 group = [{**job, "collate_fn": None, "init_fn": None} for job in group]
             pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in group]
             mine = [pair[0] for pair in pairs]
@@ -950,7 +955,8 @@ def _start_processes(
             for j, sock in enumerate(mine):
                 parents[first + j * p] = sock
             try:
-                w.start()
+                with _pickle_hint():
+                    w.start()
             finally:
                 for pair in pairs:
                     pair[1].close()
@@ -961,6 +967,25 @@ def _start_processes(
         # in worker order, those made so far (closed by the caller on failure)
         socks.extend(s for s in parents if s is not None)
     pids.extend(owner)
+
+
+@contextlib.contextmanager
+def _pickle_hint() -> Iterator[None]:
+    """torch's warning when a worker's arguments do not pickle (spawn and
+    forkserver pickle them: the dataset, collate_fn, worker_init_fn),
+    given before the error is re-raised, as torch gives it."""
+    try:
+        yield
+    except (TypeError, AttributeError, pickle.PicklingError):
+        warnings.warn(
+            "Got pickle error when attempting to start a worker Process. "
+            "This might be because the worker Process arguments are not picklable. "
+            "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
+            "to 'forkserver', which requires the worker Process arguments to be picklable. "
+            "You can also try multiprocessing.set_start_method('fork').",
+            stacklevel=4,
+        )
+        raise
 
 
 def _check_thread_workers(loader: DataLoader[Any]) -> None:
