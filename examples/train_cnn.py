@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             loss.backward()
             opt.step()
             sched.step()
-            losses.append(float(loss))
+            losses.append(loss.item())  # a number, off the autograd graph
         model.eval()
         correct = total = 0
         with torch.no_grad():
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 total += len(y)
         accuracy = correct / total
         print(
-            f"epoch {epoch + 1}/{epochs}: loss {float(loss):.3f}, "
+            f"epoch {epoch + 1}/{epochs}: loss {losses[-1]:.3f}, "
             f"val accuracy {accuracy:.1%}, {time.perf_counter() - t0:.1f} s",
             flush=True,
         )
