@@ -38,3 +38,39 @@ def test_bench_quick_reports_a_ratio_per_scenario(tmp_path: Path) -> None:
     for name in SCENARIOS:
         ratio = results[name]["ratio"]
         assert isinstance(ratio, (int, float)) and ratio > 0, (name, results[name])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize("venv", ["ready", "absent"])
+def test_bench_script_help_installs_nothing(tmp_path: Path, flag: str, venv: str) -> None:
+    """scripts/bench --help (and -h) prints the usage and exits 0 without creating .venv or
+    running pip: the bench's full option list where .venv has torch, else the script's usage.
+    Run from a copy whose .venv/bin/pip records any call."""
+    import os
+    import shutil
+
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "benches").mkdir()
+    script = tmp_path / "scripts" / "bench"
+    shutil.copy2(ROOT / "scripts" / "bench", script)
+    shutil.copy2(BENCH, tmp_path / "benches" / BENCH.name)
+    called = tmp_path / "pip-called"
+    if venv == "ready":
+        bin_dir = tmp_path / ".venv" / "bin"
+        bin_dir.mkdir(parents=True)
+        for name, body in (("python", f'exec {sys.executable} "$@"'), ("pip", f"touch {called}")):
+            (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+            (bin_dir / name).chmod(0o755)
+    proc = subprocess.run(
+        [str(script), "--quick", flag], capture_output=True, text=True, timeout=100,
+        env=dict(os.environ, PATH=f"/nonexistent:{os.environ['PATH']}"),
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stdout.startswith("usage: "), proc.stdout
+    assert "--scenarios" in proc.stdout and "installing" not in proc.stderr
+    assert not called.exists(), "pip ran"
+    if venv == "ready":
+        assert "comma-separated subset of" in proc.stdout  # the bench's own --help
+    else:
+        assert not (tmp_path / ".venv").exists(), "a venv was created"
