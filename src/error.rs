@@ -42,8 +42,9 @@ impl fmt::Display for Error {
                 if source.raw_os_error() == Some(rustix::io::Errno::NOSYS.raw_os_error()) {
                     write!(
                         f,
-                        "; multi-process loading needs Linux 3.17 or later (memfd_create); \
-                         use num_workers=0"
+                        "; loading with workers (worker processes or worker threads: their \
+                         batches travel through memfd shared memory) needs Linux 3.17 or later \
+                         (memfd_create); use num_workers=0"
                     )?;
                 }
                 Ok(())
@@ -128,6 +129,9 @@ mod tests {
             source: io::Error::from_raw_os_error(rustix::io::Errno::NOSYS.raw_os_error()),
         };
         assert!(nosys.to_string().contains("Linux 3.17"));
+        // thread workers need it too: the text is not of processes alone
+        assert!(nosys.to_string().contains("loading with workers"));
+        assert!(!nosys.to_string().contains("multi-process"));
         let mfile = Error::SharedMemory {
             what: "worker 0".into(),
             source: io::Error::from_raw_os_error(rustix::io::Errno::MFILE.raw_os_error()),

@@ -2,8 +2,8 @@
 //! makes it act as if the kernel lacked them: `FERROLOADER_DISABLE` lists
 //! them, comma-separated (`memfd`, `pidfd`), so tests and users on an
 //! unusual system can see what happens without one. Without `memfd_create`
-//! (Linux 3.17) multi-process loading raises a clear error (one process
-//! still works); without `pidfd_open` (Linux 5.3) worker and main-process
+//! (Linux 3.17) loading with workers, processes or threads, raises a clear
+//! error (one process still works); without `pidfd_open` (Linux 5.3) worker and main-process
 //! deaths are found by probing the pid instead.
 
 use std::sync::OnceLock;

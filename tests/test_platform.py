@@ -79,3 +79,36 @@ def test_without_pidfd_workers_work_and_deaths_are_still_named(tmp_path):
     line = next(x for x in out.splitlines() if x.startswith("death named after"))
     assert "killed by signal" in line, line
     assert float(line.split()[3]) < 10.0, line
+
+
+_THREADS_SCRIPT = textwrap.dedent(
+    """
+    import ferroloader as fl
+    try:
+        list(fl.DataLoader(list(range(4)), num_workers=2, worker_method="thread"))
+    except Exception as e:
+        print(f"threads raised {type(e).__module__}.{type(e).__name__}: {e}", flush=True)
+    else:
+        print("threads ok", flush=True)
+    """
+)
+
+
+@ferro_only
+@time_limit(100)
+def test_without_memfd_thread_workers_are_named_in_the_error(tmp_path):
+    """No memfd_create: worker threads also hand batches over through memfd shared memory,
+    so they raise the same SharedMemoryError, whose text says loading with workers (processes
+    or threads) needs it, not multi-process loading alone."""
+    script = tmp_path / "threads.py"
+    script.write_text(_THREADS_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=90,
+        env=dict(os.environ, FERROLOADER_DISABLE="memfd"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "threads raised ferroloader.errors.SharedMemoryError" in out, out
+    assert "loading with workers (worker processes or worker threads" in out, out
+    assert "memfd_create" in out and "Linux 3.17" in out and "use num_workers=0" in out, out
+    assert "multi-process" not in out, out
