@@ -260,3 +260,35 @@ def test_bad_arguments_are_refused(kwargs, match):
 def test_samples_that_are_not_token_sequences_are_refused(sample, match):
     with pytest.raises(ferroloader.ConfigError, match=match):
         ferroloader.Packing.collate([torch.arange(3), sample])
+
+
+def test_wrapping_a_loader_without_packing_collate_is_an_error_alone():
+    """A loader built without collate_fn=packing.collate hands the packer tensors: the
+    ConfigError says what to build the loader with, with no warning before it (a tensor was
+    indexed by a key, which torch deprecates, before the error)."""
+    import warnings
+
+    packing = ferroloader.Packing(seq_len=8)
+    loader = ferroloader.DataLoader([torch.arange(3)] * 4, batch_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ferroloader.ConfigError) as e:
+            list(packing.wrap(loader))
+    assert str(e.value) == (
+        "Packer.push takes a ragged batch: {'tokens': 1-D int64, 'lengths': 1-D int64} (what "
+        "Packing.collate returns: build the loader with collate_fn=packing.collate), got a Tensor"
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.bool])
+def test_a_non_integer_sample_names_its_dtype_and_what_packing_needs(dtype):
+    """A sample of floats (or bools) is refused naming its dtype as torch does (float32),
+    not by DLPack's type code and bits, and saying packing needs integer token ids."""
+    with pytest.raises(ferroloader.ConfigError) as e:
+        ferroloader.Packing.collate([torch.arange(3), torch.zeros(3, dtype=dtype)])
+    name = str(dtype).removeprefix("torch.")
+    assert str(e.value) == (
+        f"Packing: sample 1 is not a 1-D integer sequence on the CPU (shape [3], dtype {name}); "
+        "packing needs integer token ids: a 1-D CPU tensor or array of an integer dtype "
+        "(e.g. torch.int64), or a list of ints"
+    )

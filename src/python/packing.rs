@@ -3,10 +3,10 @@
 //! Rust loop over the sequences.
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyMapping};
 
 use super::error::Class;
-use super::ffi::{DlView, FreshTensor, DL_CPU};
+use super::ffi::{DlDtype, DlView, FreshTensor, DL_CPU};
 use super::torch::torch;
 use crate::collate::packing::{Fit, Packed, Packer as Core};
 
@@ -21,8 +21,9 @@ fn tokens_of(item: &Bound<'_, PyAny>, at: usize) -> PyResult<Vec<i64>> {
         let (true, 1, DL_CPU, Some(bytes)) = (int, shape.len(), view.device_type(), bytes) else {
             return Err(Class::Config.err(format!(
                 "Packing: sample {at} is not a 1-D integer sequence on the CPU (shape {shape:?}, \
-                 dtype code {} bits {})",
-                dt.code, dt.bits
+                 dtype {}); packing needs integer token ids: a 1-D CPU tensor or array of an \
+                 integer dtype (e.g. torch.int64), or a list of ints",
+                dtype_name(item.py(), dt)
             )));
         };
         fn widen<T: bytemuck::Pod + Into<i64>>(bytes: &[u8]) -> Vec<i64> {
@@ -54,6 +55,21 @@ fn tokens_of(item: &Bound<'_, PyAny>, at: usize) -> PyResult<Vec<i64>> {
                 .map_or_else(|_| "?".into(), |n| n.to_string())
         ))
     })
+}
+
+/// A DLPack dtype by torch's name (`float32`, `bfloat16`), else by its
+/// DLPack fields.
+fn dtype_name(py: Python<'_>, dt: DlDtype) -> String {
+    torch(py)
+        .ok()
+        .and_then(|t| t.dtype(py, dt).map(|d| d.to_string()))
+        .map(|s| s.trim_start_matches("torch.").to_string())
+        .unwrap_or_else(|| {
+            format!(
+                "DLPack type code {} bits {} lanes {}",
+                dt.code, dt.bits, dt.lanes
+            )
+        })
 }
 
 /// A new tensor of `shape` and `dtype` (whose item is a `T`) holding `values`.
@@ -92,11 +108,19 @@ fn ragged_of<'py, S: AsRef<[i64]>>(py: Python<'py>, seqs: &[S]) -> PyResult<Boun
 /// Reads a ragged batch back: its flat tokens and lengths (checked to agree).
 fn read_ragged(batch: &Bound<'_, PyAny>) -> PyResult<(Vec<i64>, Vec<i64>)> {
     let bad = || {
-        Class::Config.err(
-            "Packer.push takes a ragged batch: {'tokens': 1-D int64, 'lengths': 1-D int64} \
-             (what Packing.collate returns)",
-        )
+        Class::Config.err(format!(
+            "Packer.push takes a ragged batch: {{'tokens': 1-D int64, 'lengths': 1-D int64}} \
+             (what Packing.collate returns: build the loader with \
+             collate_fn=packing.collate), got a {}",
+            batch
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        ))
     };
+    // a mapping first: indexing anything else by a key (a tensor by a
+    // str) can warn, or run user code, before it fails
+    let batch = batch.cast::<PyMapping>().map_err(|_| bad())?;
     let tokens = tokens_of(&batch.get_item("tokens").map_err(|_| bad())?, 0)?;
     let lens = tokens_of(&batch.get_item("lengths").map_err(|_| bad())?, 0)?;
     let total: i64 = lens.iter().sum();
