@@ -45,8 +45,73 @@ _T_co = TypeVar("_T_co", covariant=True)
 WORKER_METHODS = ("multiprocessing", "thread")
 
 
+# What ferroloader adds to torch's docstring (help() shows both).
+_ADDED_DOC = """
+    ferroloader's ``DataLoader`` takes every argument above with torch's
+    meaning, checks and messages, and gives the same batches. It adds:
+
+    Args:
+        seed (int, optional): the loader's own seed. The order of epoch
+            ``e`` and the workers' base seed come from a private generator
+            seeded with ``ferroloader.seeds.epoch_seed(seed, e)``; the
+            global generator is never drawn from. An explicit
+            ``generator`` (or a sampler with its own) keeps priority.
+            (default: ``None``: torch's behaviour)
+        per_sample_seed (bool, optional): with ``seed``, seed torch's CPU
+            generator, ``random`` and ``numpy`` with
+            ``ferroloader.seeds.sample_seed(seed, e, i)`` right before
+            ``dataset[i]``, so sample ``i``'s random augmentation is the
+            same for any ``num_workers``, order or resume. A dataset with
+            ``__getitems__`` is refused. (default: ``False``)
+        sharding (Sharding, optional): how a ``ShardedDataset``'s shards
+            are assigned to ranks and workers: ``Sharding(mode="static" |
+            "dynamic" | "elastic", ...)``. Only for a ``ShardedDataset``;
+            ``shuffle=True`` then permutes its shards and blocks of items.
+            (default: ``Sharding()`` for a ``ShardedDataset``, else ``None``)
+        worker_method (str, optional): ``"multiprocessing"`` (workers are
+            processes, as in torch) or ``"thread"`` (workers are threads of
+            this process, over the dataset object itself; the dataset must
+            be thread-safe). Needs ``num_workers > 0``.
+            (default: ``"multiprocessing"``)
+        worker_threads (int, optional): threads inside each worker process,
+            each a worker of its own: ``num_workers * worker_threads``
+            workers in all, and the batches are those of that many worker
+            processes. Needs ``num_workers > 0`` and
+            ``worker_method="multiprocessing"``. (default: ``1``)
+        snapshot_every_n_steps (int, optional): torchdata's
+            ``StatefulDataLoader`` argument, accepted and kept as an
+            attribute; ferroloader's state is exact after every batch, so it
+            changes nothing. (default: ``1``)
+
+    Methods beyond torch's:
+        state_dict(): the loader's position as plain data, between any two
+            batches (torchdata's ``StatefulDataLoader`` API).
+        load_state_dict(state): the next ``iter()`` resumes from ``state``,
+            also with another ``num_workers`` for map-style data.
+        stats(): a ``LoaderStats`` of where the batches spent their time.
+
+    The guide in the repository's ``docs/guide/`` has a page per feature.
+
+    Example::
+
+        >>> import torch, ferroloader
+        >>> loader = ferroloader.DataLoader(torch.arange(10), batch_size=4, shuffle=True,
+        ...                                 seed=0, num_workers=2)
+        >>> sorted(int(v) for batch in loader for v in batch)
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+        >>> it = iter(loader)
+        >>> first = next(it)
+        >>> state = loader.state_dict()
+        >>> resumed = ferroloader.DataLoader(torch.arange(10), batch_size=4, shuffle=True,
+        ...                                  seed=0, num_workers=0)
+        >>> resumed.load_state_dict(state)
+        >>> [b.tolist() for b in resumed] == [b.tolist() for b in it]
+        True
+"""
+
+
 class DataLoader(_tdl.DataLoader[_T_co]):
-    __doc__ = _tdl.DataLoader.__doc__
+    __doc__ = (_tdl.DataLoader.__doc__ or "").rstrip() + "\n" + _ADDED_DOC
 
     # torch reports a worker's failed setup (``worker_init_fn``) at the first
     # ``next()``; torchdata's ``StatefulDataLoader`` at ``iter()``.

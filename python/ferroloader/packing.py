@@ -37,9 +37,30 @@ METHODS = ("first_fit", "best_fit")
 
 
 class Packing:
-    """How sequences are packed: rows of ``seq_len`` tokens, ``rows`` rows
-    a batch, ``method`` ``"first_fit"`` or ``"best_fit"``, padding
-    ``pad_id``."""
+    """How token sequences are packed into batches of ``rows`` rows of
+    ``seq_len`` tokens: a sequence longer than ``seq_len`` is cut into
+    pieces, and each piece goes, in arrival order, into the first row with
+    room (``method="first_fit"``) or the row with the least room that fits
+    (``"best_fit"``); a piece no row takes closes the batch. Empty places
+    hold ``pad_id``. Use :meth:`collate` as the loader's ``collate_fn`` and
+    :meth:`wrap` the loader.
+
+    Each packed batch has ``tokens`` (int64), ``segment_ids`` (int32; 1, 2,
+    ... per row, 0 for padding) and ``positions`` (int32, from 0 in each
+    segment), each ``(rows, seq_len)``.
+
+    >>> import torch, ferroloader
+    >>> seqs = [torch.arange(1, 4), torch.arange(1, 3), torch.arange(1, 6)]
+    >>> packing = ferroloader.Packing(seq_len=6, rows=2)
+    >>> loader = ferroloader.DataLoader(seqs, batch_size=3, collate_fn=packing.collate)
+    >>> batch = next(iter(packing.wrap(loader)))
+    >>> batch["tokens"]
+    tensor([[1, 2, 3, 1, 2, 0],
+            [1, 2, 3, 4, 5, 0]])
+    >>> batch["segment_ids"]
+    tensor([[1, 1, 1, 2, 2, 0],
+            [1, 1, 1, 1, 1, 0]], dtype=torch.int32)
+    """
 
     def __init__(
         self, seq_len: int, rows: int = 1, method: str = "first_fit", pad_id: int = 0
@@ -73,8 +94,24 @@ class Packing:
 
 
 class PackedLoader:
-    """Iterates the packed batches of a loader of ragged batches; its state
-    is the loader's plus the pieces carried over."""
+    """Iterates the packed batches of a loader of ragged batches (what
+    :meth:`Packing.wrap` returns); its state is the loader's plus the pieces
+    carried over, so a resume gives the same packed batches.
+
+    >>> import torch, ferroloader
+    >>> seqs = [torch.arange(n) for n in (5, 3, 4, 2, 6, 1)]
+    >>> packing = ferroloader.Packing(seq_len=8, rows=1)
+    >>> make = lambda: packing.wrap(
+    ...     ferroloader.DataLoader(seqs, batch_size=2, collate_fn=packing.collate))
+    >>> packed = make()
+    >>> it = iter(packed)
+    >>> first = next(it)
+    >>> state = packed.state_dict()
+    >>> resumed = make()
+    >>> resumed.load_state_dict(state)
+    >>> [b["tokens"].tolist() for b in resumed] == [b["tokens"].tolist() for b in it]
+    True
+    """
 
     def __init__(self, loader: Any, packing: Packing) -> None:
         self.loader = loader
