@@ -37,8 +37,8 @@
 //!                           ◀──── LanePos{seq, lane, pos}, before the batch
 //!                           ◀──── NeedWork{seq, lane, given}: out of shards (dynamic);
 //!                                 the main process assigns and sends the task again
-//!                           ◀──── Retry{seq}: a later task of a lane that is waiting for
-//!                                 the task it sent back (sent again, unchanged), so a
+//!                           ◀──── Retry{seq}: a task of a lane with an earlier task sent
+//!                                 back and not yet run (sent again, unchanged), so a
 //!                                 lane's batches are made in the order of their tasks
 //!   Shutdown, or socket closed ──────────────────▶ any ──▶ Exited (returns Ok)
 //!   main process dies ───── watchdog ────────────▶ any ──▶ SIGKILL
@@ -242,10 +242,13 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
         Err(e) => return Err(e.into()),
     }
     let mut drained = false;
-    // Lanes that answered a task with NeedWork, and that task: until it
-    // comes back, the lane's later tasks are sent back too (a later task
-    // must not take items before an earlier one).
-    let mut waiting: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+    // Per lane, its tasks sent back (answered with NeedWork or Retry) and
+    // not yet run: a lane's task runs only when none before it is
+    // outstanding, else it is sent back too, so a later task never takes
+    // items before an earlier one (however the main process's copies
+    // interleave with the originals).
+    let mut sent_back: std::collections::HashMap<u32, std::collections::BTreeSet<u64>> =
+        std::collections::HashMap::new();
     // Stage timings of tasks that made no batch and sent no answer yet (a
     // lane's task sent back for work): they go with the next answer.
     let mut unreported = crate::stats::StageTimes::default();
@@ -269,19 +272,16 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                 };
                 let lane_task = lane.is_some();
                 if let Some(l) = lane {
-                    match waiting.get(&l) {
-                        Some(&k) if k != seq => {
-                            match chan.send(&mut records.arena, &FromWorker::Retry { seq }) {
-                                Ok(()) => continue,
-                                Err(e) if e.is_peer_gone() => return Ok(()),
-                                Err(e) => return Err(e.into()),
-                            }
+                    let back = sent_back.entry(l).or_default();
+                    if back.first().is_some_and(|&k| k < seq) {
+                        back.insert(seq);
+                        match chan.send(&mut records.arena, &FromWorker::Retry { seq }) {
+                            Ok(()) => continue,
+                            Err(e) if e.is_peer_gone() => return Ok(()),
+                            Err(e) => return Err(e.into()),
                         }
-                        Some(_) => {
-                            waiting.remove(&l);
-                        }
-                        None => {}
                     }
+                    back.remove(&seq);
                 }
                 // what goes ahead of the answer: the replica's state, the
                 // lane's position; the stage timings come with a batch, or
@@ -309,7 +309,7 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                     }
                     Reply::Failed(payload) => FromWorker::Error { seq, payload },
                     Reply::NeedWork { lane, given } => {
-                        waiting.insert(lane, seq);
+                        sent_back.entry(lane).or_default().insert(seq);
                         FromWorker::NeedWork { seq, lane, given }
                     }
                     // A lane's end is not the worker's: its other lanes go on.
@@ -338,7 +338,7 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                 .send(&mut records.arena, &FromWorker::Resumed)
                 .and_then(|()| {
                     drained = false;
-                    waiting.clear();
+                    sent_back.clear();
                     host.start_epoch();
                     let started = FromWorker::Started {
                         error: host.setup_error(),
