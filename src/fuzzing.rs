@@ -183,17 +183,16 @@ mod tests {
             ToWorker::Assign {
                 lane: 1,
                 works: vec![
-                    Work {
-                        shard: 5,
-                        emitted: 0,
-                    },
+                    Work::from(5, 0),
                     Work {
                         shard: 9,
                         emitted: 300,
+                        end: 310,
                     },
                 ],
                 last: false,
             },
+            ToWorker::HandBack { lane: 1 },
         ];
         let record_ref = RecordRef {
             segment: 1,
@@ -239,6 +238,15 @@ mod tests {
                 },
             },
             FromWorker::Retry { seq: 12 },
+            FromWorker::Tail {
+                seq: 13,
+                lane: 1,
+                works: vec![Work {
+                    shard: 9,
+                    emitted: 306,
+                    end: 310,
+                }],
+            },
         ];
         let mut stream = Vec::new();
         for (i, m) in msgs_to.iter().enumerate() {

@@ -156,6 +156,83 @@ def test_len_is_the_batches_this_rank_yields():
         len(_loader(known=False))
 
 
+_LEN_WORKERS = [(0, "multiprocessing")] + [
+    (nw, method) for nw in (1, 2, 3) for method in ("multiprocessing", "thread")
+]
+
+
+@time_limit(120)
+@pytest.mark.parametrize("mode", ["static", "dynamic", "elastic"])
+@pytest.mark.parametrize("nw,method", _LEN_WORKERS)
+def test_len_is_the_number_of_batches_in_every_mode(mode, nw, method):
+    """len(loader) is the number of batches a loop gets, in every sharding
+    mode, for 0 to 3 workers (processes or threads), drop_last, even and
+    shuffle either way, on either of two ranks. Dynamic mode's count does
+    not depend on which worker read which shard: the lanes' last items are
+    read by the last lane, so only the rank's last batch is short, as with
+    one lane."""
+    combos = list(itertools.product([False, True], repeat=3))
+    for i, (drop_last, even, shuffle) in enumerate(combos):
+        rank = i % 2
+        loader = _loader(
+            mode,
+            nw=nw,
+            rank=rank,
+            world=2,
+            even=even,
+            batch_size=4,
+            drop_last=drop_last,
+            shuffle=shuffle,
+            worker_method=method,
+        )
+        what = (mode, nw, method, drop_last, even, shuffle, rank)
+        want = len(loader)
+        batches = _epoch(loader)
+        assert len(batches) == want, what
+        if mode == "dynamic":
+            items = sum(LENS[s] for s in _rank_shards(loader, rank))
+            assert want == (items // 4 if drop_last else -(-items // 4)) or even, what
+            assert all(len(b) == 4 for b in batches[:-1]), what
+        if drop_last and (mode != "elastic" or even):
+            # (elastic with even=False reads every item once: it splits the
+            # last global batch as it falls, drop_last or not)
+            assert all(len(b) == 4 for b in batches), what
+
+
+def _rank_shards(loader, rank: int) -> list[int]:
+    """The shards rank ``rank`` of 2 reads in the loader's next epoch."""
+    from ferroloader.seeds import epoch_seed, shard_order_seed
+
+    n = len(LENS)
+    if not loader._shard_shuffle:
+        return list(range(n))[rank::2]
+    root = epoch_seed(loader.seed, loader._epochs_started - 1)
+    g = torch.Generator().manual_seed(shard_order_seed(root))
+    return torch.randperm(n, generator=g).tolist()[rank::2]
+
+
+@time_limit(120)
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+def test_len_of_the_readmes_dynamic_tar_example(tmp_path, method):
+    """The README's tar example (4 shards of 40 samples, batch_size=32, 2
+    workers, dynamic sharding, lengths given): 5 batches of 32, and len()
+    says 5 (each worker's short last batch made 6)."""
+    paths = write_tar_shards(str(tmp_path), [40] * 4)
+    ds = fl.FileShards(paths, read_tar, lengths=[40] * 4)
+    loader = fl.DataLoader(
+        ds,
+        batch_size=32,
+        num_workers=2,
+        worker_method=method,
+        collate_fn=decode_samples,
+        sharding=fl.Sharding(mode="dynamic"),
+    )
+    for _ in range(2):
+        assert len(loader) == 5
+        sizes = [len(b["id"]) for b in loader]
+        assert sizes == [32] * 5
+
+
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
 @pytest.mark.parametrize("nw_before,nw_after", [(3, 1), (0, 2), (2, 0)])
 def test_resume_mid_epoch_with_another_num_workers(mode, nw_before, nw_after):

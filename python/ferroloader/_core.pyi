@@ -3,7 +3,7 @@
 Checked against the built module by ``mypy.stubtest`` in ``scripts/test``.
 """
 
-from typing import Any, Callable, Iterator, Optional, final
+from typing import Any, Callable, Iterator, Optional, Sequence, final
 
 import torch
 from typing_extensions import Self, disjoint_base
@@ -35,9 +35,10 @@ __all__ = [
 ]
 
 # A sharded epoch's saved position: (positions, next_lane, handed, rest),
-# positions per lane (started, shard, emitted) or None, rest (shard, emitted).
+# positions per lane (started, shard, emitted) or None, rest [shard, emitted]
+# or [shard, emitted, end] (a part of a shard; given back as any sequence).
 _LaneSnapshot = tuple[
-    list[Optional[tuple[int, int, int]]], int, int, Optional[list[tuple[int, int]]]
+    list[Optional[tuple[int, int, int]]], int, int, Optional[Sequence[Sequence[int]]]
 ]
 # (iter_shard, shard descriptors, per-item seed hook or None)
 _ShardsArg = tuple[Any, list[Any], Optional[Any]]

@@ -21,7 +21,11 @@ decided in the main process by the engine; no user code calls
   every worker busy. When every ``shard_len`` is known the longest shards
   go out first (``largest_first``), so an epoch does not end with one
   worker reading a large shard alone. The batch order then depends on
-  timing; the items read do not.
+  timing; the items read do not, nor does the number of batches: a lane
+  that runs out of shards while others read on makes no short batch but
+  hands its last items back, and the last lane to run out reads them all,
+  so only the rank's last batch may be short (dropped with
+  ``drop_last=True``), as if one lane read all the rank's items.
 - **elastic**: the epoch's items form one global sequence (shards in
   order, each in shard order) that depends only on (seed, epoch); each
   global batch of ``batch_size * world_size`` items is split across ranks.
@@ -306,7 +310,12 @@ class ShardEpoch:
         }
 
     def batches(self) -> Optional[int]:
-        """Batches this rank yields this epoch, when known."""
+        """Batches this rank yields in this (whole) epoch, when every
+        ``shard_len`` is known: static, each lane's items cut into batches
+        (``ceil``, or ``floor`` with ``drop_last``), summed over lanes;
+        dynamic, the rank's items cut as by one lane; elastic, the rank's
+        share of the global batches; with ``even=True`` on several ranks,
+        the least of that over ranks (static, dynamic)."""
         if self.addresses is not None:
             return len(self.addresses)
         assert self.plan is not None

@@ -530,10 +530,12 @@ def _check_shards(sh: Any, n_shards: int) -> None:
     rest = sh.get("rest")
     _need(rest is None or isinstance(rest, list), "epoch.shards.rest is not a list")
     for w in rest or []:
-        # (shard, items emitted from it)
+        # (shard, items emitted from it[, where its part ends]): a dynamic
+        # lane's batches not handed over end before their shard does
         _int_list(w, "a queued shard")
-        _need(len(w) == 2, "a queued shard is not (shard, emitted)")
+        _need(len(w) in (2, 3), "a queued shard is not (shard, emitted[, end])")
         _need(w[0] < n_shards, f"a queued shard names shard {w[0]} of {n_shards}")
+        _need(len(w) == 2 or w[2] >= w[1], "a queued shard ends before it begins")
 
 
 def _check_epoch(loader: Any, epoch: Any, generators: int, size: int, workers: int) -> None:

@@ -10,7 +10,9 @@ use pyo3::types::PyList;
 use super::collate::Sink;
 use super::fetch::{Fetcher, TableArg};
 use super::indices::{Indices, Item};
-use super::shards::{missing, snapshot_to_py, AddressBatches, PyShards, ShardPlan, ShardsArg};
+use super::shards::{
+    missing, snapshot_to_py, AddressBatches, PyShards, ShardPlan, ShardsArg, Snapshot,
+};
 use super::stats::{MainTimes, StatsTuple};
 use crate::stats::StageTimes;
 use crate::worker::lanes::{BlockReader, LaneSet};
@@ -228,15 +230,7 @@ impl SingleProcessIter {
     /// A sharded epoch's position: `(positions, next_lane, handed, rest)`
     /// (see `crate::scheduler::shards::LaneSnapshot`); `None` otherwise.
     #[getter]
-    #[allow(clippy::type_complexity)]
-    fn _lane_snapshot(
-        &self,
-    ) -> Option<(
-        Vec<Option<(u32, u32, u64)>>,
-        usize,
-        u64,
-        Option<Vec<(u32, u64)>>,
-    )> {
+    fn _lane_snapshot(&self) -> Option<Snapshot> {
         match &self.source {
             Source::Lanes { set, .. } => Some(snapshot_to_py(set.snapshot())),
             _ => None,

@@ -17,7 +17,7 @@ use super::ffi::adopt_fd;
 use super::indices::{Indices, Item};
 use super::loader::warn_past_reported_len;
 use super::pinning::{counts_tuple, PinArena, PinCountsTuple};
-use super::shards::{snapshot_to_py, AddressBatches, ShardPlan};
+use super::shards::{snapshot_to_py, AddressBatches, ShardPlan, Snapshot};
 use super::stats::{MainTimes, StatsTuple};
 use super::torch::torch;
 use crate::pin::Held;
@@ -306,15 +306,7 @@ impl MultiProcessIter {
     /// A sharded epoch's position: `(positions, next_lane, handed, rest)`;
     /// `None` for other epochs.
     #[getter]
-    #[allow(clippy::type_complexity)]
-    fn _lane_snapshot(
-        &self,
-    ) -> Option<(
-        Vec<Option<(u32, u32, u64)>>,
-        usize,
-        u64,
-        Option<Vec<(u32, u64)>>,
-    )> {
+    fn _lane_snapshot(&self) -> Option<Snapshot> {
         self.core.lane_snapshot().map(snapshot_to_py)
     }
 

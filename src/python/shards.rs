@@ -110,12 +110,14 @@ impl ShardPlan {
     }
 }
 
-/// A saved position: `(positions, next_lane, handed, rest)`.
-type Snapshot = (
+/// A saved position: `(positions, next_lane, handed, rest)`; each work of
+/// `rest` is `[shard, emitted]`, or `[shard, emitted, end]` when it ends
+/// before its shard does.
+pub type Snapshot = (
     Vec<Option<(u32, u32, u64)>>,
     usize,
     u64,
-    Option<Vec<(u32, u64)>>,
+    Option<Vec<Vec<u64>>>,
 );
 
 pub fn snapshot_to_py(s: LaneSnapshot) -> Snapshot {
@@ -126,13 +128,44 @@ pub fn snapshot_to_py(s: LaneSnapshot) -> Snapshot {
             .collect(),
         s.next_lane,
         s.handed,
-        s.rest
-            .map(|r| r.iter().map(|w| (w.shard, w.emitted)).collect()),
+        s.rest.map(|r| {
+            r.iter()
+                .map(|w| {
+                    let mut v = vec![u64::from(w.shard), w.emitted];
+                    if w.end != Work::OPEN {
+                        v.push(w.end);
+                    }
+                    v
+                })
+                .collect()
+        }),
     )
 }
 
-fn snapshot_from_py(s: Snapshot) -> LaneSnapshot {
-    LaneSnapshot {
+fn work_from_py(w: &[u64]) -> PyResult<Work> {
+    let bad = || {
+        Class::Config.err(format!(
+            "a saved shard work {w:?} is not [shard, emitted(, end)]"
+        ))
+    };
+    let (shard, emitted, end) = match *w {
+        [shard, emitted] => (shard, emitted, Work::OPEN),
+        [shard, emitted, end] if end >= emitted => (shard, emitted, end),
+        _ => return Err(bad()),
+    };
+    Ok(Work {
+        shard: u32::try_from(shard).map_err(|_| bad())?,
+        emitted,
+        end,
+    })
+}
+
+fn snapshot_from_py(s: Snapshot) -> PyResult<LaneSnapshot> {
+    let rest = match s.3 {
+        Some(r) => Some(r.iter().map(|w| work_from_py(w)).collect::<PyResult<_>>()?),
+        None => None,
+    };
+    Ok(LaneSnapshot {
         positions: s
             .0
             .into_iter()
@@ -146,12 +179,8 @@ fn snapshot_from_py(s: Snapshot) -> LaneSnapshot {
             .collect(),
         next_lane: s.1,
         handed: s.2,
-        rest: s.3.map(|r| {
-            r.into_iter()
-                .map(|(shard, emitted)| Work { shard, emitted })
-                .collect()
-        }),
-    }
+        rest,
+    })
 }
 
 /// The epoch's lane plan for one rank (see `crate::scheduler::shards`),
@@ -198,7 +227,7 @@ pub fn shard_plan(
         even,
         largest_first,
     };
-    let resume = resume.map(snapshot_from_py);
+    let resume = resume.map(snapshot_from_py).transpose()?;
     let plan = spec
         .plan(resume.as_ref())
         .map_err(|e| Class::Config.err(e))?;

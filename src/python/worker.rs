@@ -37,6 +37,7 @@ struct Sharded {
 enum LaneOut<'py> {
     Batch(Bound<'py, PyAny>),
     NeedWork(u32),
+    Tail(Vec<Work>),
     Exhausted,
 }
 
@@ -158,6 +159,7 @@ impl<'py> PyHost<'py> {
                 self.collate_items(items, batched).map(LaneOut::Batch)
             }
             Pull::NeedWork => Ok(LaneOut::NeedWork(lane.given())),
+            Pull::HandedBack(works) => Ok(LaneOut::Tail(works)),
             Pull::Exhausted => Ok(LaneOut::Exhausted),
         }
     }
@@ -190,6 +192,12 @@ impl Host for PyHost<'_> {
         // a lane that is not this worker's fails its first task instead
         if let Some(lane) = self.sharded.as_mut().and_then(|s| s.lanes.get_mut(&lane)) {
             lane.assign(works, last);
+        }
+    }
+
+    fn hand_back(&mut self, lane: u32) {
+        if let Some(lane) = self.sharded.as_mut().and_then(|s| s.lanes.get_mut(&lane)) {
+            lane.hand_back();
         }
     }
 
@@ -268,6 +276,7 @@ impl PyHost<'_> {
         let fetched = match indices {
             TaskIndices::Lane(l) => match self.lane_batch(l) {
                 Ok(LaneOut::NeedWork(given)) => return Ok(Reply::NeedWork { lane: l, given }),
+                Ok(LaneOut::Tail(works)) => return Ok(Reply::Tail { lane: l, works }),
                 Ok(LaneOut::Batch(b)) => Ok(Some(b)),
                 Ok(LaneOut::Exhausted) => Ok(None),
                 Err(e) => Err(e),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::pool::{Event, WorkerPool};
 use super::protocol::{LanePos, TaskIndices, ToWorker, Work};
-use super::shards::{LanePlan, LaneSnapshot, ShardQueue};
+use super::shards::{LanePlan, LaneSnapshot, RanOut, ShardQueue};
 use super::transport::Blocking;
 use super::{Next, Scheduler};
 use crate::error::{Error, Result};
@@ -81,6 +81,12 @@ struct Lanes {
     pending: Vec<VecDeque<(u32, LanePos)>>,
     /// Each lane's position after its last handed-over batch.
     positions: Vec<Option<LanePos>>,
+    /// Each lane's position after the last batch it made (handed over or
+    /// not): where a lane that hands back ended its own stream.
+    produced: Vec<Option<LanePos>>,
+    /// The collecting lane's task, held until tails still on their way
+    /// come: `(worker, seq, lane)`.
+    deferred: Option<(usize, u64, u32)>,
     handed: u64,
     budget: Option<u64>,
 }
@@ -170,17 +176,11 @@ impl Loader {
                 // two shards each, the second to read ahead into; lanes get
                 // a third as soon as they begin their second (`LanePos`)
                 let mut q = ShardQueue::new(plan.queue.clone(), plan.lanes);
-                let mut given: Vec<Vec<Work>> = vec![Vec::new(); plan.lanes];
-                for _ in 0..2 {
-                    for (lane, works) in given.iter_mut().enumerate() {
-                        works.extend(q.assign(lane));
-                    }
-                }
-                for (lane, works) in given.into_iter().enumerate() {
+                for (lane, (works, last)) in q.first_works(2).into_iter().enumerate() {
                     let msg = ToWorker::Assign {
                         lane: lane as u32,
-                        last: works.is_empty(),
                         works,
+                        last,
                     };
                     self.pool.send(worker_of[lane], &msg)?;
                 }
@@ -192,6 +192,8 @@ impl Loader {
             queue,
             pending: vec![VecDeque::new(); n],
             positions: plan.positions.clone(),
+            produced: plan.positions.clone(),
+            deferred: None,
             handed: plan.handed,
             budget: plan.budget,
             plan,
@@ -402,7 +404,10 @@ impl Loader {
                 self.close();
                 return Err(Error::WorkerDied { worker, pid, exit }.into());
             }
-            Event::LanePos { .. } | Event::NeedWork { .. } | Event::Retry { .. }
+            Event::LanePos { .. }
+            | Event::NeedWork { .. }
+            | Event::Retry { .. }
+            | Event::Tail { .. }
                 if self.awaiting_resume > 0 =>
             {
                 return Ok(0)
@@ -426,6 +431,9 @@ impl Loader {
             } => {
                 if let Some(lanes) = &mut self.lanes {
                     lanes.pending[worker].push_back((lane, pos));
+                    if let Some(p) = lanes.produced.get_mut(lane as usize) {
+                        *p = Some(lanes.plan.absolute(lane as usize, pos));
+                    }
                     if let Some(q) = &mut lanes.queue {
                         // a dynamic lane began its last shard: one more, so
                         // it can read ahead into it
@@ -451,6 +459,15 @@ impl Loader {
                 given,
             } => {
                 self.give_work(worker, seq, lane, given)?;
+                return Ok(0);
+            }
+            Event::Tail {
+                worker,
+                lane,
+                works,
+                ..
+            } => {
+                self.take_tail(worker, lane, works)?;
                 return Ok(0);
             }
             Event::Resumed { worker } if self.awaiting_resume > 0 => {
@@ -535,17 +552,21 @@ impl Loader {
     }
 
     /// A dynamic lane ran out of shards on task `seq`: give it the next one
-    /// (or tell it none are left) unless that is already on its way, then
-    /// send the task again; it keeps its place in the sequence.
+    /// (or, when none are left, tell it to hand back its last items, or
+    /// give it the tails to read if it is the last lane) unless that is
+    /// already on its way, then send the task again; it keeps its place in
+    /// the sequence. The last lane's task waits for tails still on their
+    /// way.
     fn give_work(&mut self, worker: usize, seq: u64, lane: u32, given: u32) -> Result<()> {
-        let queue = self
-            .lanes
-            .as_mut()
-            .and_then(|l| l.queue.as_mut())
-            .ok_or(Error::Corrupt {
+        let lanes = self.lanes.as_mut();
+        let Some((queue, deferred)) =
+            lanes.and_then(|l| Some((l.queue.as_mut()?, &mut l.deferred)))
+        else {
+            return Err(Error::Corrupt {
                 worker,
                 what: crate::record::DecodeError("a static lane asked for work"),
-            })?;
+            });
+        };
         let l = lane as usize;
         if l >= queue.lanes() {
             return Err(Error::Corrupt {
@@ -554,11 +575,20 @@ impl Loader {
             });
         }
         if queue.given(l) <= given {
-            let next = queue.assign(l);
-            let msg = ToWorker::Assign {
-                lane,
-                last: next.is_none(),
-                works: next.into_iter().collect(),
+            let msg = match queue.ran_out(l) {
+                RanOut::Work(w) => ToWorker::Assign {
+                    lane,
+                    works: vec![w],
+                    last: false,
+                },
+                RanOut::HandBack => ToWorker::HandBack { lane },
+                RanOut::Collect { works, last } => {
+                    if works.is_empty() && !last {
+                        *deferred = Some((worker, seq, lane));
+                        return Ok(());
+                    }
+                    ToWorker::Assign { lane, works, last }
+                }
             };
             self.pool.send(worker, &msg)?;
         }
@@ -567,6 +597,42 @@ impl Loader {
             indices: TaskIndices::Lane(lane),
         };
         self.pool.send(worker, &task)
+    }
+
+    /// A lane told to hand back gave back `works`: they go to the lane
+    /// that reads the tails, once there is one (with its held task).
+    fn take_tail(&mut self, worker: usize, lane: u32, works: Vec<Work>) -> Result<()> {
+        let Some(lanes) = self.lanes.as_mut() else {
+            return Ok(());
+        };
+        let l = lane as usize;
+        let at = lanes.produced.get(l).copied().flatten();
+        let Some(queue) = lanes.queue.as_mut() else {
+            return Err(Error::Corrupt {
+                worker,
+                what: crate::record::DecodeError("a static lane handed back"),
+            });
+        };
+        let Some((c, works, last)) = queue.handed_back(l, at, works) else {
+            return Ok(());
+        };
+        if works.is_empty() && !last {
+            return Ok(());
+        }
+        let msg = ToWorker::Assign {
+            lane: c as u32,
+            works,
+            last,
+        };
+        self.pool.send(lanes.worker_of[c], &msg)?;
+        if let Some((w, seq, lane)) = lanes.deferred.take() {
+            let task = ToWorker::Task {
+                seq,
+                indices: TaskIndices::Lane(lane),
+            };
+            self.pool.send(w, &task)?;
+        }
+        Ok(())
     }
 
     /// Blocks until at least one answer arrives (or a worker fails, or

@@ -68,6 +68,13 @@ pub enum Event {
     },
     /// Task `seq` is to be sent again as it was.
     Retry { worker: usize, seq: u64 },
+    /// `lane`, told to hand back, gave back `works` on task `seq`.
+    Tail {
+        worker: usize,
+        seq: u64,
+        lane: u32,
+        works: Vec<super::protocol::Work>,
+    },
     /// The worker's stage timings since its last report.
     Stats {
         worker: usize,
@@ -331,6 +338,12 @@ impl WorkerPool {
                 },
                 FromWorker::Retry { seq } => Event::Retry { worker: w, seq },
                 FromWorker::Stats(times) => Event::Stats { worker: w, times },
+                FromWorker::Tail { seq, lane, works } => Event::Tail {
+                    worker: w,
+                    seq,
+                    lane,
+                    works,
+                },
             };
             self.events.push_back(event);
         }

@@ -94,6 +94,13 @@ impl Host for TestHost {
             .assign(works, last);
     }
 
+    fn hand_back(&mut self, lane: u32) {
+        self.lanes
+            .get_mut(&lane)
+            .expect("a lane of this worker")
+            .hand_back();
+    }
+
     fn lane_after_batch(&mut self) -> Option<(u32, LanePos)> {
         self.last_lane.take()
     }
@@ -125,6 +132,7 @@ impl Host for TestHost {
                             given: lane.given(),
                         })
                     }
+                    Pull::HandedBack(works) => return Ok(Reply::Tail { lane: l, works }),
                     Pull::Exhausted => return Ok(Reply::Exhausted),
                 }
             }
@@ -602,10 +610,10 @@ fn static_lanes_give_the_same_batches_for_any_number_of_workers() {
 #[test]
 #[cfg_attr(miri, ignore)] // see the module docs
 fn dynamic_lanes_read_every_item_once_asking_for_shards() {
-    for workers in [1, 3] {
+    for workers in [1, 2, 3] {
         let mut pool = start(workers, 2, true, true);
         let queue = (0..SHARD_LENS.len() as u32)
-            .map(|shard| Work { shard, emitted: 0 })
+            .map(|shard| Work::from(shard, 0))
             .collect();
         let plan = LanePlan {
             lanes: workers,
@@ -621,12 +629,70 @@ fn dynamic_lanes_read_every_item_once_asking_for_shards() {
             positions: vec![None; workers],
         };
         let got = lane_epoch(&mut pool, plan);
-        assert!(got.iter().all(|b| b.len() <= LANE_BATCH));
+        // the lanes' tails are read by the last lane: one lane's batches
+        let total = all_items().len();
+        assert_eq!(got.len(), total.div_ceil(LANE_BATCH), "{workers} workers");
+        assert!(got.iter().rev().skip(1).all(|b| b.len() == LANE_BATCH));
         let mut items = got.concat();
         items.sort_unstable();
         assert_eq!(items, all_items(), "{workers} workers");
         pool.loader.close();
         pool.reap();
+    }
+}
+
+/// A dynamic rank of `SHARD_LENS` read by `lanes` lanes, batches of
+/// `batch`, shuffled in blocks of 2.
+fn dynamic_spec(lanes: usize, batch: usize) -> ShardSpec {
+    ShardSpec {
+        n_shards: SHARD_LENS.len(),
+        lens: Some(SHARD_LENS.to_vec()),
+        order_seed: Some(3),
+        blocks: Some(Blocks { root: 5, size: 2 }),
+        rank: 0,
+        world: 1,
+        mode: Mode::Dynamic(lanes),
+        batch: Some(batch as u64),
+        drop_last: false,
+        even: false,
+        largest_first: true,
+    }
+}
+
+#[test]
+#[cfg_attr(miri, ignore)] // see the module docs
+fn a_dynamic_epoch_resumes_from_any_snapshot_with_every_item_once() {
+    // tails handed back while batches are still in flight: a snapshot
+    // taken then holds those batches' items, once
+    let mut pool = start(3, 2, true, false);
+    let whole = lane_epoch(&mut pool, dynamic_spec(3, LANE_BATCH).plan(None).unwrap());
+    pool.reap();
+    assert_eq!(
+        Some(whole.len() as u64),
+        dynamic_spec(3, LANE_BATCH).batches()
+    );
+    for stop in 0..=whole.len() {
+        let mut pool = start(3, 2, true, false);
+        let plan = dynamic_spec(3, LANE_BATCH).plan(None).unwrap();
+        pool.loader.start_lanes(plan).unwrap();
+        let mut draw = batches(0, |_| vec![]);
+        pool.loader.prime(&mut draw).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..stop {
+            let (w, p) = pool.next(&mut draw).unwrap().unwrap();
+            got.extend(pool.indices(w, p));
+        }
+        let snap = pool.loader.lane_snapshot().unwrap();
+        pool.loader.close();
+        pool.reap();
+        // the rest, in one process with 2 lanes
+        let plan = dynamic_spec(2, LANE_BATCH).plan(Some(&snap)).unwrap();
+        let mut set: LaneSet<TestShards> = LaneSet::new(plan, Some(LANE_BATCH), false);
+        while let Some(b) = set.next_batch(&mut TestShards).unwrap() {
+            got.extend(b);
+        }
+        got.sort_unstable();
+        assert_eq!(got, all_items(), "stop {stop}");
     }
 }
 
@@ -711,7 +777,7 @@ fn a_dynamic_lanes_batches_keep_the_order_of_its_tasks() {
     // out; a task sent back (NeedWork) must not be overtaken by a later
     // one that finds a newly assigned shard.
     let queue: Vec<Work> = (0..SHARD_LENS.len() as u32)
-        .map(|shard| Work { shard, emitted: 0 })
+        .map(|shard| Work::from(shard, 0))
         .collect();
     let plan = LanePlan {
         lanes: 1,

@@ -25,8 +25,12 @@ pub mod to_worker {
     pub const MAILBOX: u8 = 4;
     /// `u8` shuffle, `u64` block, `u64` root, `u64` n, n `u32` lane ids.
     pub const LANES: u8 = 5;
-    /// `u32` lane, `u8` last, `u64` n, n works (`u32` shard, `u64` emitted).
+    /// `u32` lane, `u8` last, `u64` n, n works (`u32` shard, `u64` emitted,
+    /// `u64` end).
     pub const ASSIGN: u8 = 6;
+    /// `u32` lane: no shards are left for it; it gives back the items it
+    /// has not made a batch of (a `TAIL`).
+    pub const HAND_BACK: u8 = 7;
 
     /// Index kinds of a `TASK`.
     pub const INDICES_INTS: u8 = 0;
@@ -71,14 +75,34 @@ pub mod from_worker {
     /// `u8` flag, then (flag 1) `u64` n, n bytes: the worker has set up
     /// for an epoch, and the error its setup raised, when one did.
     pub const STARTED: u8 = 11;
+    /// `u64` seq, `u32` lane, `u64` n, n works (as in `ASSIGN`): the items
+    /// a lane told `HAND_BACK` had not made a batch of (sent just before
+    /// the `EXHAUSTED` that ends it).
+    pub const TAIL: u8 = 12;
 }
 
 /// A shard for a lane to read, from position `emitted` of its shard order
-/// on (`crate::sampler::shards`).
+/// (`crate::sampler::shards`) up to position `end` (not included;
+/// [`Work::OPEN`]: to the shard's end).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Work {
     pub shard: u32,
     pub emitted: u64,
+    pub end: u64,
+}
+
+impl Work {
+    /// An `end` past any shard's end.
+    pub const OPEN: u64 = u64::MAX;
+
+    /// `shard` from position `emitted` to its end.
+    pub fn from(shard: u32, emitted: u64) -> Self {
+        Work {
+            shard,
+            emitted,
+            end: Work::OPEN,
+        }
+    }
 }
 
 /// Where a lane stands after a batch: it had begun `started` works, and has
@@ -131,6 +155,14 @@ pub enum ToWorker {
         lane: u32,
         works: Vec<Work>,
         last: bool,
+    },
+    /// No more shards will come for `lane` (a dynamic lane that ran out
+    /// while others read on): it makes no short batch but gives its items
+    /// not yet in a batch back (`FromWorker::Tail`), for the epoch's last
+    /// lane to read, so the rank's batch count does not depend on which
+    /// lane read which shard.
+    HandBack {
+        lane: u32,
     },
 }
 
@@ -193,6 +225,13 @@ pub enum FromWorker {
     },
     /// The worker's stage timings since its last report.
     Stats(crate::stats::StageTimes),
+    /// `lane`, told to hand back, ends on task `seq` (an `Exhausted`
+    /// follows): `works` hold the items it read but made no batch of.
+    Tail {
+        seq: u64,
+        lane: u32,
+        works: Vec<Work>,
+    },
 }
 
 impl ToWorker {
@@ -258,11 +297,11 @@ impl ToWorker {
                 out.push(ASSIGN);
                 out.extend_from_slice(&lane.to_le_bytes());
                 out.push(u8::from(*last));
-                out.extend_from_slice(&(works.len() as u64).to_le_bytes());
-                for w in works {
-                    out.extend_from_slice(&w.shard.to_le_bytes());
-                    out.extend_from_slice(&w.emitted.to_le_bytes());
-                }
+                put_works(out, works);
+            }
+            ToWorker::HandBack { lane } => {
+                out.push(HAND_BACK);
+                out.extend_from_slice(&lane.to_le_bytes());
             }
         }
     }
@@ -328,20 +367,10 @@ impl ToWorker {
             ASSIGN => {
                 let lane = r.u32()?;
                 let last = flag(r.u8()?)?;
-                let n = r.u64()? as usize;
-                if n > r.remaining() / 12 {
-                    return Err(DecodeError("work count"));
-                }
-                let works = (0..n)
-                    .map(|_| {
-                        Ok(Work {
-                            shard: r.u32()?,
-                            emitted: r.u64()?,
-                        })
-                    })
-                    .collect::<Result<_, DecodeError>>()?;
+                let works = get_works(&mut r)?;
                 ToWorker::Assign { lane, works, last }
             }
+            HAND_BACK => ToWorker::HandBack { lane: r.u32()? },
             _ => return Err(DecodeError("message tag")),
         };
         r.end()?;
@@ -409,6 +438,12 @@ impl FromWorker {
                 out.push(STATS);
                 put_times(out, t);
             }
+            FromWorker::Tail { seq, lane, works } => {
+                out.push(TAIL);
+                out.extend_from_slice(&seq.to_le_bytes());
+                out.extend_from_slice(&lane.to_le_bytes());
+                put_works(out, works);
+            }
         }
     }
 
@@ -459,11 +494,41 @@ impl FromWorker {
             },
             RETRY => FromWorker::Retry { seq: r.u64()? },
             STATS => FromWorker::Stats(get_times(&mut r)?),
+            TAIL => FromWorker::Tail {
+                seq: r.u64()?,
+                lane: r.u32()?,
+                works: get_works(&mut r)?,
+            },
             _ => return Err(DecodeError("message tag")),
         };
         r.end()?;
         Ok(msg)
     }
+}
+
+fn put_works(out: &mut Vec<u8>, works: &[Work]) {
+    out.extend_from_slice(&(works.len() as u64).to_le_bytes());
+    for w in works {
+        out.extend_from_slice(&w.shard.to_le_bytes());
+        out.extend_from_slice(&w.emitted.to_le_bytes());
+        out.extend_from_slice(&w.end.to_le_bytes());
+    }
+}
+
+fn get_works(r: &mut Reader<'_>) -> Result<Vec<Work>, DecodeError> {
+    let n = r.u64()? as usize;
+    if n > r.remaining() / 20 {
+        return Err(DecodeError("work count"));
+    }
+    (0..n)
+        .map(|_| {
+            Ok(Work {
+                shard: r.u32()?,
+                emitted: r.u64()?,
+                end: r.u64()?,
+            })
+        })
+        .collect()
 }
 
 fn put_times(out: &mut Vec<u8>, t: &crate::stats::StageTimes) {
@@ -521,7 +586,11 @@ mod tests {
                 .prop_map(TaskIndices::Addresses),
         ];
         let work =
-            (any::<u32>(), any::<u64>()).prop_map(|(shard, emitted)| Work { shard, emitted });
+            (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(shard, emitted, end)| Work {
+                shard,
+                emitted,
+                end,
+            });
         prop_oneof![
             (any::<u64>(), indices).prop_map(|(seq, indices)| ToWorker::Task { seq, indices }),
             Just(ToWorker::Resume),
@@ -545,6 +614,7 @@ mod tests {
                 any::<bool>()
             )
                 .prop_map(|(lane, works, last)| ToWorker::Assign { lane, works, last }),
+            any::<u32>().prop_map(|lane| ToWorker::HandBack { lane }),
         ]
     }
 
@@ -604,6 +674,23 @@ mod tests {
                 transfer: t[2],
                 batches: t[3],
             })),
+            (
+                any::<u64>(),
+                any::<u32>(),
+                proptest::collection::vec((any::<u32>(), any::<u64>(), any::<u64>()), 0..10)
+            )
+                .prop_map(|(seq, lane, works)| FromWorker::Tail {
+                    seq,
+                    lane,
+                    works: works
+                        .into_iter()
+                        .map(|(shard, emitted, end)| Work {
+                            shard,
+                            emitted,
+                            end
+                        })
+                        .collect(),
+                }),
         ]
     }
 

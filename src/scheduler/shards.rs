@@ -14,7 +14,11 @@
 //! - **dynamic**: one lane per worker; a lane that finishes a shard gets the
 //!   next unread shard of its rank from the main process ([`ShardQueue`]),
 //!   so uneven shards keep every worker busy. The order then depends on
-//!   timing; the set of items does not.
+//!   timing; the set of items does not, nor does the number of batches: a
+//!   lane that runs out while others read on hands back its last items
+//!   (less than a batch) instead of a short batch, and the last lane to run
+//!   out reads them all, so the rank's batches are those of one lane
+//!   reading all its items (`batches_of`).
 //!
 //! Lanes report, with every batch, where they stand ([`LanePos`]); the
 //! positions of the batches handed over are the epoch's snapshot, from
@@ -93,8 +97,8 @@ pub struct ShardSpec {
 
 impl ShardSpec {
     /// The batches this rank yields in a whole epoch, when the shard lengths
-    /// are known: exact for static lanes and for even counts, the least any
-    /// assignment gives for dynamic lanes otherwise.
+    /// are known (exact in both modes; with even counts across ranks, the
+    /// least over ranks).
     pub fn batches(&self) -> Option<u64> {
         let lens = self.lens.as_ref()?;
         let order = shard_order(self.n_shards, self.order_seed);
@@ -171,7 +175,7 @@ impl ShardSpec {
                         }
                         order
                             .into_iter()
-                            .map(|shard| Work { shard, emitted: 0 })
+                            .map(|shard| Work::from(shard, 0))
                             .collect()
                     }
                 };
@@ -212,7 +216,7 @@ pub fn static_lanes(shards: &[u32], lanes: usize) -> Vec<Vec<Work>> {
                 .iter()
                 .skip(l)
                 .step_by(lanes)
-                .map(|&shard| Work { shard, emitted: 0 })
+                .map(|&shard| Work::from(shard, 0))
                 .collect()
         })
         .collect()
@@ -237,9 +241,10 @@ pub enum Mode {
 }
 
 /// The number of batches every rank can yield in an epoch, so that ranks
-/// stay in step (`lens[s]`: items of shard `s`). Static lanes are counted
-/// exactly; dynamic ones by the least any assignment can give (a partial
-/// batch per lane when `drop_last` drops them).
+/// stay in step (`lens[s]`: items of shard `s`): the least over ranks of
+/// each rank's exact count. Static lanes each cut their own items; dynamic
+/// lanes together cut the rank's items as one lane would (their tails are
+/// read by the last lane: `ShardQueue`), whichever lane read which shard.
 pub fn even_batches(
     order: &[u32],
     lens: &[u64],
@@ -259,14 +264,10 @@ pub fn even_batches(
                         batches_of(items, batch, drop_last)
                     })
                     .sum(),
-                Mode::Dynamic(lanes) => {
+                // the last lane reads every other lane's tail: one lane's count
+                Mode::Dynamic(_) => {
                     let items: u64 = shards.iter().map(|&s| lens[s as usize]).sum();
-                    let whole = batches_of(items, batch, drop_last);
-                    if drop_last {
-                        whole.saturating_sub(lanes as u64 - 1)
-                    } else {
-                        whole
-                    }
+                    batches_of(items, batch, drop_last)
                 }
             }
         })
@@ -274,13 +275,50 @@ pub fn even_batches(
         .unwrap_or(0)
 }
 
+/// How a dynamic lane's part of an epoch ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Reading shards; it may ask for more.
+    Reading,
+    /// Told to hand back; its tail is on its way.
+    HandingBack,
+    /// Gave back its items not in a batch: its own stream ended after its
+    /// last batch, at `at` (`None`: it made none).
+    HandedBack { at: Option<LanePos> },
+    /// The epoch's last lane: it reads the tails given back.
+    Collecting,
+}
+
+/// What a dynamic lane that ran out of shards is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RanOut {
+    /// Its next shard.
+    Work(Work),
+    /// Other lanes read on: it makes no short batch, but gives its items
+    /// not yet in a batch back (`Pull::HandedBack`).
+    HandBack,
+    /// It is the epoch's last lane: it reads the tails given back so far
+    /// (`works`, maybe none); `last`: none is still on its way.
+    Collect { works: Vec<Work>, last: bool },
+}
+
 /// Dynamic assignment: the rank's unread shards, handed to lanes as they
 /// ask, and what each lane was given.
+///
+/// The epoch's end: a lane that runs out while others still read is told
+/// to hand back the items it has not made a batch of (at most a batch's
+/// worth, as works: shard ranges), and the last lane to run out reads them
+/// all after its own. So only that lane's last batch is short, and the
+/// rank yields as many batches as one lane reading all its items would
+/// (`batches_of`), whichever lane read which shard.
 #[derive(Debug, Clone)]
 pub struct ShardQueue {
     todo: Vec<Work>,
     next: usize,
     given: Vec<Vec<Work>>,
+    ending: Vec<Ending>,
+    /// Tails given back, not yet given to the collecting lane.
+    tails: Vec<Work>,
 }
 
 impl ShardQueue {
@@ -289,6 +327,8 @@ impl ShardQueue {
             todo,
             next: 0,
             given: vec![Vec::new(); lanes],
+            ending: vec![Ending::Reading; lanes],
+            tails: Vec::new(),
         }
     }
 
@@ -309,28 +349,147 @@ impl ShardQueue {
         Some(w)
     }
 
+    /// Each lane's first `per_lane` works, given in turn, and whether that
+    /// is all it gets (it got none: it ends at once, and has nothing to
+    /// hand back).
+    pub fn first_works(&mut self, per_lane: usize) -> Vec<(Vec<Work>, bool)> {
+        let n = self.lanes();
+        let mut out: Vec<Vec<Work>> = vec![Vec::new(); n];
+        for _ in 0..per_lane {
+            for (lane, works) in out.iter_mut().enumerate() {
+                works.extend(self.assign(lane));
+            }
+        }
+        out.into_iter()
+            .enumerate()
+            .map(|(lane, works)| {
+                let last = works.is_empty();
+                if last {
+                    self.ending[lane] = Ending::HandedBack { at: None };
+                }
+                (works, last)
+            })
+            .collect()
+    }
+
+    /// `lane` asked for work: the next shard, or, when none is left, hand
+    /// back (other lanes still read) or collect the tails (it is the last).
+    pub fn ran_out(&mut self, lane: usize) -> RanOut {
+        if let Some(w) = self.assign(lane) {
+            return RanOut::Work(w);
+        }
+        let others_read = (0..self.lanes()).any(|l| l != lane && self.ending[l] == Ending::Reading);
+        match self.ending[lane] {
+            Ending::Reading if others_read => {
+                self.ending[lane] = Ending::HandingBack;
+                return RanOut::HandBack;
+            }
+            Ending::Reading | Ending::Collecting => {}
+            // (a lane told to hand back does not ask again)
+            Ending::HandingBack | Ending::HandedBack { .. } => return RanOut::HandBack,
+        }
+        self.ending[lane] = Ending::Collecting;
+        let (works, last) = self.tails_for(lane);
+        RanOut::Collect { works, last }
+    }
+
+    /// `lane` gave back `works` (its stream ended after its last batch, at
+    /// `at`). When a lane collects, what it is to read now: `(that lane,
+    /// works, last)`.
+    pub fn handed_back(
+        &mut self,
+        lane: usize,
+        at: Option<LanePos>,
+        works: Vec<Work>,
+    ) -> Option<(usize, Vec<Work>, bool)> {
+        if lane >= self.lanes() || matches!(self.ending[lane], Ending::HandedBack { .. }) {
+            return None;
+        }
+        self.ending[lane] = Ending::HandedBack { at };
+        self.tails.extend(works);
+        let c = self.ending.iter().position(|e| *e == Ending::Collecting)?;
+        let (works, last) = self.tails_for(c);
+        Some((c, works, last))
+    }
+
+    /// The tails for collecting lane `c`, recorded as its, and whether no
+    /// more are on their way.
+    fn tails_for(&mut self, c: usize) -> (Vec<Work>, bool) {
+        let works = std::mem::take(&mut self.tails);
+        self.given[c].extend(works.iter().copied());
+        let last = !self.ending.contains(&Ending::HandingBack);
+        (works, last)
+    }
+
     /// Everything not yet read as of `positions` (each lane's position
     /// after its last handed-over batch): each lane's current shard from
     /// where it stands, then what lanes were given but had not begun, then
-    /// the shards never given out. Any number of lanes can go on from it.
+    /// the tails given back and not yet collected, then the shards never
+    /// given out. A lane that handed back contributes only the batches it
+    /// made that were not handed over. Any number of lanes can go on from
+    /// it.
     pub fn rest(&self, positions: &[Option<LanePos>]) -> Vec<Work> {
         let mut current = Vec::new();
         let mut unbegun = Vec::new();
         for (lane, given) in self.given.iter().enumerate() {
             let started = positions.get(lane).copied().flatten();
+            if let Ending::HandedBack { at } = self.ending[lane] {
+                current.extend(between(given, started, at));
+                continue;
+            }
             let begun = started.map_or(0, |p| p.started as usize);
             if let Some(p) = started {
                 current.push(Work {
                     shard: p.shard,
                     emitted: p.emitted,
+                    end: work_end(given, p),
                 });
             }
             unbegun.extend(given.iter().skip(begun).copied());
         }
         current.extend(unbegun);
+        current.extend(self.tails.iter().copied());
         current.extend(self.todo[self.next..].iter().copied());
         current
     }
+}
+
+/// The end of the work a lane given `given` is reading at `p`.
+fn work_end(given: &[Work], p: LanePos) -> u64 {
+    (p.started as usize)
+        .checked_sub(1)
+        .and_then(|i| given.get(i))
+        .filter(|w| w.shard == p.shard)
+        .map_or(Work::OPEN, |w| w.end)
+}
+
+/// A lane's items from position `from` (`None`: its start) up to position
+/// `to` (`None`: its start), as works (the lane read `given` in order).
+fn between(given: &[Work], from: Option<LanePos>, to: Option<LanePos>) -> Vec<Work> {
+    let Some(to) = to else {
+        return Vec::new();
+    };
+    let (first, start) = match from {
+        Some(p) => ((p.started as usize).saturating_sub(1), Some(p.emitted)),
+        None => (0, None),
+    };
+    let last = (to.started as usize).saturating_sub(1);
+    let mut out = Vec::new();
+    for (i, w) in given.iter().enumerate().take(last + 1).skip(first) {
+        let emitted = match start {
+            Some(e) if i == first => e,
+            _ => w.emitted,
+        };
+        let end = if i == last { to.emitted } else { w.end };
+        if emitted < end {
+            out.push(Work {
+                shard: w.shard,
+                emitted,
+                end,
+            });
+        }
+    }
+    out
 }
 
 /// Static lanes resumed at `positions`: lane `l` goes on with its current
@@ -343,10 +502,7 @@ pub fn resume_static(plans: &[Vec<Work>], positions: &[Option<LanePos>]) -> Vec<
             None => plan.clone(),
             Some(p) => {
                 let begun = p.started as usize;
-                let mut works = vec![Work {
-                    shard: p.shard,
-                    emitted: p.emitted,
-                }];
+                let mut works = vec![Work::from(p.shard, p.emitted)];
                 works.extend(plan.iter().skip(begun).copied());
                 works
             }
@@ -359,7 +515,15 @@ mod tests {
     use super::*;
 
     fn w(shard: u32, emitted: u64) -> Work {
-        Work { shard, emitted }
+        Work::from(shard, emitted)
+    }
+
+    fn pos(started: u32, shard: u32, emitted: u64) -> Option<LanePos> {
+        Some(LanePos {
+            started,
+            shard,
+            emitted,
+        })
     }
 
     #[test]
@@ -388,9 +552,14 @@ mod tests {
             even_batches(&order, &lens, 2, Mode::Static(2), Some(2), true),
             0
         );
-        // dynamic: rank 1 has 2 items -> 1 batch at least
+        // dynamic: rank 1 has 2 items -> 1 batch, however its 2 lanes
+        // split them (the last lane reads the other's tail)
         assert_eq!(
             even_batches(&order, &lens, 2, Mode::Dynamic(2), Some(2), false),
+            1
+        );
+        assert_eq!(
+            even_batches(&order, &lens, 2, Mode::Dynamic(2), Some(2), true),
             1
         );
         assert_eq!(
@@ -437,5 +606,115 @@ mod tests {
             resume_static(&plans, &pos),
             vec![vec![w(6, 3), w(8, 0)], vec![w(5, 0), w(7, 0)]]
         );
+    }
+
+    #[test]
+    fn lanes_that_run_out_hand_back_and_the_last_collects() {
+        let mut q = ShardQueue::new(vec![w(0, 0), w(1, 0), w(2, 0)], 3);
+        let first = q.first_works(1);
+        assert_eq!(
+            first,
+            vec![
+                (vec![w(0, 0)], false),
+                (vec![w(1, 0)], false),
+                (vec![w(2, 0)], false)
+            ]
+        );
+        // lanes 1 and 0 run out while others read: they hand back
+        assert_eq!(q.ran_out(1), RanOut::HandBack);
+        assert_eq!(q.ran_out(0), RanOut::HandBack);
+        // lane 2 is the last: nothing is back yet, more is on its way
+        assert_eq!(
+            q.ran_out(2),
+            RanOut::Collect {
+                works: vec![],
+                last: false
+            }
+        );
+        let tail0 = Work {
+            shard: 0,
+            emitted: 6,
+            end: Work::OPEN,
+        };
+        assert_eq!(
+            q.handed_back(0, pos(1, 0, 6), vec![tail0]),
+            Some((2, vec![tail0], false))
+        );
+        assert_eq!(
+            q.handed_back(1, None, vec![w(1, 0)]),
+            Some((2, vec![w(1, 0)], true))
+        );
+        assert_eq!(q.given(2), 3, "the tails are the collector's");
+        // nothing is read twice or lost: lane 0's batches not handed over
+        // (from item 2 to 6), lane 2's own shard and its tails
+        let rest = q.rest(&[pos(1, 0, 2), None, None]);
+        assert_eq!(
+            rest,
+            vec![
+                Work {
+                    shard: 0,
+                    emitted: 2,
+                    end: 6
+                },
+                w(2, 0),
+                tail0,
+                w(1, 0)
+            ]
+        );
+        // once lane 0's batches are handed over it adds nothing
+        assert_eq!(q.rest(&[pos(1, 0, 6), None, None])[0], w(2, 0));
+    }
+
+    #[test]
+    fn a_lane_given_nothing_at_the_start_does_not_hold_up_the_last() {
+        let mut q = ShardQueue::new(vec![w(4, 0)], 2);
+        assert_eq!(
+            q.first_works(2),
+            vec![(vec![w(4, 0)], false), (vec![], true)]
+        );
+        assert_eq!(
+            q.ran_out(0),
+            RanOut::Collect {
+                works: vec![],
+                last: true
+            }
+        );
+    }
+
+    #[test]
+    fn between_cuts_a_lanes_stream_at_two_positions() {
+        let given = [
+            w(3, 5),
+            w(7, 0),
+            Work {
+                shard: 9,
+                emitted: 2,
+                end: 8,
+            },
+        ];
+        // from inside the first work to inside the last
+        assert_eq!(
+            between(&given, pos(1, 3, 6), pos(3, 9, 4)),
+            vec![
+                w(3, 6),
+                w(7, 0),
+                Work {
+                    shard: 9,
+                    emitted: 2,
+                    end: 4
+                }
+            ]
+        );
+        // from the start, within one work; an empty range
+        assert_eq!(
+            between(&given, None, pos(1, 3, 8)),
+            vec![Work {
+                shard: 3,
+                emitted: 5,
+                end: 8
+            }]
+        );
+        assert_eq!(between(&given, pos(2, 7, 4), pos(2, 7, 4)), vec![]);
+        assert_eq!(between(&given, None, None), vec![]);
     }
 }

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 
 use crate::sampler::shards::Blocks;
 use crate::scheduler::protocol::{LanePos, Work};
-use crate::scheduler::shards::{LanePlan, LaneSnapshot, ShardQueue};
+use crate::scheduler::shards::{LanePlan, LaneSnapshot, RanOut, ShardQueue};
 
 /// Opens and reads shards: the dataset's side of a lane.
 pub trait ShardSource {
@@ -50,6 +50,11 @@ pub enum Pull<I> {
     NeedWork,
     /// The lane is done for the epoch.
     Exhausted,
+    /// The lane was told to hand back ([`Lane::hand_back`]) and is done:
+    /// the works holding the items it read but made no batch of (none when
+    /// it had none), for another lane to read. It ends with this once; an
+    /// [`Pull::Exhausted`] follows.
+    HandedBack(Vec<Work>),
 }
 
 /// The shard a lane is reading.
@@ -66,8 +71,13 @@ struct Reading<I, It> {
     ahead: Vec<I>,
     /// Items of the first block already emitted before a resume.
     skip: u64,
-    /// `iter` has ended.
+    /// `iter` has ended (or reached `limit`).
     ended: bool,
+    /// The work's end in the shard order ([`Work::OPEN`]: the shard's).
+    end: u64,
+    /// The raw offset past the last item the work needs: `end`, or the
+    /// end of the block holding position `end - 1` when shuffled.
+    limit: u64,
 }
 
 /// How a lane cuts its items.
@@ -83,15 +93,32 @@ pub struct LaneConfig {
 pub struct Lane<S: ShardSource> {
     config: LaneConfig,
     works: VecDeque<Work>,
+    /// Every work given, in order (`started` counts into it).
+    assigned: Vec<Work>,
     /// Works begun so far (the current one included).
     started: u32,
     /// More works may be assigned (dynamic lanes until told otherwise).
     more: bool,
+    /// Told to hand back its last items instead of batching them; and
+    /// whether it has.
+    hand_back: bool,
+    handed_back: bool,
     reading: Option<Reading<S::Item, S::Iter>>,
     /// The next work, opened early to read its first block ahead.
     next: Option<Reading<S::Item, S::Iter>>,
-    /// The last error came from reading ahead into `next`.
+    /// The next work failed as it was opened or read ahead: `(shard,
+    /// emitted)`. It is begun (and ends at once) when `reading` ends, so
+    /// `started` always counts up to the work being read.
+    failed_next: Option<(u32, u64)>,
+    /// The last error came from reading ahead into the next work.
     next_failed: bool,
+    /// Indices (in `assigned`) of works that failed as they were read
+    /// ahead: a tail leaves them out (their error was raised).
+    failed: Vec<u32>,
+    /// Where the items not yet in a batch begin: the works begun then, and
+    /// what was left of the one being read (set after each batch and
+    /// error).
+    mark: (u32, Option<Work>),
     /// Where the last shard read ended, once it has.
     ended_at: Option<(u32, u64)>,
     /// Items of the batch being made.
@@ -106,9 +133,13 @@ impl<I, It> Reading<I, It> {
         work: Work,
         blocks: Option<Blocks>,
     ) -> Result<Self, S::Error> {
-        let (start, skip) = match blocks {
-            Some(b) => (work.emitted / b.size * b.size, work.emitted % b.size),
-            None => (work.emitted, 0),
+        let (start, skip, limit) = match blocks {
+            Some(b) => (
+                work.emitted / b.size * b.size,
+                work.emitted % b.size,
+                work.end.div_ceil(b.size).saturating_mul(b.size),
+            ),
+            None => (work.emitted, 0, work.end),
         };
         Ok(Reading {
             shard: work.shard,
@@ -119,6 +150,8 @@ impl<I, It> Reading<I, It> {
             ahead: Vec::new(),
             skip,
             ended: false,
+            end: work.end,
+            limit,
         })
     }
 }
@@ -128,11 +161,17 @@ impl<S: ShardSource> Lane<S> {
         Lane {
             config,
             works: VecDeque::new(),
+            assigned: Vec::new(),
             started: 0,
             more: true,
+            hand_back: false,
+            handed_back: false,
             reading: None,
             next: None,
+            failed_next: None,
             next_failed: false,
+            failed: Vec::new(),
+            mark: (0, None),
             ended_at: None,
             partial: Vec::new(),
         }
@@ -141,15 +180,50 @@ impl<S: ShardSource> Lane<S> {
     /// Nothing queued behind the work being read: a dynamic lane would
     /// like its next shard now, to read ahead into it.
     pub fn wants_work(&self) -> bool {
-        self.more && self.works.is_empty() && self.next.is_none()
+        self.more && self.works.is_empty() && self.next.is_none() && self.failed_next.is_none()
     }
 
     /// Queues `works`; `last`: nothing more will come this epoch.
     pub fn assign(&mut self, works: impl IntoIterator<Item = Work>, last: bool) {
-        self.works.extend(works);
+        let from = self.assigned.len();
+        self.assigned.extend(works);
+        self.works.extend(self.assigned[from..].iter().copied());
         if last {
             self.more = false;
         }
+    }
+
+    /// Nothing more will come this epoch, and the lane makes no short
+    /// batch of its last items: it gives them back
+    /// ([`Pull::HandedBack`]), for the lane that ends the epoch.
+    pub fn hand_back(&mut self) {
+        self.more = false;
+        self.hand_back = true;
+    }
+
+    /// The works holding the items read since the last batch (or error)
+    /// and the items not read yet: from the mark on, without the works
+    /// that failed.
+    fn tail(&self) -> Vec<Work> {
+        let (begun, current) = self.mark;
+        let rest = self
+            .assigned
+            .iter()
+            .enumerate()
+            .skip(begun as usize)
+            .filter(|(i, _)| !self.failed.contains(&(*i as u32)))
+            .map(|(_, w)| *w);
+        current.into_iter().chain(rest).collect()
+    }
+
+    /// Sets the mark where the lane stands.
+    fn mark_here(&mut self) {
+        let current = self.reading.as_ref().map(|r| Work {
+            shard: r.shard,
+            emitted: r.emitted,
+            end: r.end,
+        });
+        self.mark = (self.started, current);
     }
 
     /// Calls `item` and `iter` on every item and iterator the lane holds
@@ -169,7 +243,10 @@ impl<S: ShardSource> Lane<S> {
 
     /// Works given to this lane so far.
     pub fn given(&self) -> u32 {
-        self.started + self.works.len() as u32 + u32::from(self.next.is_some())
+        self.started
+            + self.works.len() as u32
+            + u32::from(self.next.is_some())
+            + u32::from(self.failed_next.is_some())
     }
 
     /// Where the lane stands (after the last item it emitted); `None`
@@ -199,32 +276,50 @@ impl<S: ShardSource> Lane<S> {
                 Ok(None) => break,
                 Err(e) => {
                     self.partial.clear();
-                    if std::mem::take(&mut self.next_failed) {
-                        // the next shard failed as it was read ahead (or
-                        // opened): it was begun, and it ends
-                        self.next = None;
-                        self.started += 1;
-                    } else if let Some(r) = self.reading.take() {
-                        self.ended_at = Some((r.shard, r.emitted));
+                    // the next shard failed as it was read ahead (or opened):
+                    // it ends (`failed_next`) and the current one goes on
+                    if !std::mem::take(&mut self.next_failed) {
+                        if let Some(r) = self.reading.take() {
+                            self.ended_at = Some((r.shard, r.emitted));
+                        }
                     }
+                    self.mark_here();
                     return Err(e);
                 }
             }
         }
         let short = self.partial.len() < want;
+        if short && self.hand_back && !self.handed_back {
+            self.handed_back = true;
+            let tail = if self.partial.is_empty() {
+                Vec::new()
+            } else {
+                self.tail()
+            };
+            self.partial.clear();
+            return Ok(Pull::HandedBack(tail));
+        }
         if self.partial.is_empty()
             || (short && self.config.drop_last && self.config.batch.is_some())
         {
             self.partial.clear();
             return Ok(Pull::Exhausted);
         }
-        Ok(Pull::Batch(std::mem::take(&mut self.partial)))
+        let batch = std::mem::take(&mut self.partial);
+        self.mark_here();
+        Ok(Pull::Batch(batch))
     }
 
     /// The next item of the lane's stream; `None` when its works are done.
     fn next_item(&mut self, src: &mut S) -> Result<Option<S::Item>, S::Error> {
         loop {
             if self.reading.is_none() {
+                if let Some(at) = self.failed_next.take() {
+                    // begun, and over: its error was raised
+                    self.started += 1;
+                    self.ended_at = Some(at);
+                    continue;
+                }
                 let reading = match self.next.take() {
                     Some(r) => r,
                     None => {
@@ -251,7 +346,7 @@ impl<S: ShardSource> Lane<S> {
             let item = match self.config.blocks {
                 None => {
                     let r = self.reading.as_mut().expect("opened above");
-                    if r.ended {
+                    if r.ended || r.raw >= r.limit {
                         None
                     } else {
                         let item = src.next(&mut r.iter, r.shard, r.raw)?;
@@ -261,13 +356,17 @@ impl<S: ShardSource> Lane<S> {
                 }
                 Some(b) => {
                     let r = self.reading.as_mut().expect("opened above");
-                    if r.block.is_empty() {
-                        next_block(src, r, b)?;
+                    if r.emitted >= r.end {
+                        None
+                    } else {
+                        if r.block.is_empty() {
+                            next_block(src, r, b)?;
+                        }
+                        if !r.block.is_empty() {
+                            self.read_ahead_for_one(src, b)?;
+                        }
+                        self.reading.as_mut().expect("still open").block.pop_front()
                     }
-                    if !r.block.is_empty() {
-                        self.read_ahead_for_one(src, b)?;
-                    }
-                    self.reading.as_mut().expect("still open").block.pop_front()
                 }
             };
             let r = self.reading.as_mut().expect("opened above");
@@ -301,6 +400,9 @@ impl<S: ShardSource> Lane<S> {
             }
             return Ok(());
         }
+        if self.failed_next.is_some() {
+            return Ok(());
+        }
         if self.next.is_none() {
             let Some(work) = self.works.pop_front() else {
                 return Ok(());
@@ -308,7 +410,7 @@ impl<S: ShardSource> Lane<S> {
             match Reading::open(src, work, Some(b)) {
                 Ok(n) => self.next = Some(n),
                 Err(e) => {
-                    self.next_failed = true;
+                    self.fail_next(work.shard, work.emitted);
                     return Err(e);
                 }
             }
@@ -321,11 +423,22 @@ impl<S: ShardSource> Lane<S> {
                 break;
             }
             if let Err(e) = read_ahead(src, n) {
-                self.next_failed = true;
+                // nothing of it was emitted: `emitted` is where it began
+                let (shard, emitted) = (n.shard, n.emitted);
+                self.next = None;
+                self.fail_next(shard, emitted);
                 return Err(e);
             }
         }
         Ok(())
+    }
+
+    /// The next work (the one after `reading`) failed as it was read
+    /// ahead; its error is raised now.
+    fn fail_next(&mut self, shard: u32, emitted: u64) {
+        self.next_failed = true;
+        self.failed_next = Some((shard, emitted));
+        self.failed.push(self.started);
     }
 }
 
@@ -408,10 +521,23 @@ impl<S: ShardSource> LaneSet<S> {
                     self.handed += 1;
                     return Ok(Some(items));
                 }
-                Pull::NeedWork => {
-                    let next = self.queue.as_mut().and_then(|q| q.assign(l));
-                    let last = next.is_none();
-                    self.lanes[l].assign(next, last);
+                Pull::NeedWork => match self.queue.as_mut().map(|q| q.ran_out(l)) {
+                    None => self.lanes[l].assign([], true),
+                    Some(RanOut::Work(w)) => self.lanes[l].assign([w], false),
+                    Some(RanOut::HandBack) => self.lanes[l].hand_back(),
+                    // (here every lane told to hand back already has: `last`)
+                    Some(RanOut::Collect { works, last }) => self.lanes[l].assign(works, last),
+                },
+                Pull::HandedBack(works) => {
+                    self.active[l] = false;
+                    let at = self.positions[l];
+                    if let Some((c, works, last)) = self
+                        .queue
+                        .as_mut()
+                        .and_then(|q| q.handed_back(l, at, works))
+                    {
+                        self.lanes[c].assign(works, last);
+                    }
                 }
                 Pull::Exhausted => self.active[l] = false,
             }
@@ -509,6 +635,11 @@ fn read_ahead<S: ShardSource>(
     src: &mut S,
     r: &mut Reading<S::Item, S::Iter>,
 ) -> Result<(), S::Error> {
+    if r.raw >= r.limit {
+        // past the block of the work's last item: not needed
+        r.ended = true;
+        return Ok(());
+    }
     match src.next(&mut r.iter, r.shard, r.raw)? {
         Some(item) => {
             r.ahead.push(item);
@@ -597,10 +728,7 @@ mod tests {
     }
 
     fn works(shards: &[u32]) -> Vec<Work> {
-        shards
-            .iter()
-            .map(|&shard| Work { shard, emitted: 0 })
-            .collect()
+        shards.iter().map(|&shard| Work::from(shard, 0)).collect()
     }
 
     fn drain(lane: &mut Lane<Shards>, s: &mut Shards) -> Vec<Vec<(u32, u64)>> {
@@ -609,7 +737,7 @@ mod tests {
             match lane.pull(s).unwrap() {
                 Pull::Batch(b) => out.push(b),
                 Pull::Exhausted => return out,
-                Pull::NeedWork => panic!("a static lane asked for work"),
+                Pull::NeedWork | Pull::HandedBack(_) => panic!("a static lane asked for work"),
             }
         }
     }
@@ -663,6 +791,117 @@ mod tests {
         lane.assign([], true);
         assert_eq!(lane.pull(&mut s).unwrap(), Pull::Batch(vec![(1, 1)]));
         assert_eq!(lane.pull(&mut s).unwrap(), Pull::Exhausted);
+    }
+
+    #[test]
+    fn a_lane_told_to_hand_back_gives_its_unbatched_items_as_works() {
+        for blocks in [None, Some(Blocks { root: 5, size: 3 })] {
+            // batches of 4 over shards of 5 and 6 items (drop_last, which
+            // a hand-back ignores): after two batches 3 items are left over
+            let mut s = src(&[5, 6]);
+            let mut lane = Lane::new(config(Some(4), true, blocks));
+            lane.assign(works(&[0, 1]), false);
+            let mut got = Vec::new();
+            loop {
+                match lane.pull(&mut s).unwrap() {
+                    Pull::Batch(b) => got.extend(b),
+                    Pull::NeedWork => break,
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert_eq!(got.len(), 8, "{blocks:?}");
+            lane.hand_back();
+            let Pull::HandedBack(tail) = lane.pull(&mut s).unwrap() else {
+                panic!("no tail");
+            };
+            assert_eq!(lane.pull(&mut s).unwrap(), Pull::Exhausted);
+            // another lane reads the tail: exactly the 3 items left
+            let mut other = Lane::new(config(Some(4), false, blocks));
+            other.assign(tail, true);
+            let rest: Vec<_> = drain(&mut other, &mut s).concat();
+            assert_eq!(rest.len(), 3, "{blocks:?}");
+            got.extend(rest);
+            got.sort_unstable();
+            let want: Vec<_> = (0..5)
+                .map(|o| (0, o))
+                .chain((0..6).map(|o| (1, o)))
+                .collect();
+            assert_eq!(got, want, "{blocks:?}");
+        }
+        // nothing left over: an empty tail
+        let mut s = src(&[4]);
+        let mut lane = Lane::new(config(Some(2), false, None));
+        lane.assign(works(&[0]), false);
+        assert_eq!(drain_until_need(&mut lane, &mut s).len(), 4);
+        lane.hand_back();
+        assert_eq!(lane.pull(&mut s).unwrap(), Pull::HandedBack(vec![]));
+        assert_eq!(lane.pull(&mut s).unwrap(), Pull::Exhausted);
+    }
+
+    #[test]
+    fn a_failed_shard_is_left_out_of_a_tail() {
+        let mut s = src(&[4, 3, 2]);
+        s.fail_open = Some(1);
+        let blocks = Some(Blocks { root: 1, size: 2 });
+        let mut lane = Lane::new(config(Some(3), false, blocks));
+        lane.assign(works(&[0, 1, 2]), false);
+        let mut got = Vec::new();
+        let mut errors = 0;
+        loop {
+            match lane.pull(&mut s) {
+                Ok(Pull::Batch(b)) => got.extend(b),
+                Ok(Pull::NeedWork) => break,
+                Ok(other) => panic!("{other:?}"),
+                Err(_) => errors += 1,
+            }
+        }
+        assert_eq!(errors, 1);
+        lane.hand_back();
+        let Pull::HandedBack(tail) = lane.pull(&mut s).unwrap() else {
+            panic!("no tail");
+        };
+        assert!(tail.iter().all(|w| w.shard != 1), "{tail:?}");
+        let mut other = Lane::new(config(Some(3), false, blocks));
+        other.assign(tail, true);
+        got.extend(drain(&mut other, &mut s).concat());
+        assert!(got.iter().all(|&(sh, _)| sh != 1));
+        assert!(got.len() == got.iter().collect::<std::collections::HashSet<_>>().len());
+        assert!((0..2).all(|o| got.contains(&(2, o))), "{got:?}");
+    }
+
+    #[test]
+    fn a_bounded_work_reads_its_range_of_the_shard_order() {
+        for blocks in [None, Some(Blocks { root: 9, size: 4 })] {
+            let lens = [23];
+            let mut a = ShardAddresses::new(vec![0], &lens, blocks);
+            let order: Vec<(u32, u64)> = (0..a.len()).map(|p| a.address(p)).collect();
+            for (from, to) in [(0, 23), (3, 9), (5, 6), (8, 8), (20, 23)] {
+                let mut s = src(&lens);
+                let mut lane = Lane::new(config(Some(5), false, blocks));
+                lane.assign(
+                    [Work {
+                        shard: 0,
+                        emitted: from,
+                        end: to,
+                    }],
+                    true,
+                );
+                let got: Vec<_> = drain(&mut lane, &mut s).concat();
+                assert_eq!(
+                    got,
+                    order[from as usize..to as usize],
+                    "{blocks:?} {from}..{to}"
+                );
+            }
+        }
+    }
+
+    fn drain_until_need(lane: &mut Lane<Shards>, s: &mut Shards) -> Vec<(u32, u64)> {
+        let mut out = Vec::new();
+        while let Pull::Batch(b) = lane.pull(s).unwrap() {
+            out.extend(b);
+        }
+        out
     }
 
     /// Counts the items read from the dataset.
@@ -733,7 +972,7 @@ mod tests {
             match lane.pull(&mut s).unwrap() {
                 Pull::Batch(b) => emitted += b.len(),
                 Pull::Exhausted => break,
-                Pull::NeedWork => unreachable!(),
+                Pull::NeedWork | Pull::HandedBack(_) => unreachable!(),
             }
             per_pull.push(s.reads - before);
             assert!(s.reads <= emitted + 2 * 8, "at most the next block ahead");
@@ -788,6 +1027,7 @@ mod tests {
             match lane.pull(s) {
                 Ok(Pull::Batch(b)) => out.push(b),
                 Ok(Pull::Exhausted) => return (out, errs),
+                Ok(Pull::HandedBack(_)) => unreachable!("not told to"),
                 Ok(Pull::NeedWork) => {
                     // the main process gives more only past what it gave
                     assert_eq!(lane.given(), handed, "the lane lost count of its shards");
@@ -862,7 +1102,7 @@ mod tests {
             match first.pos() {
                 None => resumed.assign(works(&order), true),
                 Some(p) => {
-                    let mut rest = vec![Work { shard: p.shard, emitted: p.emitted }];
+                    let mut rest = vec![Work::from(p.shard, p.emitted)];
                     rest.extend(works(&order[p.started as usize..]));
                     resumed.assign(rest, true);
                 }
@@ -902,6 +1142,11 @@ mod tests {
             let mut s = src(&lens);
             let mut whole = LaneSet::new(spec(lanes).plan(None).unwrap(), Some(batch), false);
             let all = run(&mut whole, &mut s, usize::MAX);
+            // the count the plan announces (dynamic lanes: one lane's)
+            prop_assert_eq!(Some(all.len() as u64), spec(lanes).batches());
+            if dynamic {
+                prop_assert!(all.iter().rev().skip(1).all(|b| b.len() == batch), "only the last batch is short");
+            }
             let stop = stop.min(all.len());
             let mut first = LaneSet::new(spec(lanes).plan(None).unwrap(), Some(batch), false);
             let head = run(&mut first, &mut s, stop);

@@ -33,10 +33,15 @@
 //!                           ◀──── Resumed, Started{error?} (host.start_epoch again)
 //!   Lanes{lanes, shuffle, block, root}  (sharded datasets, each epoch) ──▶ Idle
 //!   Assign{lane, works, last} ───────────────────▶ Idle (the lane queues the shards)
+//!   HandBack{lane} ──────────────────────────────▶ Idle (dynamic: no shards are left and
+//!                                                  other lanes read on)
 //!   Task{seq, Lane(l)} ──────────────────────────▶ Working: the lane's next batch
 //!                           ◀──── LanePos{seq, lane, pos}, before the batch
 //!                           ◀──── NeedWork{seq, lane, given}: out of shards (dynamic);
 //!                                 the main process assigns and sends the task again
+//!                           ◀──── Tail{seq, lane, works}, then Exhausted{seq}: a lane
+//!                                 told to hand back ends, giving back the items it made
+//!                                 no batch of, for the epoch's last lane to read
 //!                           ◀──── Retry{seq}: a task of a lane with an earlier task sent
 //!                                 back and not yet run (sent again, unchanged), so a
 //!                                 lane's batches are made in the order of their tasks
@@ -98,6 +103,9 @@ pub enum Reply {
     /// A sharded lane ran out of shards after the `given` it had; the
     /// task is to be sent again once the main process assigned more.
     NeedWork { lane: u32, given: u32 },
+    /// A lane told to hand back ended: the works holding the items it
+    /// made no batch of (the main process gives them to another lane).
+    Tail { lane: u32, works: Vec<Work> },
 }
 
 /// The worker's computation: everything that is not protocol.
@@ -124,6 +132,9 @@ pub trait Host: Blocking {
     fn lanes(&mut self, _lanes: Vec<u32>, _shuffle: bool, _block: u64, _root: u64) {}
     /// More shards for `lane`.
     fn assign(&mut self, _lane: u32, _works: Vec<Work>, _last: bool) {}
+    /// No more shards for `lane`: it hands back its last items
+    /// (`Lane::hand_back`).
+    fn hand_back(&mut self, _lane: u32) {}
     /// Where the lane of the batch just produced stands, when it was a
     /// lane's; sent before the batch.
     fn lane_after_batch(&mut self) -> Option<(u32, LanePos)> {
@@ -290,7 +301,11 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                 let mut before = Vec::new();
                 let reply = host.run(indices, &mut records)?;
                 unreported.add(&host.take_times());
-                if !unreported.is_empty() && matches!(reply, Reply::Failed(_) | Reply::Exhausted) {
+                let ends = matches!(
+                    reply,
+                    Reply::Failed(_) | Reply::Exhausted | Reply::Tail { .. }
+                );
+                if !unreported.is_empty() && ends {
                     before.push(FromWorker::Stats(std::mem::take(&mut unreported)));
                 }
                 let msg = match reply {
@@ -314,6 +329,10 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
                     }
                     // A lane's end is not the worker's: its other lanes go on.
                     Reply::Exhausted if lane_task => FromWorker::Exhausted { seq },
+                    Reply::Tail { lane, works } => {
+                        before.push(FromWorker::Tail { seq, lane, works });
+                        FromWorker::Exhausted { seq }
+                    }
                     Reply::Exhausted => {
                         drained = true;
                         // the replica's state at its end (a snapshot taken
@@ -358,6 +377,10 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
             }
             ToWorker::Assign { lane, works, last } => {
                 host.assign(lane, works, last);
+                Ok(())
+            }
+            ToWorker::HandBack { lane } => {
+                host.hand_back(lane);
                 Ok(())
             }
         };
