@@ -121,3 +121,50 @@ def test_no_file_outside_the_repository_is_cited() -> None:
     for path in [*PAGES, *(ROOT / "src").rglob("*.rs"), *(ROOT / "python").rglob("*.py")]:
         text = path.read_text()
         assert "DESIGN.md" not in text, f"{path.relative_to(ROOT)} cites DESIGN.md"
+
+
+def _names_beyond_torch() -> list[str]:
+    """ferroloader's public names that torch.utils.data does not have
+    (``collate`` and ``default_collate_fn_map`` are torch's own objects)."""
+    import ferroloader
+    import torch.utils.data as tud
+
+    return sorted(
+        n
+        for n in set(ferroloader.__all__) - set(tud.__all__)
+        if n not in ("__version__", "collate", "default_collate_fn_map")
+    )
+
+
+@pytest.mark.parametrize("name", [*_names_beyond_torch(), "DataLoader"])
+def test_public_name_has_a_docstring_with_a_working_example(name: str) -> None:
+    """Each public name beyond torch's says what it is and shows it in an
+    example (``>>>``), and the example runs as shown."""
+    import doctest
+
+    import ferroloader
+
+    obj = getattr(ferroloader, name)
+    assert obj.__doc__ and ">>>" in obj.__doc__, f"ferroloader.{name} has no example"
+    finder = doctest.DocTestFinder(recurse=False)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for test in finder.find(obj, f"ferroloader.{name}", globs={}):
+        runner.run(test)
+    assert runner.failures == 0, f"the example of ferroloader.{name} failed (output above)"
+
+
+def test_dataloader_help_documents_every_argument_torch_lacks() -> None:
+    """``help(ferroloader.DataLoader)`` documents each argument torch's
+    ``DataLoader`` does not have, and the methods it adds."""
+    import inspect
+
+    import ferroloader
+    import torch.utils.data as tud
+
+    doc = ferroloader.DataLoader.__doc__ or ""
+    ours = inspect.signature(ferroloader.DataLoader).parameters
+    theirs = inspect.signature(tud.DataLoader).parameters
+    for name in set(ours) - set(theirs):
+        assert re.search(rf"^\s+{name} \(", doc, re.M), f"DataLoader's doc lacks {name}"
+    for method in ("state_dict", "load_state_dict", "stats"):
+        assert f"{method}(" in doc

@@ -81,6 +81,19 @@ class ShardedDataset(IterableDataset[_T_co]):
     Iterated on its own or by ``torch.utils.data.DataLoader``, it reads the
     shards at its rank's and worker's positions, in order, so each item is
     read once there too (without shuffling or lanes).
+
+    >>> import ferroloader
+    >>> class Ranges(ferroloader.ShardedDataset):
+    ...     def shards(self):
+    ...         return [0, 1, 2]
+    ...     def iter_shard(self, shard, start=0):
+    ...         return iter(range(10 * shard + start, 10 * shard + 10))
+    ...     def shard_len(self, shard):
+    ...         return 10
+    >>> loader = ferroloader.DataLoader(Ranges(), batch_size=5, shuffle=True, seed=0,
+    ...                                 num_workers=2)
+    >>> len(loader), sorted(int(v) for b in loader for v in b) == list(range(30))
+    (6, True)
     """
 
     def shards(self) -> Sequence[Any]:
@@ -126,6 +139,19 @@ class FileShards(ShardedDataset[_T_co]):
     when the reader takes a ``start`` argument (it should then skip the
     first ``k`` items cheaply). ``lengths``: each file's item count, as a
     sequence in the order of ``paths`` or a function of the path.
+
+    >>> import os, tempfile, ferroloader
+    >>> folder = tempfile.mkdtemp()
+    >>> paths = [os.path.join(folder, f"part-{p}.txt") for p in range(2)]
+    >>> for p, path in enumerate(paths):
+    ...     with open(path, "w") as f:
+    ...         _ = f.write("".join(f"{p}-{i}\\n" for i in range(3)))
+    >>> def read_lines(path, start=0):
+    ...     with open(path) as f:
+    ...         yield from (line.strip() for i, line in enumerate(f) if i >= start)
+    >>> ds = ferroloader.FileShards(paths, read_lines, lengths=[3, 3])
+    >>> sorted(x for b in ferroloader.DataLoader(ds, batch_size=2) for x in b)
+    ['0-0', '0-1', '0-2', '1-0', '1-1', '1-2']
     """
 
     def __init__(
@@ -177,6 +203,12 @@ class Sharding:
       when it is initialised, else one rank.
     - ``largest_first``: dynamic mode hands out the longest shards first
       (when every length is known; equal lengths keep the epoch's order).
+
+    >>> import ferroloader
+    >>> ferroloader.Sharding(mode="dynamic").lanes
+    8
+    >>> ferroloader.Sharding(mode="elastic", rank=1, world_size=4).ranks()
+    (1, 4)
     """
 
     mode: str = "static"
@@ -365,6 +397,15 @@ class ElasticBatchSampler(_ts.Sampler[list[int]]):
     as it falls (every index once, the last batches shorter or missing on
     some ranks). Call ``set_epoch(epoch)`` before each epoch, as with
     ``DistributedSampler``.
+
+    >>> import torch, ferroloader
+    >>> ranks = [ferroloader.ElasticBatchSampler(10, 2, seed=0, rank=r, world_size=2)
+    ...          for r in range(2)]
+    >>> first = [next(iter(s)) for s in ranks]  # rank 0 and rank 1's first batches
+    >>> sorted(first[0] + first[1]) == sorted(torch.randperm(
+    ...     10, generator=torch.Generator().manual_seed(ferroloader.seeds.epoch_seed(0, 0))
+    ... )[:4].tolist())
+    True
     """
 
     def __init__(

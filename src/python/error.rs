@@ -69,7 +69,10 @@ pub fn guard_panic<T>(place: &str, f: impl FnOnce() -> PyResult<T>) -> (PyResult
                 .map(|s| (*s).to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic".into());
-            let msg = format!("ferroloader: {place} failed ({what}); please report it");
+            let msg = format!(
+                "ferroloader: {place} failed ({what}); this is a bug in ferroloader: please \
+                 report it with this message and the output of `python -m ferroloader`"
+            );
             (Err(Class::Internal.err(msg)), true)
         }
     }
