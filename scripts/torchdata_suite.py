@@ -11,9 +11,9 @@ torch where torchdata's class differs from it (one test, listed).
 PATH is a checkout of the pytorch/data repository, or its
 ``test/stateful_dataloader/test_state_dict.py``. The file is not in
 torchdata's wheel (and torchdata publishes no source distribution), so it is
-not part of the test command; see the README. Exits 1 when a test that
+not part of the test command; see docs/development.md. Exits 1 when a test that
 passes with torchdata fails with ferroloader, other than those listed in
-EXCEPTIONS (each with its reason, also in the README).
+EXCEPTIONS (each with its reason, also in docs/development.md).
 """
 
 from __future__ import annotations

@@ -224,7 +224,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         record_dataset(dataset)
         # torchdata's StatefulDataLoader argument: how often its workers send
         # their state. ferroloader's state is exact after every batch, so it
-        # changes nothing here (see the README); kept as an attribute.
+        # changes nothing here (docs/guide/state.md); kept as an attribute.
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self._epochs_started = 0
         self._epoch: Optional[state.Epoch] = None

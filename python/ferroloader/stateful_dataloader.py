@@ -1,6 +1,6 @@
 """torchdata's ``torchdata.stateful_dataloader`` names, for users who change
 that import: ``StatefulDataLoader`` is ferroloader's ``DataLoader`` (its state
-methods are the same) with the two things torchdata's class does otherwise
+methods are the same) with the three things torchdata's class does otherwise
 than torch's (its shuffle's draws, and where a worker's failed setup is
 raised), ``RandomSampler`` is torchdata's sampler and ``Stateful`` its
 protocol."""
