@@ -28,7 +28,7 @@ from ferroloader import _core, _worker, forkserver, pinning, state
 from ferroloader._fetch import fetch_plan
 from ferroloader.errors import ConfigError, ThreadSafetyWarning
 from ferroloader.mixture import Mixture, MixtureBatchSampler
-from ferroloader.patch import record_dataset
+from ferroloader.patch import record_dataset, register_loader
 from ferroloader.sampler import (
     RandomSampler,
     SequentialSampler,
@@ -415,6 +415,9 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             # DataPipes (deprecated in torch) need torch's sharding and seeding.
             return _tdl._MultiProcessingDataLoaderIter(self)
         return _MultiProcessIter.start(self)
+
+
+register_loader("torch", DataLoader)
 
 
 def _check_worker_threads(k: Any, method: str, num_workers: int) -> None:

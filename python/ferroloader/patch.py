@@ -87,19 +87,27 @@ def _new(cls: type, *args: Any, **kwargs: Any) -> Any:
     return object.__new__(cls)
 
 
+# ferroloader's loader classes, by the library whose class each stands
+# for ("torch", "torchdata"): each registers itself when its module is
+# imported, so this module imports neither (no import circle).
+_ours: dict[str, type] = {}
+
+
+def register_loader(library: str, cls: type) -> None:
+    """Names ferroloader's class that a patch builds in place of
+    ``library``'s loader class."""
+    _ours[library] = cls
+
+
 def _ferro_class(cls: type) -> Optional[type]:
     """ferroloader's class for torch's ``DataLoader`` or torchdata's
     ``StatefulDataLoader`` (``None`` for any other class)."""
     if cls is _TORCH_DATALOADER:
-        from ferroloader.dataloader import DataLoader
-
-        return DataLoader
+        return _ours.get("torch")
     if cls.__name__ == "StatefulDataLoader" and cls.__module__.startswith(
         "torchdata.stateful_dataloader"
     ):
-        from ferroloader.stateful_dataloader import StatefulDataLoader
-
-        return StatefulDataLoader
+        return _ours.get("torchdata")
     return None
 
 
@@ -114,9 +122,8 @@ def _build(ours: type, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any])
 def _rebuilt_by_framework(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """A framework's code is building a loader over the dataset of a
     ferroloader loader (its rebuild of that loader)."""
-    from ferroloader.dataloader import DataLoader
-
-    if issubclass(cls, DataLoader):
+    ours = _ours.get("torch")
+    if ours is not None and issubclass(cls, ours):
         return False
     dataset = args[0] if args else kwargs.get("dataset")
     if _ferro_datasets.get(id(dataset)) is not dataset:
@@ -261,4 +268,4 @@ def active() -> bool:
     return _active > 0
 
 
-__all__ = ["Patch", "active", "patch", "record_dataset"]
+__all__ = ["Patch", "active", "patch", "record_dataset", "register_loader"]

@@ -23,6 +23,7 @@ import torch.utils.data as _tud
 
 from ferroloader import _core
 from ferroloader.dataloader import DataLoader
+from ferroloader.patch import register_loader
 from ferroloader.sampler import register_native
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -204,6 +205,9 @@ class StatefulDataLoader(DataLoader[_T_co]):
         super().load_state_dict(state_dict)
         self._iterated = False
         self._initial_iterator = None
+
+
+register_loader("torchdata", StatefulDataLoader)
 
 
 __all__ = ["RandomSampler", "Stateful", "StatefulDataLoader"]
