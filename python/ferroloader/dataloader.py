@@ -314,6 +314,12 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         one worker to the engine, the state and ``get_worker_info()``."""
         return self.num_workers * self.worker_threads
 
+    @property
+    def _window(self) -> int:
+        """The batches in flight at most: ``prefetch_factor`` per worker
+        (torch's default 2 when workers are given none)."""
+        return (self.prefetch_factor or 2) * self._workers
+
     def __len__(self) -> int:
         if not self._sharded():
             return super().__len__()
@@ -739,8 +745,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
                 # elastic sampler (a mixture's too) draws from no generator,
                 # and its first iteration took the resume position
                 source = _index_source(loader)
-            window = (loader.prefetch_factor or 2) * loader._workers
-            source = state.resume_source(rec, source, resume, now, window)
+            source = state.resume_source(rec, source, resume, now, loader._window)
         threads = loader.worker_method == "thread"
         n = loader._workers
         _check_thread_workers(loader)
@@ -826,8 +831,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
             if loader._setup_at_iter:
                 self._await_setup()
             return
-        window = (loader.prefetch_factor or 2) * loader._workers
-        source = state.resume_source(rec, _index_source(loader), resume, now, window)
+        source = state.resume_source(rec, _index_source(loader), resume, now, loader._window)
         rec.attach(self, multiprocess=True)
         self._reset_epoch(source, loader._IterableDataset_len_called)
         if loader._setup_at_iter:
