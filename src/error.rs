@@ -9,7 +9,7 @@ use std::io;
 
 use crate::record::DecodeError;
 use crate::ring::ArenaError;
-use crate::scheduler::transport::Exit;
+use crate::wire::transport::Exit;
 
 #[derive(Debug)]
 pub enum Error {

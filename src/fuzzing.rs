@@ -6,7 +6,7 @@
 
 use crate::record::{ParsedRecord, Token, TreeReader};
 use crate::ring::{Dir, Mailbox};
-use crate::scheduler::protocol::{take_frame, FromWorker, ToWorker};
+use crate::wire::protocol::{take_frame, FromWorker, ToWorker};
 
 /// A batch record as the main process reads it: the layout, every leaf
 /// range, then the tree, token by token.
@@ -110,9 +110,7 @@ mod tests {
         }
         use crate::record::{DlDtype, LeafKind, RecordLayout, Token, TreeWriter};
         use crate::ring::RecordRef;
-        use crate::scheduler::protocol::{
-            put_frame, FromWorker, LanePos, TaskIndices, ToWorker, Work,
-        };
+        use crate::wire::protocol::{put_frame, FromWorker, LanePos, TaskIndices, ToWorker, Work};
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
         let write = |target: &str, name: &str, data: &[u8]| {
             let dir = root.join(target);

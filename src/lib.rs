@@ -8,6 +8,7 @@
 //! | --- | --- |
 //! | sampler, batch sampler | [`sampler`] |
 //! | scheduler: dispatch, reorder, the worker pool (links, polling, liveness) | [`scheduler`] |
+//! | wire format: messages, their tags and encoding, socket framing, fd handover, pidfds | [`wire`] |
 //! | worker loop: channel, watchdog, receive loop | [`worker`] |
 //! | collate layouts (stack, gather) | [`collate`] |
 //! | shared-memory arena and mailboxes, the record budget | [`ring`] |
@@ -34,6 +35,7 @@ pub mod ring;
 pub mod sampler;
 pub mod scheduler;
 pub mod stats;
+pub mod wire;
 pub mod worker;
 
 pub use error::{Error, Result};

@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
-use crate::scheduler::transport::Exit;
+use crate::wire::transport::Exit;
 use crate::Error;
 
 /// ferroloader's exception classes (`python/ferroloader/errors.py`).

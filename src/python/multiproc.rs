@@ -21,9 +21,9 @@ use super::shards::{snapshot_to_py, AddressBatches, ShardPlan, Snapshot};
 use super::stats::{MainTimes, StatsTuple};
 use super::torch::torch;
 use crate::pin::Held;
-use crate::scheduler::protocol::TaskIndices;
-use crate::scheduler::transport::Blocking;
 use crate::scheduler::{Loader, Next, Payload, Waiter, WorkerPool};
+use crate::wire::protocol::TaskIndices;
+use crate::wire::transport::Blocking;
 
 /// Releases the GIL around the engine's blocking waits and delivers
 /// signals (Ctrl-C) between them; a raised [`StopFlag`] ends the wait too.

@@ -11,7 +11,8 @@ use super::fetch::next;
 use crate::sampler::seeds::shard_order_seed;
 use crate::sampler::shards::{elastic_positions, shard_order, Blocks, ShardAddresses, Tail};
 use crate::sampler::{randperm, Mt19937};
-use crate::scheduler::shards::{LanePlan, LanePos, LaneSnapshot, Mode, ShardSpec, Work};
+use crate::scheduler::shards::{LanePlan, LaneSnapshot, Mode, ShardSpec};
+use crate::wire::protocol::{LanePos, Work};
 
 /// A `ShardedDataset` as the engine reads it: `iter_shard(shards[s],
 /// start)` opens shard `s`; `seed(s, offset)`, when per-sample seeding is

@@ -16,7 +16,7 @@ use super::ffi::adopt_fd;
 use super::shards::{missing, PyShards, ShardsArg};
 use super::torch::torch;
 use crate::sampler::shards::Blocks;
-use crate::scheduler::protocol::{LanePos, TaskIndices, Work};
+use crate::wire::protocol::{LanePos, TaskIndices, Work};
 use crate::worker::lanes::{BlockReader, Lane, LaneConfig, Pull};
 use crate::worker::{serve, Blocking, Config, Host, Records, Reply};
 

@@ -7,12 +7,12 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::pool::{Event, WorkerPool};
-use super::protocol::{LanePos, TaskIndices, ToWorker, Work};
 use super::shards::{LanePlan, LaneSnapshot, RanOut, ShardQueue};
-use super::transport::Blocking;
 use super::{Next, Scheduler};
 use crate::error::{Error, Result};
 use crate::ring::{RecordHandle, RecordRef};
+use crate::wire::protocol::{LanePos, TaskIndices, ToWorker, Work};
+use crate::wire::transport::Blocking;
 
 /// The longest the loader sleeps without giving the host a chance to
 /// deliver an interrupt (Ctrl-C).

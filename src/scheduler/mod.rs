@@ -26,9 +26,7 @@
 
 mod loader;
 pub mod pool;
-pub mod protocol;
 pub mod shards;
-pub mod transport;
 
 #[cfg(test)]
 mod pool_tests;

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags};
 
-use super::protocol::{FromWorker, LanePos, ToWorker, ON_SOCKET};
-use super::transport::{poll_fds, spin_wait, Blocking, Conn, Exit, ReadState, Watched};
 use crate::error::{Error, Result};
 use crate::record::DecodeError;
 use crate::ring::{ArenaReader, Dir, Mailbox, RecordHandle, RecordRef, Segment};
+use crate::wire::protocol::{FromWorker, LanePos, ToWorker, ON_SOCKET};
+use crate::wire::transport::{poll_fds, spin_wait, Blocking, Conn, Exit, ReadState, Watched};
 
 /// Bytes per mailbox ring.
 pub const MAILBOX_BYTES: usize = 256 << 10;
@@ -73,7 +73,7 @@ pub enum Event {
         worker: usize,
         seq: u64,
         lane: u32,
-        works: Vec<super::protocol::Work>,
+        works: Vec<crate::wire::protocol::Work>,
     },
     /// The worker's stage timings since its last report.
     Stats {
@@ -377,7 +377,7 @@ impl WorkerPool {
             }
             if conn.read_some().map_err(Error::Disconnected)? == ReadState::Closed {
                 // Results still in the mailbox come before the loss.
-                self.drain(w, &mut super::transport::NoHost)?;
+                self.drain(w, &mut crate::wire::transport::NoHost)?;
                 self.lost(w);
             } else {
                 conn.skip_wakeups();

@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 
 use super::loader::Waiter;
-use super::protocol::{LanePos, TaskIndices, Work};
 use super::shards::{rank_shards, resume_static, static_lanes, LanePlan, Mode, ShardSpec};
-use super::transport::Exit;
 use super::{Loader, Next, Payload, WorkerPool};
 use crate::error::Error;
 use crate::sampler::shards::{shard_order, Blocks};
+use crate::wire::protocol::{LanePos, TaskIndices, Work};
+use crate::wire::transport::Exit;
 use crate::worker::lanes::{Lane, LaneConfig, LaneSet, Pull, ShardSource};
 use crate::worker::{serve, Blocking, Config, Host, Records, Reply};
 

@@ -24,8 +24,8 @@
 //! positions of the batches handed over are the epoch's snapshot, from
 //! which any number of lanes can continue ([`ShardQueue::rest`]).
 
-pub use super::protocol::{LanePos, Work};
 use crate::sampler::shards::{shard_order, Blocks};
+use crate::wire::protocol::{LanePos, Work};
 
 /// How a sharded epoch starts (`Loader::start_lanes`, `LaneSet::new`).
 #[derive(Debug, Clone, PartialEq, Eq)]

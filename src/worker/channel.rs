@@ -10,8 +10,8 @@ use rustix::event::PollFlags;
 use crate::error::{Error, Result};
 use crate::record::DecodeError;
 use crate::ring::{ArenaWriter, Dir, Mailbox};
-use crate::scheduler::protocol::{FromWorker, ToWorker, ON_SOCKET};
-use crate::scheduler::transport::{spin_wait, wait_fd, Blocking, Conn, ReadState};
+use crate::wire::protocol::{FromWorker, ToWorker, ON_SOCKET};
+use crate::wire::transport::{spin_wait, wait_fd, Blocking, Conn, ReadState};
 
 /// How long an idle worker keeps checking its mailbox before it sleeps on
 /// its socket (a wake-up costs far more than this on a busy machine).

@@ -18,8 +18,8 @@
 use std::collections::VecDeque;
 
 use crate::sampler::shards::Blocks;
-use crate::scheduler::protocol::{LanePos, Work};
 use crate::scheduler::shards::{LanePlan, LaneSnapshot, RanOut, ShardQueue};
+use crate::wire::protocol::{LanePos, Work};
 
 /// Opens and reads shards: the dataset's side of a lane.
 pub trait ShardSource {

@@ -7,8 +7,9 @@
 //!
 //! One worker process per `worker_id`, one Unix socket pair and one mailbox
 //! (two shared-memory rings) per worker, one arena the worker writes batches
-//! into. Messages are in `crate::scheduler::protocol`; the main side is
-//! `crate::scheduler::pool`.
+//! into. Messages, their framing and the socket are the wire's
+//! (`crate::wire`); the training process's side is the worker pool
+//! (`src/scheduler/pool.rs`).
 //!
 //! ```text
 //!   main process                                   worker
@@ -87,8 +88,8 @@ pub use watchdog::start as start_watchdog;
 use crate::error::{Error, Result};
 use crate::record::DecodeError;
 use crate::ring::{ArenaWriter, RecordBudget, RecordRef};
-use crate::scheduler::protocol::{FromWorker, LanePos, TaskIndices, ToWorker, Work};
-pub use crate::scheduler::transport::Blocking;
+use crate::wire::protocol::{FromWorker, LanePos, TaskIndices, ToWorker, Work};
+pub use crate::wire::transport::Blocking;
 
 /// What a task produced.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use rustix::event::PollFlags;
 use rustix::process::{Pid, PidfdFlags, Signal};
 
-use crate::scheduler::transport::wait_fd;
+use crate::wire::transport::wait_fd;
 
 /// How often the fallback (no pidfds) checks that the main process exists.
 const PROBE: Duration = Duration::from_millis(200);
