@@ -14,8 +14,9 @@ use super::shards::{
     missing, snapshot_to_py, AddressBatches, PyShards, ShardPlan, ShardsArg, Snapshot,
 };
 use super::stats::{MainTimes, StatsTuple};
+use crate::scheduler::LaneSet;
 use crate::stats::StageTimes;
-use crate::worker::lanes::{BlockReader, LaneSet};
+use crate::worker::lanes::BlockReader;
 
 /// Where the next batch's indices (or samples) come from.
 enum Source {

@@ -22,8 +22,14 @@
 //! A sharded dataset's lanes ([`shards`]) take the workers' place in this
 //! bookkeeping ([`Scheduler::with_lanes`]): tasks cycle over lanes, each
 //! lane runs on one worker, and the prefetch window stays
-//! `prefetch_factor * num_workers`.
+//! `prefetch_factor * num_workers`. Without workers, [`LaneSet`] runs the
+//! same plan's lanes in this process (reading them through
+//! `crate::worker::lanes`), round-robin, for the same batch sequence.
+//!
+//! Messages to and from the workers, and the sockets they travel on, are
+//! `crate::wire`'s.
 
+mod lane_set;
 mod loader;
 pub mod pool;
 pub mod shards;
@@ -31,6 +37,7 @@ pub mod shards;
 #[cfg(test)]
 mod pool_tests;
 
+pub use lane_set::LaneSet;
 pub use loader::{IterablePosition, Loader, Payload, Waiter};
 pub use pool::{Event, WorkerPool};
 pub use shards::{LanePlan, LaneSnapshot};

@@ -18,12 +18,12 @@ use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 
 use super::loader::Waiter;
 use super::shards::{rank_shards, resume_static, static_lanes, LanePlan, Mode, ShardSpec};
-use super::{Loader, Next, Payload, WorkerPool};
+use super::{LaneSet, Loader, Next, Payload, WorkerPool};
 use crate::error::Error;
 use crate::sampler::shards::{shard_order, Blocks};
 use crate::wire::protocol::{LanePos, TaskIndices, Work};
 use crate::wire::transport::Exit;
-use crate::worker::lanes::{Lane, LaneConfig, LaneSet, Pull, ShardSource};
+use crate::worker::lanes::{Lane, LaneConfig, Pull, ShardSource};
 use crate::worker::{serve, Blocking, Config, Host, Records, Reply};
 
 const CHILD_ENV: &str = "FERROLOADER_POOL_TEST_CHILD";

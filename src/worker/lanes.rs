@@ -1,6 +1,7 @@
-//! Lanes: the logical readers of a sharded dataset (which shards each one
-//! reads is the main process's: `crate::scheduler::shards`; the order of a
-//! shard's items is `crate::sampler::shards`).
+//! Lanes: the logical readers of a sharded dataset. Which shards each one
+//! reads is decided in the training process (`src/scheduler/shards.rs`; a
+//! one-process loader runs its lanes there too, `src/scheduler/lane_set.rs`);
+//! the order of a shard's items is `crate::sampler::shards`.
 //!
 //! A lane reads the shards it is given one after the other and cuts the
 //! items into batches; a batch may span a shard boundary. Shuffled, a lane
@@ -18,7 +19,6 @@
 use std::collections::VecDeque;
 
 use crate::sampler::shards::Blocks;
-use crate::scheduler::shards::{LanePlan, LaneSnapshot, RanOut, ShardQueue};
 use crate::wire::protocol::{LanePos, Work};
 
 /// Opens and reads shards: the dataset's side of a lane.
@@ -442,130 +442,6 @@ impl<S: ShardSource> Lane<S> {
     }
 }
 
-/// Lanes run in one process, round-robin, skipping lanes that ran out:
-/// the one-process loader's sharded epoch, the same batch sequence a pool
-/// gives for the same plan.
-pub struct LaneSet<S: ShardSource> {
-    plan: LanePlan,
-    lanes: Vec<Lane<S>>,
-    queue: Option<ShardQueue>,
-    active: Vec<bool>,
-    cycle: usize,
-    positions: Vec<Option<LanePos>>,
-    handed: u64,
-    budget: Option<u64>,
-}
-
-impl<S: ShardSource> LaneSet<S> {
-    pub fn new(plan: LanePlan, batch: Option<usize>, drop_last: bool) -> Self {
-        let config = LaneConfig {
-            batch,
-            drop_last,
-            blocks: plan.shuffle.then_some(Blocks {
-                root: plan.root,
-                size: plan.block,
-            }),
-        };
-        let mut lanes: Vec<Lane<S>> = (0..plan.lanes).map(|_| Lane::new(config)).collect();
-        let queue = match &plan.works {
-            Some(works) => {
-                for (lane, works) in lanes.iter_mut().zip(works) {
-                    lane.assign(works.iter().copied(), true);
-                }
-                None
-            }
-            None => Some(ShardQueue::new(plan.queue.clone(), plan.lanes)),
-        };
-        LaneSet {
-            active: vec![true; plan.lanes],
-            cycle: plan.next_lane % plan.lanes.max(1),
-            positions: plan.positions.clone(),
-            handed: plan.handed,
-            budget: plan.budget,
-            lanes,
-            queue,
-            plan,
-        }
-    }
-
-    /// The next batch of the round-robin; `None` at the epoch's end.
-    pub fn next_batch(&mut self, src: &mut S) -> Result<Option<Vec<S::Item>>, S::Error> {
-        if self.budget.is_some_and(|b| self.handed >= b) {
-            return Ok(None);
-        }
-        let n = self.lanes.len();
-        loop {
-            let Some(l) = (0..n)
-                .map(|k| (self.cycle + k) % n)
-                .find(|&l| self.active[l])
-            else {
-                return Ok(None);
-            };
-            self.cycle = l;
-            if let Some(q) = self.queue.as_mut() {
-                // one shard queued behind the current one, to read ahead into
-                if self.lanes[l].wants_work() {
-                    if let Some(w) = q.assign(l) {
-                        self.lanes[l].assign([w], false);
-                    }
-                }
-            }
-            let pulled = self.lanes[l].pull(src);
-            if !matches!(pulled, Ok(Pull::NeedWork)) {
-                // a batch, an end or an error: each takes the lane's turn
-                self.cycle = (l + 1) % n;
-            }
-            match pulled? {
-                Pull::Batch(items) => {
-                    self.positions[l] = self.lanes[l].pos().map(|p| self.plan.absolute(l, p));
-                    self.handed += 1;
-                    return Ok(Some(items));
-                }
-                Pull::NeedWork => match self.queue.as_mut().map(|q| q.ran_out(l)) {
-                    None => self.lanes[l].assign([], true),
-                    Some(RanOut::Work(w)) => self.lanes[l].assign([w], false),
-                    Some(RanOut::HandBack) => self.lanes[l].hand_back(),
-                    // (here every lane told to hand back already has: `last`)
-                    Some(RanOut::Collect { works, last }) => self.lanes[l].assign(works, last),
-                },
-                Pull::HandedBack(works) => {
-                    self.active[l] = false;
-                    let at = self.positions[l];
-                    if let Some((c, works, last)) = self
-                        .queue
-                        .as_mut()
-                        .and_then(|q| q.handed_back(l, at, works))
-                    {
-                        self.lanes[c].assign(works, last);
-                    }
-                }
-                Pull::Exhausted => self.active[l] = false,
-            }
-        }
-    }
-
-    /// See [`Lane::held`].
-    pub fn held<'a>(
-        &'a self,
-        item: &mut impl FnMut(&'a S::Item),
-        iter: &mut impl FnMut(&'a S::Iter),
-    ) {
-        for lane in &self.lanes {
-            lane.held(item, iter);
-        }
-    }
-
-    /// Where the epoch stands (after the last batch handed over).
-    pub fn snapshot(&self) -> LaneSnapshot {
-        LaneSnapshot {
-            positions: self.positions.clone(),
-            next_lane: self.cycle,
-            handed: self.handed,
-            rest: self.queue.as_ref().map(|q| q.rest(&self.positions)),
-        }
-    }
-}
-
 /// Reads items by address (`(shard, offset)`, elastic sharding): each
 /// shard is read in blocks of `block` items from block-aligned starts, and
 /// the last block read is kept, so a batch whose items lie in one block
@@ -677,8 +553,7 @@ fn next_block<S: ShardSource>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::shards::{shard_order, ShardAddresses};
-    use crate::scheduler::shards::{Mode, ShardSpec};
+    use crate::sampler::shards::ShardAddresses;
     use proptest::prelude::*;
 
     /// Shard `s` holds `lens[s]` items `(s, 0), (s, 1), ...`; `fail` makes
@@ -1108,70 +983,6 @@ mod tests {
                 }
             }
             prop_assert_eq!(drain(&mut resumed, &mut s), all[stop..].to_vec());
-        }
-
-        /// A `LaneSet` stopped after any batch and resumed, from its
-        /// snapshot, with another number of dynamic lanes (or the same
-        /// static lanes) reads exactly the items that were left; static
-        /// lanes also keep their order.
-        #[test]
-        fn lane_sets_resume_from_their_snapshot(lens in proptest::collection::vec(0u64..20, 1..7), seed in any::<u64>(), batch in 1usize..4, dynamic in any::<bool>(), lanes in 1usize..4, lanes_after in 1usize..4, stop in 0usize..40, rank in 0usize..2) {
-            let spec = |lanes: usize| ShardSpec {
-                n_shards: lens.len(),
-                lens: Some(lens.clone()),
-                order_seed: Some(seed),
-                blocks: Some(Blocks { root: seed, size: 3 }),
-                rank,
-                world: 2,
-                mode: if dynamic { Mode::Dynamic(lanes) } else { Mode::Static(lanes) },
-                batch: Some(batch as u64),
-                drop_last: false,
-                even: false,
-                largest_first: true,
-            };
-            let run = |set: &mut LaneSet<Shards>, s: &mut Shards, limit: usize| {
-                let mut out = Vec::new();
-                while out.len() < limit {
-                    match set.next_batch(s).unwrap() {
-                        Some(b) => out.push(b),
-                        None => break,
-                    }
-                }
-                out
-            };
-            let mut s = src(&lens);
-            let mut whole = LaneSet::new(spec(lanes).plan(None).unwrap(), Some(batch), false);
-            let all = run(&mut whole, &mut s, usize::MAX);
-            // the count the plan announces (dynamic lanes: one lane's)
-            prop_assert_eq!(Some(all.len() as u64), spec(lanes).batches());
-            if dynamic {
-                prop_assert!(all.iter().rev().skip(1).all(|b| b.len() == batch), "only the last batch is short");
-            }
-            let stop = stop.min(all.len());
-            let mut first = LaneSet::new(spec(lanes).plan(None).unwrap(), Some(batch), false);
-            let head = run(&mut first, &mut s, stop);
-            let snap = first.snapshot();
-            let after = if dynamic { lanes_after } else { lanes };
-            // resume, take a second snapshot a batch or two in, resume again
-            let mut resumed = LaneSet::new(spec(after).plan(Some(&snap)).unwrap(), Some(batch), false);
-            let mut tail = run(&mut resumed, &mut s, stop % 3);
-            let snap2 = resumed.snapshot();
-            let mut again = LaneSet::new(spec(after).plan(Some(&snap2)).unwrap(), Some(batch), false);
-            tail.extend(run(&mut again, &mut s, usize::MAX));
-            if !dynamic {
-                prop_assert_eq!(&head, &all[..stop].to_vec());
-                prop_assert_eq!(&tail, &all[stop..].to_vec());
-            }
-            let mut got: Vec<(u32, u64)> = head.concat();
-            got.extend(tail.concat());
-            got.sort_unstable();
-            let mut want: Vec<(u32, u64)> = all.concat();
-            want.sort_unstable();
-            prop_assert_eq!(&got, &want);
-            // the rank reads only its own shards
-            let order = shard_order(lens.len(), Some(seed));
-            let mine: Vec<u32> = order.iter().skip(rank).step_by(2).copied().collect();
-            prop_assert!(want.iter().all(|(sh, _)| mine.contains(sh)));
         }
     }
 }

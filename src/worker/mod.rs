@@ -1,7 +1,8 @@
 //! The worker process side of multi-process loading: the receive loop, its
-//! channel to the main process, and the watchdog. What a worker computes
-//! (calling the dataset, collating, encoding a record) is its [`Host`]'s:
-//! the Python bindings in the extension, a plain Rust host in the tests.
+//! channel to the main process, the watchdog, and the [`lanes`] that read a
+//! sharded dataset. What a worker computes (calling the dataset, collating,
+//! encoding a record) is its [`Host`]'s: the Python bindings in the
+//! extension, a plain Rust host in the tests.
 //!
 //! # Worker lifecycle and message protocol
 //!
