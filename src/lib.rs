@@ -7,9 +7,9 @@
 //! | stage | module |
 //! | --- | --- |
 //! | sampler, batch sampler | [`sampler`] |
-//! | scheduler: dispatch, reorder, the worker pool (links, polling, liveness) | [`scheduler`] |
+//! | scheduler: dispatch, reorder, shard assignment, the worker pool (links, polling, liveness) | [`scheduler`] |
 //! | wire format: messages, their tags and encoding, socket framing, fd handover, pidfds | [`wire`] |
-//! | worker loop: channel, watchdog, receive loop | [`worker`] |
+//! | worker loop: channel, watchdog, receive loop, lanes | [`worker`] |
 //! | collate layouts (stack, gather) | [`collate`] |
 //! | shared-memory arena and mailboxes, the record budget | [`ring`] |
 //! | record format: layout, dtypes, the tree | [`record`] |
@@ -20,8 +20,11 @@
 //! `unsafe` is denied crate-wide (see `[lints.rust]` in Cargo.toml) and
 //! opened only in [`ring`] (shared memory) and the FFI edges: [`dlpack`]
 //! (the C ABI), [`pin::cuda`] (the CUDA runtime) and the bindings'
-//! `python::ffi` (capsules, file descriptors). Every block there
-//! carries a `// SAFETY:` comment (clippy's `undocumented_unsafe_blocks`).
+//! `python::ffi` (capsules, file descriptors) and `python::fake_cuda` (the
+//! model of the CUDA runtime the pinning tests run against). [`wire`]
+//! opens none: its sockets, `SCM_RIGHTS` and pidfds go through rustix's
+//! safe calls. Every block carries a `// SAFETY:` comment (clippy's
+//! `undocumented_unsafe_blocks`).
 
 pub mod collate;
 pub mod dlpack;
