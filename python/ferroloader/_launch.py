@@ -1,0 +1,293 @@
+"""Starting and stopping workers: the per-worker job, worker processes
+through ``multiprocessing`` (with torch's pickling hint), worker threads
+(with the thread-safety lint), file-descriptor headroom, and the
+SIGTERM/SIGKILL teardown."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import pickle
+import socket
+import threading
+import time
+import warnings
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Iterator,
+    Optional,
+    TypeVar,
+)
+
+import torch
+import torch.utils.data.dataloader as _tdl
+
+from ferroloader import _worker, state
+from ferroloader._env import _INITIAL_ARENA, shm_limit
+from ferroloader.errors import ConfigError, ThreadSafetyWarning
+from ferroloader.shards import ShardEpoch
+from ferroloader.worker import thread_aware
+
+if TYPE_CHECKING:
+    from ferroloader.dataloader import DataLoader
+
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+_FDS_PER_WORKER = 6
+_FDS_MARGIN = 8
+
+
+def _check_fd_headroom(num_workers: int) -> None:
+    """Refuses to start workers that would run out of file descriptors part
+    way (multiprocessing itself leaks a pipe when EMFILE strikes inside
+    ``Process.start``): a clear ``OSError`` before anything is started."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if limit == resource.RLIM_INFINITY:
+            return
+        used = sum(1 for fd in os.listdir("/proc/self/fd") if int(fd) < limit)
+    except (ImportError, OSError, ValueError):
+        return  # no /proc or no limits: let the start report what it hits
+    need = _FDS_PER_WORKER * num_workers + _FDS_MARGIN
+    if limit - used < need:
+        raise OSError(
+            errno.EMFILE,
+            f"Too many open files: starting {num_workers} DataLoader workers needs about "
+            f"{need} file descriptors, and {limit - used} of the process's limit of {limit} "
+            "are free. Raise the limit (ulimit -n) or use fewer workers.",
+        )
+
+
+def _worker_jobs(
+    loader: DataLoader[Any],
+    base_seed: int,
+    resume: Optional[dict[str, Any]],
+    ep: Optional[ShardEpoch],
+    epoch: int,
+    trim: bool,
+) -> list[dict[str, Any]]:
+    """Each worker's settings, a process's or a thread's (``_worker._serve``
+    reads them): ``trim`` is off where the arenas are registered with the
+    GPU (a registered arena keeps its pages, see PinArena)."""
+    n = loader._workers
+    per_worker = max(shm_limit() // n, 1 << 20)
+    per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
+    shards = None if ep is None else (list(ep.descriptors), loader._shard_seeder(epoch))
+    return [
+        {
+            "worker_id": i,
+            "iterable": loader._dataset_kind == _tdl._DatasetKind.Iterable,
+            "auto_collation": loader._auto_collation,
+            "collate_fn": loader.collate_fn,
+            "drop_last": bool(loader.drop_last),
+            "init_fn": loader.worker_init_fn,
+            "shm_initial": min(_INITIAL_ARENA, per_worker),
+            "shm_limit": per_worker,
+            "prefetch_factor": loader.prefetch_factor,
+            "sample_seeds": loader._sample_seeds(),
+            "resume": state.worker_resume(loader, resume, i, per_batch),
+            "shards": shards,
+            "batch_size": loader.batch_size,
+            "trim": trim,
+        }
+        for i in range(n)
+    ]
+
+
+def _start_processes(
+    loader: DataLoader[Any],
+    jobs: list[dict[str, Any]],
+    base_seed: int,
+    socks: list[socket.socket],
+    procs: list[Any],
+    pids: list[int],
+) -> None:
+    """Worker processes through ``multiprocessing`` (the loader's context),
+    each given its sockets: one, or ``worker_threads`` (worker ``i`` is a
+    thread of process ``i % num_workers``, so consecutive tasks go to
+    different processes). ``socks`` and ``pids`` are in worker order; they
+    and ``procs`` grow as processes start, so a failed start can end those
+    that did."""
+    ctx = loader.multiprocessing_context or torch.multiprocessing
+    fork = ctx.get_start_method() == "fork"
+    p = loader.num_workers
+    parents: list[Optional[socket.socket]] = [None] * len(jobs)
+    owner = [0] * len(jobs)
+    try:
+        for first in range(p):
+            group = jobs[first::p]
+            # spawn and forkserver pickle the user's objects for each worker:
+            # done here, they are unpickled inside the worker's set-up, where an
+            # error is the worker's (not a worker that died). One pickle per
+            # process: a tensor's shared storage is handed over once per pickle.
+            dataset: Any = loader.dataset
+            if not fork:
+                with _pickle_hint():
+                    dataset = _worker.Unpickled(
+                        dataset, group[0]["collate_fn"], group[0]["init_fn"]
+                    )
+                group = [{**job, "collate_fn": None, "init_fn": None} for job in group]
+            pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in group]
+            mine = [pair[0] for pair in pairs]
+            opened = [s for s in parents if s is not None]
+            close_fds = [s.fileno() for s in (*opened, *mine)] if fork else []
+            w = ctx.Process(
+                target=_worker.worker_entry,
+                args=(
+                    [pair[1] for pair in pairs],
+                    [dataset],
+                    group,
+                    base_seed,
+                    len(jobs),
+                    os.getpid(),
+                    close_fds,
+                ),
+            )
+            w.daemon = True
+            for j, sock in enumerate(mine):
+                parents[first + j * p] = sock
+            try:
+                with _pickle_hint():
+                    w.start()
+            finally:
+                for pair in pairs:
+                    pair[1].close()
+            procs.append(w)
+            for j in range(len(group)):
+                owner[first + j * p] = w.pid
+    finally:
+        # in worker order, those made so far (closed by the caller on failure)
+        socks.extend(s for s in parents if s is not None)
+    pids.extend(owner)
+
+
+@contextlib.contextmanager
+def _pickle_hint() -> Iterator[None]:
+    """torch's warning when a worker's arguments do not pickle (spawn and
+    forkserver pickle them: the dataset, collate_fn, worker_init_fn),
+    given before the error is re-raised, as torch gives it."""
+    try:
+        yield
+    except (TypeError, AttributeError, pickle.PicklingError):
+        warnings.warn(
+            "Got pickle error when attempting to start a worker Process. "
+            "This might be because the worker Process arguments are not picklable. "
+            "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
+            "to 'forkserver', which requires the worker Process arguments to be picklable. "
+            "You can also try multiprocessing.set_start_method('fork').",
+            stacklevel=4,
+        )
+        raise
+
+
+def _check_thread_workers(loader: DataLoader[Any]) -> None:
+    """What worker threads sharing a dataset object cannot do, refused
+    before any worker starts."""
+    if loader.worker_threads > 1:
+        who = f"worker_threads={loader.worker_threads}: the threads of a worker process"
+        fix = "worker_threads=1"
+    elif loader.worker_method == "thread" and loader.num_workers > 1:
+        who = "worker_method='thread': the worker threads"
+        fix = "worker_method='multiprocessing' (or one worker)"
+    else:
+        return
+    if state.stateful(loader.dataset):
+        raise ConfigError(
+            f"{who} share one dataset object, and this dataset keeps a state "
+            "(state_dict/load_state_dict) that torchdata's protocol keeps per worker "
+            f"replica; use {fix}"
+        )
+    for name, problem in _thread_unsafe_attributes(loader.dataset):
+        warnings.warn(
+            f"{who} share one dataset object, and its attribute {name!r} is {problem}",
+            ThreadSafetyWarning,
+            stacklevel=6,  # the user's iter()
+        )
+
+
+def _thread_unsafe_attributes(dataset: Any) -> list[tuple[str, str]]:
+    """The dataset's own attributes that threads cannot share safely, with
+    why and what to do instead (a lint: objects deeper down, or locked by
+    the dataset itself, are not seen or are not a problem)."""
+    import io
+    import random
+    import sqlite3
+
+    import numpy as np
+
+    found = []
+    for name, value in sorted(getattr(dataset, "__dict__", {}).items()):
+        if isinstance(value, io.IOBase) and not value.closed:
+            found.append((name, "an open file: a seek() and read() by one thread interleave "
+                          "with another's; open a file per worker (keyed by "
+                          "get_worker_info().id) or read at an offset with os.pread"))
+        elif isinstance(value, (random.Random, np.random.RandomState, np.random.Generator,
+                                torch.Generator)):
+            found.append((name, f"a random generator ({type(value).__name__}): its draws then "
+                          "depend on which thread runs first; draw from "
+                          "get_worker_info().rng (or torch.thread_safe_generator())"))
+        elif isinstance(value, sqlite3.Connection):
+            found.append((name, "a sqlite3 connection, which refuses use from other threads; "
+                          "connect once per worker"))
+    return found
+
+
+def _start_threads(
+    loader: DataLoader[Any],
+    jobs: list[dict[str, Any]],
+    base_seed: int,
+    socks: list[socket.socket],
+    threads: list[Any],
+    pids: list[int],
+) -> None:
+    """``worker_method="thread"``: the workers are threads of this process
+    running the worker loop over the dataset object itself, each with its
+    own arena and socket (pid 0: no process to watch)."""
+    thread_aware()
+    iterators = _worker.IteratorRegistry()
+    for job in jobs:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        socks.append(parent)
+        t = threading.Thread(
+            target=_worker.thread_entry,
+            name=f"pt_data_worker_{job['worker_id']}",
+            args=(child, loader.dataset, job, base_seed, len(jobs), iterators),
+            daemon=True,
+        )
+        t.start()
+        threads.append(t)
+        pids.append(0)
+
+
+def _stop_processes(procs: Any, grace: float = 5.0) -> None:
+    """Bounded teardown: ``grace`` seconds in all for the workers to exit
+    after Shutdown, then SIGTERM and a second, then SIGKILL (which a stopped
+    or signal-ignoring worker cannot refuse). Worker threads are joined
+    within ``grace``; one still in the user's code then (it cannot be
+    stopped from outside) leaves when that code returns and it finds its
+    socket closed."""
+    procs = list(procs)
+    deadline = time.monotonic() + grace
+    me = threading.current_thread()
+    for w in procs:
+        if w is not me:  # the iterator's last reference may die in a worker thread
+            w.join(timeout=max(0.0, deadline - time.monotonic()))
+    procs = [w for w in procs if not isinstance(w, threading.Thread)]
+    alive = [w for w in procs if w.is_alive()]
+    for w in alive:
+        w.terminate()
+    deadline = time.monotonic() + 1.0
+    for w in alive:
+        w.join(timeout=max(0.0, deadline - time.monotonic()))
+    for w in alive:
+        if w.is_alive():
+            w.kill()
+            w.join()
+
+
+__all__ = ["DataLoader"]
