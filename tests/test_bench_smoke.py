@@ -55,6 +55,9 @@ def test_bench_script_help_installs_nothing(tmp_path: Path, flag: str, venv: str
     script = tmp_path / "scripts" / "bench"
     shutil.copy2(ROOT / "scripts" / "bench", script)
     shutil.copy2(BENCH, tmp_path / "benches" / BENCH.name)
+    # the entry point imports the bench from its package beside it
+    shutil.copytree(ROOT / "benches" / "ferrobench", tmp_path / "benches" / "ferrobench",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     called = tmp_path / "pip-called"
     if venv == "ready":
         bin_dir = tmp_path / ".venv" / "bin"

@@ -1,0 +1,1 @@
+"""The scenarios, one module per family; ``ferrobench.cli.SCENARIOS`` names them."""
