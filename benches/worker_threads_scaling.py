@@ -15,7 +15,7 @@ import ferroloader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # beside this file
-from bench_vs_torch import TreeMemSampler
+from ferrobench.memory import TreeMemSampler
 
 DEFAULT = ["1,1", "1,2", "2,1", "2,2", "4,1", "4,2", "4,4", "8,1", "8,2", "16,1"]
 
