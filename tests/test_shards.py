@@ -456,17 +456,31 @@ def test_webdataset_tar_shards(tmp_path, mode):
     assert sorted(torch_ids) == want
 
 
-def test_seeds_are_the_engines():
-    """ferroloader.seeds' Python definitions give the engine's values, and
-    the shard order is torch.randperm under shard_order_seed."""
-    from ferroloader import _core, seeds
+def _splitmix_reference(x):
+    """SplitMix64 as published (golden-ratio increment, then the finaliser)."""
+    m = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & m
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+    return x ^ (x >> 31)
 
+
+def test_seeds_are_the_engines():
+    """ferroloader.seeds (the engine's one definition) gives the documented
+    functions of SplitMix64, and the shard order is torch.randperm under
+    shard_order_seed."""
+    from ferroloader import seeds
+
+    mix = _splitmix_reference
     for seed, epoch, root, shard, block in [(0, 0, 1, 2, 3), (2**62, 7, 99, 12, 0)]:
-        assert _core._seeds(seed, epoch, root, shard, block) == (
-            seeds.epoch_seed(seed, epoch),
-            seeds.shard_order_seed(root),
-            seeds.block_seed(root, shard, block),
-        )
+        want_root = mix(mix(seed) ^ epoch) >> 1
+        assert seeds.epoch_seed(seed, epoch) == want_root
+        assert seeds.shard_order_seed(root) == mix(root ^ mix(1)) >> 1
+        h = root
+        for part in (2, shard, block):
+            h = mix(h ^ mix(part))
+        assert seeds.block_seed(root, shard, block) == h >> 1
+        assert seeds.sample_seed(seed, epoch, 5) == mix(want_root ^ mix(5)) >> 1
     ld = _loader(shuffle=True, sh={"lanes": 1, "shuffle_block": 10**6})
     order = [b // 1000 for b in flat(_epoch(ld))]
     shards = [s for i, s in enumerate(order) if i == 0 or order[i - 1] != s]

@@ -24,12 +24,17 @@ __all__ = [
     "_FakeCudaRuntime",
     "__version__",
     "_panic_in_guard",
-    "_seeds",
+    "block_seed",
     "collate",
+    "derive",
     "elastic_indices",
+    "epoch_seed",
     "mixture_indices",
     "ragged",
     "randperm",
+    "sample_seed",
+    "shard_item_index",
+    "shard_order_seed",
     "shard_plan",
     "worker_loop",
 ]
@@ -387,8 +392,23 @@ def mixture_indices(
 ) -> tuple[int, list[int]]:
     """A mixture epoch's length and one rank's global indices from ``start``."""
 
-def _seeds(seed: int, epoch: int, root: int, shard: int, block: int) -> tuple[int, int, int]:
-    """``(epoch_seed, shard_order_seed, block_seed)`` as the engine computes them."""
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of a seeded loader's generator for ``epoch`` (0-based)."""
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed set before ``dataset[index]`` in ``epoch`` with ``per_sample_seed``."""
+
+def derive(root: int, parts: list[int]) -> int:
+    """Folds each part into ``root``."""
+
+def shard_order_seed(root: int) -> int:
+    """The seed of a sharded epoch's shard order, from the epoch's root."""
+
+def block_seed(root: int, shard: int, block: int) -> int:
+    """The seed of the order of block ``block`` of shard ``shard``."""
+
+def shard_item_index(shard: int, offset: int) -> int:
+    """The index that stands for item ``offset`` of shard ``shard``."""
 
 @final
 class ArrowTable:

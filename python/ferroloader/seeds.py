@@ -32,16 +32,10 @@ from typing import Any, Optional
 import torch
 import torch.utils.data as _tud
 
+from ferroloader import _core
 from ferroloader.worker import worker_local
 
 _MASK = (1 << 64) - 1
-
-
-def _mix(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
-    return x ^ (x >> 31)
 
 
 def _as_int(index: Any) -> int:
@@ -53,43 +47,40 @@ def _as_int(index: Any) -> int:
         return zlib.crc32(repr(index).encode())
 
 
+# Each seed has one definition, the engine's (src/sampler/seeds.rs); these
+# take any Python int, masked to the 64 bits the engine mixes.
+
+
 def epoch_seed(seed: int, epoch: int) -> int:
     """The seed of a seeded loader's generator for ``epoch`` (0-based)."""
-    return _mix(_mix(seed & _MASK) ^ (epoch & _MASK)) >> 1
+    return _core.epoch_seed(seed & _MASK, epoch & _MASK)
 
 
 def sample_seed(seed: int, epoch: int, index: Any) -> int:
     """The seed set before ``dataset[index]`` in ``epoch`` with
     ``per_sample_seed=True``."""
-    return _mix(epoch_seed(seed, epoch) ^ _mix(_as_int(index) & _MASK)) >> 1
+    return _core.sample_seed(seed & _MASK, epoch & _MASK, _as_int(index) & _MASK)
 
 
 def derive(root: int, *parts: int) -> int:
-    """Folds each part into ``root`` (``_mix(h ^ _mix(part))``), 63 bits."""
-    h = root & _MASK
-    for p in parts:
-        h = _mix(h ^ _mix(p & _MASK))
-    return h >> 1
-
-
-_SHARD_ORDER = 1
-_SHARD_BLOCK = 2
+    """Folds each part into ``root`` (``mix(h ^ mix(part))``), 63 bits."""
+    return _core.derive(root & _MASK, [p & _MASK for p in parts])
 
 
 def shard_order_seed(root: int) -> int:
     """The seed of a sharded epoch's shard order, from the epoch's root."""
-    return derive(root, _SHARD_ORDER)
+    return _core.shard_order_seed(root & _MASK)
 
 
 def block_seed(root: int, shard: int, block: int) -> int:
     """The seed of the order of block ``block`` of shard ``shard``."""
-    return derive(root, _SHARD_BLOCK, shard, block)
+    return _core.block_seed(root & _MASK, shard, block & _MASK)
 
 
 def shard_item_index(shard: int, offset: int) -> int:
     """The index that stands for item ``offset`` of shard ``shard`` in
     ``sample_seed``."""
-    return (shard << 40) + offset
+    return _core.shard_item_index(shard & _MASK, offset & _MASK)
 
 
 def seed_everything(s: int) -> None:

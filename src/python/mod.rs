@@ -17,6 +17,7 @@ mod multiproc;
 mod packing;
 mod pinning;
 mod sampler;
+mod seeds;
 mod shards;
 mod stats;
 mod table;
@@ -33,7 +34,16 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shards::shard_plan, m)?)?;
     m.add_function(wrap_pyfunction!(shards::elastic_indices, m)?)?;
     m.add_function(wrap_pyfunction!(shards::mixture_indices, m)?)?;
-    m.add_function(wrap_pyfunction!(shards::_seeds, m)?)?;
+    for f in [
+        wrap_pyfunction!(seeds::epoch_seed, m)?,
+        wrap_pyfunction!(seeds::sample_seed, m)?,
+        wrap_pyfunction!(seeds::derive, m)?,
+        wrap_pyfunction!(seeds::shard_order_seed, m)?,
+        wrap_pyfunction!(seeds::block_seed, m)?,
+        wrap_pyfunction!(seeds::shard_item_index, m)?,
+    ] {
+        m.add_function(f)?;
+    }
     m.add_function(wrap_pyfunction!(packing::ragged, m)?)?;
     m.add_class::<packing::Packer>()?;
     m.add_class::<shards::ShardPlan>()?;

@@ -439,16 +439,3 @@ pub fn mixture_indices(
         .collect();
     Ok((n, out))
 }
-
-/// The seeds of `ferroloader.seeds` computed by the engine, for the test
-/// that the Python definitions are the engine's: `(epoch_seed(seed, epoch),
-/// shard_order_seed(root), block_seed(root, shard, block))`.
-#[pyfunction]
-pub fn _seeds(seed: u64, epoch: u64, root: u64, shard: u32, block: u64) -> (u64, u64, u64) {
-    use crate::sampler::seeds::{block_seed, epoch_seed};
-    (
-        epoch_seed(seed, epoch),
-        shard_order_seed(root),
-        block_seed(root, shard, block),
-    )
-}

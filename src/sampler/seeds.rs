@@ -1,7 +1,7 @@
-//! Seeds derived from one loader seed: the definitions behind
-//! `ferroloader.seeds`, which mirrors them in Python (a test checks that the
-//! two agree). Every stream is a fixed function of plain integers, so any
-//! draw can be recomputed from (seed, epoch, index) in any process.
+//! Seeds derived from one loader seed: their one definition, which
+//! `ferroloader.seeds` calls. Every stream is a fixed function of plain
+//! integers, so any draw can be recomputed from (seed, epoch, index) in any
+//! process.
 //!
 //! All of them mix with SplitMix64's finaliser (Steele, Lea and Flood, 2014)
 //! and keep 63 bits, a valid seed for torch, `random` and numpy.
@@ -19,6 +19,18 @@ pub fn mix64(x: u64) -> u64 {
 /// epoch's other streams derive from it.
 pub fn epoch_seed(seed: u64, epoch: u64) -> u64 {
     mix64(mix64(seed) ^ epoch) >> 1
+}
+
+/// The seed set before sample `index` of epoch `epoch` with
+/// `per_sample_seed=True`.
+pub fn sample_seed(seed: u64, epoch: u64, index: u64) -> u64 {
+    mix64(epoch_seed(seed, epoch) ^ mix64(index)) >> 1
+}
+
+/// The index that stands for item `offset` of shard `shard` in
+/// [`sample_seed`].
+pub fn shard_item_index(shard: u64, offset: u64) -> u64 {
+    (shard << 40).wrapping_add(offset)
 }
 
 /// `derive(root, parts)`: folds each part into the root.
