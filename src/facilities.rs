@@ -27,14 +27,7 @@ impl Facility {
 /// Whether `FERROLOADER_DISABLE` names `f` (read once per process).
 pub fn disabled(f: Facility) -> bool {
     static LIST: OnceLock<Vec<String>> = OnceLock::new();
-    LIST.get_or_init(|| {
-        std::env::var("FERROLOADER_DISABLE")
-            .unwrap_or_default()
-            .split(',')
-            .map(|s| s.trim().to_ascii_lowercase())
-            .filter(|s| !s.is_empty())
-            .collect()
-    })
-    .iter()
-    .any(|s| s == f.name())
+    LIST.get_or_init(|| crate::settings::disable_env().unwrap_or_default())
+        .iter()
+        .any(|s| s == f.name())
 }

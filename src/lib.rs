@@ -37,6 +37,7 @@ pub mod record;
 pub mod ring;
 pub mod sampler;
 pub mod scheduler;
+pub mod settings;
 pub mod stats;
 pub mod wire;
 pub mod worker;

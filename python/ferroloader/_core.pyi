@@ -25,8 +25,10 @@ __all__ = [
     "__version__",
     "_panic_in_guard",
     "block_seed",
+    "check_settings",
     "collate",
     "derive",
+    "disabled_setting",
     "elastic_indices",
     "epoch_seed",
     "mixture_indices",
@@ -36,6 +38,7 @@ __all__ = [
     "shard_item_index",
     "shard_order_seed",
     "shard_plan",
+    "shm_limit_setting",
     "worker_loop",
 ]
 
@@ -391,6 +394,15 @@ def mixture_indices(
     shards: Optional[list[Optional[list[int]]]] = None,
 ) -> tuple[int, list[int]]:
     """A mixture epoch's length and one rank's global indices from ``start``."""
+
+def check_settings() -> None:
+    """Checks every ``FERROLOADER_*`` setting (``ConfigError`` naming a bad one)."""
+
+def shm_limit_setting() -> Optional[int]:
+    """``FERROLOADER_SHM_LIMIT`` in bytes, ``None`` when unset."""
+
+def disabled_setting() -> list[str]:
+    """The names ``FERROLOADER_DISABLE`` lists (trimmed, lower-cased)."""
 
 def epoch_seed(seed: int, epoch: int) -> int:
     """The seed of a seeded loader's generator for ``epoch`` (0-based)."""

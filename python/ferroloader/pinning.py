@@ -54,8 +54,7 @@ _DEFAULT_COLLATES = (
 
 
 def _disabled() -> bool:
-    names = os.environ.get("FERROLOADER_DISABLE", "").split(",")
-    return DISABLE in {n.strip().lower() for n in names}
+    return DISABLE in _core.disabled_setting()
 
 
 def cuda_runtime_path() -> Optional[str]:

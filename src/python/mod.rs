@@ -18,6 +18,7 @@ mod packing;
 mod pinning;
 mod sampler;
 mod seeds;
+mod settings;
 mod shards;
 mod stats;
 mod table;
@@ -41,6 +42,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(seeds::shard_order_seed, m)?,
         wrap_pyfunction!(seeds::block_seed, m)?,
         wrap_pyfunction!(seeds::shard_item_index, m)?,
+        wrap_pyfunction!(settings::check_settings, m)?,
+        wrap_pyfunction!(settings::shm_limit_setting, m)?,
+        wrap_pyfunction!(settings::disabled_setting, m)?,
     ] {
         m.add_function(f)?;
     }

@@ -18,12 +18,7 @@ const WINDOW: u64 = 256;
 
 fn threshold() -> Option<f64> {
     static T: OnceLock<Option<f64>> = OnceLock::new();
-    *T.get_or_init(|| {
-        std::env::var("FERROLOADER_WARN_WAITING")
-            .ok()
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|t| *t > 0.0 && *t < 1.0)
-    })
+    *T.get_or_init(|| crate::settings::warn_waiting_env().ok().flatten())
 }
 
 /// `(wait, decode, pin, loop, batches)` in ns, then the per-worker (or

@@ -377,9 +377,9 @@ fn usable_cores() -> usize {
 fn spin_override() -> Option<std::time::Duration> {
     static SPIN: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
     *SPIN.get_or_init(|| {
-        std::env::var("FERROLOADER_SPIN_US")
+        crate::settings::spin_us_env()
             .ok()
-            .and_then(|v| v.trim().parse().ok())
+            .flatten()
             .map(std::time::Duration::from_micros)
     })
 }
