@@ -3,7 +3,7 @@
 Checked against the built module by ``mypy.stubtest`` in ``scripts/test``.
 """
 
-from typing import Any, Callable, Iterator, Optional, Sequence, final
+from typing import Any, Callable, Iterator, Optional, Sequence, TypedDict, final
 
 import torch
 from typing_extensions import Self, disjoint_base
@@ -225,30 +225,31 @@ class MultiProcessIter(Iterator[Any]):
     def __next__(self) -> Any: ...
     def __len__(self) -> int: ...
 
-def worker_loop(
-    fd: int,
-    *,
-    dataset: Any,
-    iterable: bool,
-    auto_collation: bool,
-    drop_last: bool,
-    collate_fn: Optional[Any],
-    getitems: Optional[Any],
-    tensors: Optional[list[torch.Tensor]],
-    main_pid: int,
-    shm_initial: int,
-    shm_limit: int,
-    prefetch_factor: int,
-    make_iter: Any,
-    wrap_exception: Any,
-    init_exception: Optional[bytes],
-    on_epoch: Optional[Any] = None,
-    state_fn: Optional[Any] = None,
-    sharded: Optional[_ShardsArg] = None,
-    batch_size: Optional[int] = None,
-    table: Optional[_TableArg] = None,
-    trim: bool = True,
-) -> None:
+class _WorkerSpec(TypedDict):
+    """What a worker serves with (``worker_loop``'s one argument besides its socket)."""
+
+    dataset: Any
+    iterable: bool
+    auto_collation: bool
+    drop_last: bool
+    collate_fn: Optional[Any]
+    getitems: Optional[Any]
+    tensors: Optional[list[torch.Tensor]]
+    main_pid: int
+    shm_initial: int
+    shm_limit: int
+    prefetch_factor: int
+    make_iter: Any
+    wrap_exception: Any
+    init_exception: Optional[bytes]
+    on_epoch: Optional[Any]
+    state_fn: Optional[Any]
+    sharded: Optional[_ShardsArg]
+    batch_size: Optional[int]
+    table: Optional[_TableArg]
+    trim: bool
+
+def worker_loop(fd: int, spec: _WorkerSpec) -> None:
     """Serve tasks from the main process until it stops or goes away."""
 
 @final

@@ -334,29 +334,29 @@ def _serve(
             init_exception = wrap(e)
     if iterators is not None:
         make_iter = iterators.checked(make_iter, worker_id)
-    _core.worker_loop(
-        fd if isinstance(fd, int) else fd.detach(),
-        dataset=dataset,
-        iterable=iterable,
-        auto_collation=job["auto_collation"],
-        drop_last=job["drop_last"],
-        collate_fn=job["collate_fn"],
-        getitems=getitems,
-        tensors=tensors,
-        main_pid=main_pid,
-        shm_initial=job["shm_initial"],
-        shm_limit=job["shm_limit"],
-        prefetch_factor=job["prefetch_factor"],
-        make_iter=make_iter,
-        wrap_exception=wrap,
-        init_exception=init_exception,
-        on_epoch=on_epoch,
-        state_fn=None if sharded is not None else state_fn,
-        sharded=sharded,
-        batch_size=job["batch_size"],
-        table=table,
-        trim=job["trim"],
-    )
+    spec: _core._WorkerSpec = {
+        "dataset": dataset,
+        "iterable": iterable,
+        "auto_collation": job["auto_collation"],
+        "drop_last": job["drop_last"],
+        "collate_fn": job["collate_fn"],
+        "getitems": getitems,
+        "tensors": tensors,
+        "main_pid": main_pid,
+        "shm_initial": job["shm_initial"],
+        "shm_limit": job["shm_limit"],
+        "prefetch_factor": job["prefetch_factor"],
+        "make_iter": make_iter,
+        "wrap_exception": wrap,
+        "init_exception": init_exception,
+        "on_epoch": on_epoch,
+        "state_fn": None if sharded is not None else state_fn,
+        "sharded": sharded,
+        "batch_size": job["batch_size"],
+        "table": table,
+        "trim": job["trim"],
+    }
+    _core.worker_loop(fd if isinstance(fd, int) else fd.detach(), spec)
 
 
 class IteratorRegistry:

@@ -310,13 +310,11 @@ impl PyHost<'_> {
     }
 }
 
-/// Serves tasks until the main process says stop or goes away.
-#[pyfunction]
-#[pyo3(signature = (fd, *, dataset, iterable, auto_collation, drop_last, collate_fn, getitems, tensors, main_pid, shm_initial, shm_limit, prefetch_factor, make_iter, wrap_exception, init_exception, on_epoch=None, state_fn=None, sharded=None, batch_size=None, table=None, trim=true))]
-#[allow(clippy::too_many_arguments)]
-pub fn worker_loop(
-    py: Python<'_>,
-    fd: i32,
+/// What a worker serves with: one object across the boundary, a dict of
+/// these keys (built by `ferroloader._worker`), each as Python set it up.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct WorkerSpec {
     dataset: Py<PyAny>,
     iterable: bool,
     auto_collation: bool,
@@ -337,7 +335,33 @@ pub fn worker_loop(
     batch_size: Option<usize>,
     table: Option<TableArg>,
     trim: bool,
-) -> PyResult<()> {
+}
+
+/// Serves tasks until the main process says stop or goes away.
+#[pyfunction]
+pub fn worker_loop(py: Python<'_>, fd: i32, spec: WorkerSpec) -> PyResult<()> {
+    let WorkerSpec {
+        dataset,
+        iterable,
+        auto_collation,
+        drop_last,
+        collate_fn,
+        getitems,
+        tensors,
+        main_pid,
+        shm_initial,
+        shm_limit,
+        prefetch_factor,
+        make_iter,
+        wrap_exception,
+        init_exception,
+        on_epoch,
+        state_fn,
+        sharded,
+        batch_size,
+        table,
+        trim,
+    } = spec;
     let fd = adopt_fd(fd)?;
     let fetcher = Fetcher::new(
         py,
