@@ -266,12 +266,10 @@ class _MultiProcessIter(_core.MultiProcessIter):
             source = _index_source(loader)
             base_seed = state.base_seed(loader, rec, resume)
             elastic = isinstance(loader._index_sampler, ElasticBatchSampler)
-            if loader._index_stream_twice and not rec.reset and not elastic:
-                # torchdata's iterator: iter(sampler) again in _reset, after
-                # the base seed (its sampler draws when iterated). An
-                # elastic sampler (a mixture's too) draws from no generator,
-                # and its first iteration took the resume position
-                source = _index_source(loader)
+            if not rec.reset and not elastic:
+                # An elastic sampler (a mixture's too) draws from no
+                # generator, and its first iteration took the resume position
+                source = loader._index_stream_after_seed(source)
             source = state.resume_source(rec, source, resume, now, loader._window)
         threads = loader.worker_method == "thread"
         n = loader._workers
@@ -330,12 +328,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
         if resume is not None and "workers" in resume:
             it._restore_round_robin(int(resume["next_worker"]), state.finished_workers(resume, n))
         it._prime()
-        if loader._setup_at_iter:
-            try:
-                it._await_setup()
-            except BaseException:
-                it._shutdown_workers()
-                raise
+        loader._workers_started(it, fresh=True)
         return it
 
     def __iter__(self) -> _MultiProcessIter:
@@ -355,14 +348,12 @@ class _MultiProcessIter(_core.MultiProcessIter):
             rec.shards = ep
             rec.attach(self, multiprocess=True)
             self._reset_epoch(ep.addresses, None, ep.plan)
-            if loader._setup_at_iter:
-                self._await_setup()
+            loader._workers_started(self, fresh=False)
             return
         source = state.resume_source(rec, _index_source(loader), resume, now, loader._window)
         rec.attach(self, multiprocess=True)
         self._reset_epoch(source, loader._IterableDataset_len_called)
-        if loader._setup_at_iter:
-            self._await_setup()
+        loader._workers_started(self, fresh=False)
 
     def _shutdown_workers(self) -> None:
         rec = getattr(self, "_epoch_record", None)

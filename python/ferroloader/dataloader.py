@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable, ClassVar, Iterable, Optional, TypeVar, Union
+from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 
 import torch
 import torch.utils.data.dataloader as _tdl
@@ -102,13 +102,6 @@ _ADDED_DOC = """
 
 class DataLoader(_tdl.DataLoader[_T_co]):
     __doc__ = (_tdl.DataLoader.__doc__ or "").rstrip() + "\n" + _ADDED_DOC
-
-    # torch reports a worker's failed setup (``worker_init_fn``) at the first
-    # ``next()``; torchdata's ``StatefulDataLoader`` at ``iter()``.
-    _setup_at_iter: ClassVar[bool] = False
-    # torchdata's multi-process iterator iterates the sampler once before
-    # and once after drawing the base seed; torch's draws from it once.
-    _index_stream_twice: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -303,6 +296,18 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         threads), times ``worker_threads`` threads in each process. Each is
         one worker to the engine, the state and ``get_worker_info()``."""
         return self.num_workers * self.worker_threads
+
+    # Where torchdata's StatefulDataLoader does otherwise than torch's loader:
+    # hooks of a multi-process epoch that StatefulDataLoader overrides.
+
+    def _index_stream_after_seed(self, source: Any) -> Any:
+        """The epoch's index stream once the workers' base seed is drawn:
+        torch's loader iterates its sampler once, before that draw."""
+        return source
+
+    def _workers_started(self, it: Any, fresh: bool) -> None:
+        """An epoch's workers were started (``fresh``) or reset: torch's
+        loader reports a worker's failed set-up at the first ``next()``."""
 
     @property
     def _window(self) -> int:

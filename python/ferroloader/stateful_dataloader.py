@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import (
     Any,
-    ClassVar,
     Iterator,
     Optional,
     Protocol,
@@ -22,6 +21,7 @@ import torch
 import torch.utils.data as _tud
 
 from ferroloader import _core
+from ferroloader._iterators import _index_source
 from ferroloader.dataloader import DataLoader
 from ferroloader.patch import register_loader
 from ferroloader.sampler import register_native
@@ -167,8 +167,22 @@ class StatefulDataLoader(DataLoader[_T_co]):
     True
     """
 
-    _setup_at_iter: ClassVar[bool] = True
-    _index_stream_twice: ClassVar[bool] = True
+    def _index_stream_after_seed(self, source: Any) -> Any:
+        # torchdata's multi-process iterator iterates the sampler again in
+        # _reset, after the base seed (its sampler draws when iterated)
+        return _index_source(self)
+
+    def _workers_started(self, it: Any, fresh: bool) -> None:
+        # torchdata's iter() returns once every worker has set up, raising
+        # the first set-up error
+        if not fresh:
+            it._await_setup()
+            return
+        try:
+            it._await_setup()
+        except BaseException:
+            it._shutdown_workers()
+            raise
 
     @classmethod
     def _default_sampler(
