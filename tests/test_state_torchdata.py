@@ -217,3 +217,54 @@ def test_stateful_loader_resumes_as_torchdatas_does(num_workers, generator, pers
     assert ours[0] == theirs[0] == uninterrupted[0]
     assert [i for i, _ in ours[1]] == [i for i, _ in theirs[1]] == [i for i, _ in uninterrupted[1]]
     assert ours[1] == (uninterrupted[1] if num_workers == 0 else theirs[1])
+
+
+class _CountingMap(tud.Dataset):
+    """A map-style dataset with state methods (its state lives in each
+    worker's replica), as torchdata's test suite's DummyMapDataset."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.fetched = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        self.fetched += 1
+        return i
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"fetched": self.fetched}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.fetched = state["fetched"]
+
+
+@ferro_only
+@time_limit(60)
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_state_dict_right_after_a_load_is_the_loaded_state(num_workers, persistent):
+    """torchdata's contract: state_dict() after load_state_dict() and before
+    a batch is taken returns the loaded state (also now that it started the
+    resumed iterator), and the resume then gives the rest of the epoch
+    (torchdata's test_load_state_before_initial_state_dict)."""
+    persistent = persistent and num_workers > 0
+
+    def make():
+        return fl.StatefulDataLoader(
+            _CountingMap(20), batch_size=2, num_workers=num_workers,
+            persistent_workers=persistent, collate_fn=lambda b: b,
+        )
+
+    dl = make()
+    it = iter(dl)
+    for _ in range(3):
+        next(it)
+    state = dl.state_dict()
+    rest = list(it)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state
+    assert list(resumed) == rest

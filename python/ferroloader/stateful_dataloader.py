@@ -211,8 +211,13 @@ class StatefulDataLoader(DataLoader[_T_co]):
 
     def state_dict(self) -> dict[str, Any]:
         if not self._iterated:
+            # a loaded state is what this returns until a batch is taken
+            # (torchdata's contract), also once the iterator resumed from it
+            loaded = super().state_dict() if self._pending_state is not None else None
             self._initial_iterator = super().__iter__()
             self._iterated = True
+            if loaded is not None:
+                return loaded
         return super().state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
