@@ -167,23 +167,7 @@ class MultiProcessIter(Iterator[Any]):
     """The main-process side of multi-process loading (subclassed in Python)."""
 
     def __new__(
-        cls,
-        workers: list[tuple[int, int]],
-        source: Any,
-        dataset: Any,
-        *,
-        iterable: bool,
-        batch_size: Optional[int],
-        auto_collation: bool,
-        prefetch_factor: int,
-        in_order: bool,
-        persistent: bool,
-        timeout: float,
-        timeout_text: str,
-        pin: Optional[tuple[Any, Any]],
-        index_sampler: Any,
-        len_called: Optional[int],
-        pin_arena: Optional[PinArena] = None,
+        cls, workers: list[tuple[int, int]], source: Any, dataset: Any, spec: _IterSpec
     ) -> Self: ...
     def _prime(self) -> None: ...
     def _next_unpinned(self, stop: Optional[StopFlag] = None) -> Any:
@@ -224,6 +208,22 @@ class MultiProcessIter(Iterator[Any]):
     def __iter__(self) -> MultiProcessIter: ...
     def __next__(self) -> Any: ...
     def __len__(self) -> int: ...
+
+class _IterSpec(TypedDict):
+    """How an epoch's ``MultiProcessIter`` runs."""
+
+    iterable: bool
+    batch_size: Optional[int]
+    auto_collation: bool
+    prefetch_factor: int
+    in_order: bool
+    persistent: bool
+    timeout: float
+    timeout_text: str
+    pin: Optional[tuple[Any, Any]]
+    index_sampler: Any
+    len_called: Optional[int]
+    pin_arena: Optional[PinArena]
 
 class _WorkerSpec(TypedDict):
     """What a worker serves with (``worker_loop``'s one argument besides its socket)."""

@@ -290,23 +290,21 @@ class _MultiProcessIter(_core.MultiProcessIter):
             assert loader.prefetch_factor is not None
             timeout = float(loader.timeout)
             kind = _PinnedMultiProcessIter if pin_thread else cls
-            it = kind(
-                workers,
-                source,
-                dataset,
-                iterable=iterable,
-                batch_size=loader.batch_size,
-                auto_collation=loader._auto_collation,
-                prefetch_factor=loader.prefetch_factor,
-                in_order=bool(loader.in_order),
-                persistent=bool(loader.persistent_workers),
-                timeout=timeout,
-                timeout_text=str(loader.timeout),
-                pin=None if pin_thread or pin is None else pinning.inline(pin),
-                index_sampler=loader._index_sampler,
-                len_called=None if ep is not None else loader._IterableDataset_len_called,
-                pin_arena=arena,
-            )
+            spec: _core._IterSpec = {
+                "iterable": iterable,
+                "batch_size": loader.batch_size,
+                "auto_collation": loader._auto_collation,
+                "prefetch_factor": loader.prefetch_factor,
+                "in_order": bool(loader.in_order),
+                "persistent": bool(loader.persistent_workers),
+                "timeout": timeout,
+                "timeout_text": str(loader.timeout),
+                "pin": None if pin_thread or pin is None else pinning.inline(pin),
+                "index_sampler": loader._index_sampler,
+                "len_called": None if ep is not None else loader._IterableDataset_len_called,
+                "pin_arena": arena,
+            }
+            it = kind(workers, source, dataset, spec)
             if isinstance(it, _PinnedMultiProcessIter):
                 assert pin is not None
                 it._pin_setup(pin, arena, loader._index_sampler)

@@ -140,28 +140,48 @@ pub struct MultiProcessIter {
     times: MainTimes,
 }
 
+/// How an epoch's multi-process iterator runs: one object across the
+/// boundary, a dict of these keys (built by `ferroloader._iterators`).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct IterSpec {
+    iterable: bool,
+    batch_size: Option<u32>,
+    auto_collation: bool,
+    prefetch_factor: usize,
+    in_order: bool,
+    persistent: bool,
+    timeout: f64,
+    timeout_text: String,
+    pin: Option<(Py<PyAny>, Py<PyAny>)>,
+    index_sampler: Py<PyAny>,
+    len_called: Option<usize>,
+    pin_arena: Option<Py<PinArena>>,
+}
+
 #[pymethods]
 impl MultiProcessIter {
     #[new]
-    #[pyo3(signature = (workers, source, dataset, *, iterable, batch_size, auto_collation, prefetch_factor, in_order, persistent, timeout, timeout_text, pin, index_sampler, len_called, pin_arena=None))]
-    #[allow(clippy::too_many_arguments)]
     fn new(
         workers: Vec<(i32, i32)>,
         source: &Bound<'_, PyAny>,
         dataset: Py<PyAny>,
-        iterable: bool,
-        batch_size: Option<u32>,
-        auto_collation: bool,
-        prefetch_factor: usize,
-        in_order: bool,
-        persistent: bool,
-        timeout: f64,
-        timeout_text: String,
-        pin: Option<(Py<PyAny>, Py<PyAny>)>,
-        index_sampler: Py<PyAny>,
-        len_called: Option<usize>,
-        pin_arena: Option<Py<PinArena>>,
+        spec: IterSpec,
     ) -> PyResult<Self> {
+        let IterSpec {
+            iterable,
+            batch_size,
+            auto_collation,
+            prefetch_factor,
+            in_order,
+            persistent,
+            timeout,
+            timeout_text,
+            pin,
+            index_sampler,
+            len_called,
+            pin_arena,
+        } = spec;
         let workers = workers
             .into_iter()
             .map(|(fd, pid)| Ok((adopt_fd(fd)?, pid)))
