@@ -126,27 +126,7 @@ class BatchSamplerIter(Iterator[list[Any]]):
 class SingleProcessIter(Iterator[Any]):
     """``num_workers=0``: indices, fetch and collate in one native ``__next__``."""
 
-    def __new__(
-        cls,
-        source: Any,
-        dataset: Any,
-        *,
-        iterable: bool,
-        getitems: Optional[Any],
-        tensors: Optional[list[torch.Tensor]],
-        auto_collation: bool,
-        batch_size: int,
-        drop_last: bool,
-        collate_fn: Optional[Any],
-        pin: Optional[tuple[Any, Any]],
-        index_sampler: Any,
-        len_called: Optional[int],
-        rng_guard: Optional[Any] = None,
-        sharded: Optional[_ShardsArg] = None,
-        plan: Optional[ShardPlan] = None,
-        block: int = 1,
-        table: Optional[_TableArg] = None,
-    ) -> Self: ...
+    def __new__(cls, source: Any, dataset: Any, spec: _SingleSpec) -> Self: ...
     def __iter__(self) -> SingleProcessIter: ...
     def __next__(self) -> Any: ...
     def __len__(self) -> int: ...
@@ -208,6 +188,25 @@ class MultiProcessIter(Iterator[Any]):
     def __iter__(self) -> MultiProcessIter: ...
     def __next__(self) -> Any: ...
     def __len__(self) -> int: ...
+
+class _SingleSpec(TypedDict):
+    """How an epoch's ``SingleProcessIter`` runs."""
+
+    iterable: bool
+    getitems: Optional[Any]
+    tensors: Optional[list[torch.Tensor]]
+    auto_collation: bool
+    batch_size: int
+    drop_last: bool
+    collate_fn: Optional[Any]
+    pin: Optional[tuple[Any, Any]]
+    index_sampler: Any
+    len_called: Optional[int]
+    rng_guard: Optional[Any]
+    sharded: Optional[_ShardsArg]
+    plan: Optional[ShardPlan]
+    block: int
+    table: Optional[_TableArg]
 
 class _IterSpec(TypedDict):
     """How an epoch's ``MultiProcessIter`` runs."""

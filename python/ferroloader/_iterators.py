@@ -153,22 +153,24 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
     if seeds is not None:
         dataset = guard = SeededDataset(dataset, *seeds)
     getitems, tensors, table = fetch_plan(dataset, iterable)
-    it = _SingleProcessIter(
-        source,
-        dataset,
-        iterable=iterable,
-        getitems=getitems,
-        tensors=tensors,
-        auto_collation=loader._auto_collation,
-        batch_size=loader.batch_size or 0,
-        drop_last=bool(loader.drop_last),
-        collate_fn=loader.collate_fn,
-        pin=pin,
-        index_sampler=loader._index_sampler,
-        len_called=loader._IterableDataset_len_called,
-        rng_guard=guard,
-        table=table,
-    )
+    spec: _core._SingleSpec = {
+        "iterable": iterable,
+        "getitems": getitems,
+        "tensors": tensors,
+        "auto_collation": loader._auto_collation,
+        "batch_size": loader.batch_size or 0,
+        "drop_last": bool(loader.drop_last),
+        "collate_fn": loader.collate_fn,
+        "pin": pin,
+        "index_sampler": loader._index_sampler,
+        "len_called": loader._IterableDataset_len_called,
+        "rng_guard": guard,
+        "sharded": None,
+        "plan": None,
+        "block": 1,
+        "table": table,
+    }
+    it = _SingleProcessIter(source, dataset, spec)
     rec.attach(it, multiprocess=False)
     if not iterable and resume is None:
         rec.watch_first_draw(it)
@@ -189,24 +191,24 @@ def _single_process_sharded(
     finally:
         state.restore_generators(rec, now)
     seeder = loader._shard_seeder(rec.number)
-    it = _SingleProcessIter(
-        ep.addresses,
-        loader.dataset,
-        iterable=True,
-        getitems=None,
-        tensors=None,
-        auto_collation=loader._auto_collation,
-        batch_size=loader.batch_size or 0,
-        drop_last=bool(loader.drop_last),
-        collate_fn=loader.collate_fn,
-        pin=pin,
-        index_sampler=loader._index_sampler,
-        len_called=None,
-        rng_guard=seeder,
-        sharded=ep.source(seeder),
-        plan=ep.plan,
-        block=ep.sharding.shuffle_block,
-    )
+    spec: _core._SingleSpec = {
+        "iterable": True,
+        "getitems": None,
+        "tensors": None,
+        "auto_collation": loader._auto_collation,
+        "batch_size": loader.batch_size or 0,
+        "drop_last": bool(loader.drop_last),
+        "collate_fn": loader.collate_fn,
+        "pin": pin,
+        "index_sampler": loader._index_sampler,
+        "len_called": None,
+        "rng_guard": seeder,
+        "sharded": ep.source(seeder),
+        "plan": ep.plan,
+        "block": ep.sharding.shuffle_block,
+        "table": None,
+    }
+    it = _SingleProcessIter(ep.addresses, loader.dataset, spec)
     rec.shards = ep
     rec.attach(it, multiprocess=False)
     it._stats_box = loader._stats_box

@@ -67,36 +67,55 @@ pub struct SingleProcessIter {
     local: StageTimes,
 }
 
+/// How an epoch's one-process iterator runs: one object across the
+/// boundary, a dict of these keys (built by `ferroloader._iterators`).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct SingleSpec {
+    iterable: bool,
+    getitems: Option<Py<PyAny>>,
+    tensors: Option<Vec<Py<PyAny>>>,
+    auto_collation: bool,
+    batch_size: usize,
+    drop_last: bool,
+    collate_fn: Option<Py<PyAny>>,
+    pin: Option<(Py<PyAny>, Py<PyAny>)>,
+    index_sampler: Py<PyAny>,
+    len_called: Option<usize>,
+    rng_guard: Option<Py<PyAny>>,
+    sharded: Option<ShardsArg>,
+    plan: Option<Py<ShardPlan>>,
+    block: u64,
+    table: Option<TableArg>,
+}
+
 #[pymethods]
 impl SingleProcessIter {
     #[new]
-    #[pyo3(signature = (source, dataset, *, iterable, getitems, tensors, auto_collation, batch_size, drop_last, collate_fn, pin, index_sampler, len_called, rng_guard=None, sharded=None, plan=None, block=1, table=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        source: &Bound<'_, PyAny>,
-        dataset: Py<PyAny>,
-        iterable: bool,
-        getitems: Option<Py<PyAny>>,
-        tensors: Option<Vec<Py<PyAny>>>,
-        auto_collation: bool,
-        batch_size: usize,
-        drop_last: bool,
-        collate_fn: Option<Py<PyAny>>,
-        pin: Option<(Py<PyAny>, Py<PyAny>)>,
-        index_sampler: Py<PyAny>,
-        len_called: Option<usize>,
-        rng_guard: Option<Py<PyAny>>,
-        sharded: Option<ShardsArg>,
-        plan: Option<PyRef<'_, ShardPlan>>,
-        block: u64,
-        table: Option<TableArg>,
-    ) -> PyResult<Self> {
+    fn new(source: &Bound<'_, PyAny>, dataset: Py<PyAny>, spec: SingleSpec) -> PyResult<Self> {
+        let SingleSpec {
+            iterable,
+            getitems,
+            tensors,
+            auto_collation,
+            batch_size,
+            drop_last,
+            collate_fn,
+            pin,
+            index_sampler,
+            len_called,
+            rng_guard,
+            sharded,
+            plan,
+            block,
+            table,
+        } = spec;
         let py = source.py();
         let shards = sharded.map(|(f, shards, seed)| PyShards::new(f, shards, seed));
         let batch = auto_collation.then_some(batch_size);
         let source = match (shards, plan) {
             (Some(src), Some(plan)) => Source::Lanes {
-                set: Box::new(LaneSet::new(plan.plan.clone(), batch, drop_last)),
+                set: Box::new(LaneSet::new(plan.borrow(py).plan.clone(), batch, drop_last)),
                 src,
             },
             (Some(src), None) => Source::Addresses {
