@@ -153,29 +153,37 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
     if seeds is not None:
         dataset = guard = SeededDataset(dataset, *seeds)
     getitems, tensors, table = fetch_plan(dataset, iterable)
-    spec: _core._SingleSpec = {
-        "iterable": iterable,
-        "getitems": getitems,
-        "tensors": tensors,
-        "auto_collation": loader._auto_collation,
-        "batch_size": loader.batch_size or 0,
-        "drop_last": bool(loader.drop_last),
-        "collate_fn": loader.collate_fn,
-        "pin": pin,
-        "index_sampler": loader._index_sampler,
-        "len_called": loader._IterableDataset_len_called,
-        "rng_guard": guard,
-        "sharded": None,
-        "plan": None,
-        "block": 1,
-        "table": table,
-    }
+    spec = _single_spec(loader, pin, guard)
+    spec["iterable"], spec["getitems"], spec["tensors"] = iterable, getitems, tensors
+    spec["len_called"], spec["table"] = loader._IterableDataset_len_called, table
     it = _SingleProcessIter(source, dataset, spec)
     rec.attach(it, multiprocess=False)
     if not iterable and resume is None:
         rec.watch_first_draw(it)
     it._stats_box = loader._stats_box
     return it
+
+
+def _single_spec(loader: DataLoader[Any], pin: Any, rng_guard: Any) -> _core._SingleSpec:
+    """A one-process epoch's spec from the loader (a map-style epoch's
+    fields; the caller sets what its kind of epoch reads)."""
+    return {
+        "iterable": False,
+        "getitems": None,
+        "tensors": None,
+        "auto_collation": loader._auto_collation,
+        "batch_size": loader.batch_size or 0,
+        "drop_last": bool(loader.drop_last),
+        "collate_fn": loader.collate_fn,
+        "pin": pin,
+        "index_sampler": loader._index_sampler,
+        "len_called": None,
+        "rng_guard": rng_guard,
+        "sharded": None,
+        "plan": None,
+        "block": 1,
+        "table": None,
+    }
 
 
 def _single_process_sharded(
@@ -191,23 +199,9 @@ def _single_process_sharded(
     finally:
         state.restore_generators(rec, now)
     seeder = loader._shard_seeder(rec.number)
-    spec: _core._SingleSpec = {
-        "iterable": True,
-        "getitems": None,
-        "tensors": None,
-        "auto_collation": loader._auto_collation,
-        "batch_size": loader.batch_size or 0,
-        "drop_last": bool(loader.drop_last),
-        "collate_fn": loader.collate_fn,
-        "pin": pin,
-        "index_sampler": loader._index_sampler,
-        "len_called": None,
-        "rng_guard": seeder,
-        "sharded": ep.source(seeder),
-        "plan": ep.plan,
-        "block": ep.sharding.shuffle_block,
-        "table": None,
-    }
+    spec = _single_spec(loader, pin, seeder)
+    spec["iterable"], spec["sharded"] = True, ep.source(seeder)
+    spec["plan"], spec["block"] = ep.plan, ep.sharding.shuffle_block
     it = _SingleProcessIter(ep.addresses, loader.dataset, spec)
     rec.shards = ep
     rec.attach(it, multiprocess=False)

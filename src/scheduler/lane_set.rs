@@ -141,38 +141,8 @@ mod tests {
     use super::*;
     use crate::sampler::shards::shard_order;
     use crate::scheduler::shards::{Mode, ShardSpec};
+    use crate::worker::lanes::test_source::{src, Shards};
     use proptest::prelude::*;
-
-    /// Shard `s` holds `lens[s]` items `(s, 0), (s, 1), ...`.
-    struct Shards {
-        lens: Vec<u64>,
-    }
-
-    impl ShardSource for Shards {
-        type Item = (u32, u64);
-        type Iter = ();
-        type Error = String;
-        fn open(&mut self, _shard: u32, _start: u64) -> Result<(), String> {
-            Ok(())
-        }
-        fn next(
-            &mut self,
-            _: &mut (),
-            shard: u32,
-            offset: u64,
-        ) -> Result<Option<(u32, u64)>, String> {
-            Ok((offset < self.lens[shard as usize]).then_some((shard, offset)))
-        }
-        fn share(&mut self, item: &(u32, u64)) -> (u32, u64) {
-            *item
-        }
-    }
-
-    fn src(lens: &[u64]) -> Shards {
-        Shards {
-            lens: lens.to_vec(),
-        }
-    }
 
     proptest! {
         #![proptest_config(crate::testing::miri_friendly(ProptestConfig::default()))]

@@ -551,19 +551,18 @@ fn next_block<S: ShardSource>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::sampler::shards::ShardAddresses;
-    use proptest::prelude::*;
+/// A shard source for the tests of lanes and of the scheduler's lane set.
+pub(crate) mod test_source {
+    use super::ShardSource;
 
     /// Shard `s` holds `lens[s]` items `(s, 0), (s, 1), ...`; `fail` makes
     /// reading that item an error.
-    struct Shards {
-        lens: Vec<u64>,
-        fail: Option<(u32, u64)>,
+    pub(crate) struct Shards {
+        pub(crate) lens: Vec<u64>,
+        pub(crate) fail: Option<(u32, u64)>,
         /// Opening this shard is an error.
-        fail_open: Option<u32>,
-        opens: usize,
+        pub(crate) fail_open: Option<u32>,
+        pub(crate) opens: usize,
     }
 
     impl ShardSource for Shards {
@@ -593,7 +592,7 @@ mod tests {
         }
     }
 
-    fn src(lens: &[u64]) -> Shards {
+    pub(crate) fn src(lens: &[u64]) -> Shards {
         Shards {
             lens: lens.to_vec(),
             fail: None,
@@ -601,6 +600,14 @@ mod tests {
             opens: 0,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_source::{src, Shards};
+    use super::*;
+    use crate::sampler::shards::ShardAddresses;
+    use proptest::prelude::*;
 
     fn works(shards: &[u32]) -> Vec<Work> {
         shards.iter().map(|&shard| Work::from(shard, 0)).collect()
