@@ -679,3 +679,31 @@ def test_hypothesis_chained_resumes(kind, hops):
     if len(got) + len(rest) < len(expected):  # the interrupted epoch was the first
         rest += [plain(b) for b in last]
     assert (got + rest)[: len(expected)] == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    items=st.integers(0, 40),
+    keep=st.integers(0, 12),
+    count=st.integers(0, 5),
+    kept=st.integers(0, 4),
+)
+def test_recorder_resends_then_draws_and_keeps_the_last(
+    items: int, keep: int, count: int, kept: int
+) -> None:
+    """The engine's record of a stateful sampler's stream: the batches in
+    flight at a snapshot come first (not counted again), then the sampler's,
+    numbered on from ``count``; the last ``keep`` are found by number."""
+    from ferroloader import _core
+
+    resent = [(count - kept + i, [f"old{i}"]) for i in range(kept) if count - kept + i >= 0]
+    source = iter([[i] for i in range(items)])
+    rec = _core.Recorder(source, keep, count, resent)
+    assert not rec.pulled
+    got = list(rec)
+    assert got == [b for _, b in resent] + [[i] for i in range(items)]
+    assert rec.pulled
+    drawn = list(zip(range(count, count + items), ([i] for i in range(items))))
+    expect = dict((resent + drawn)[-keep:] if keep else [])
+    seqs = list(range(count + items + 2))
+    assert rec.batches(seqs) == [expect.get(s) for s in seqs]

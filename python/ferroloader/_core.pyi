@@ -16,6 +16,7 @@ __all__ = [
     "BatchSamplerIter",
     "MultiProcessIter",
     "Packer",
+    "Recorder",
     "PinArena",
     "SamplerIter",
     "ShardPlan",
@@ -61,6 +62,21 @@ def collate(batch: Any, collate_fn_map: Optional[dict[Any, Any]] = None) -> Any:
 
 def randperm(n: int, generator: Optional[torch.Generator] = None) -> list[int]:
     """``torch.randperm(n, generator=generator).tolist()``, drawn natively."""
+
+@final
+class Recorder(Iterator[Any]):
+    """A stateful sampler's index stream as the engine draws it, keeping
+    the last ``keep`` batches by sequence number; a resumed one counts on
+    from ``count`` and re-sends ``kept`` first."""
+
+    def __new__(
+        cls, source: Iterator[Any], keep: int, count: int = ..., kept: list[tuple[int, Any]] = ...
+    ) -> Recorder: ...
+    def __iter__(self) -> Recorder: ...
+    def __next__(self) -> Any: ...
+    @property
+    def pulled(self) -> bool: ...
+    def batches(self, seqs: list[int]) -> list[Any]: ...
 
 @final
 class SamplerIter(Iterator[int]):

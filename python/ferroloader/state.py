@@ -34,7 +34,6 @@ import json
 import os
 import pickle
 import weakref
-from collections import deque
 from typing import Any, Optional
 
 import torch
@@ -159,36 +158,6 @@ def _shard_digest(shards: list[Any], lens: Optional[list[int]]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class Recorder:
-    """Wraps a Python index stream whose sampler saves its own state: keeps
-    the recent batches, so those in flight at a snapshot can be re-sent."""
-
-    def __init__(self, source: Any, keep: int) -> None:
-        self.source = source
-        self.recent: deque[tuple[int, Any]] = deque(maxlen=keep)
-        self.count = 0
-        self.pulled = False
-
-    def __iter__(self) -> Recorder:
-        return self
-
-    def __next__(self) -> Any:
-        self.pulled = True
-        item = next(self.source)
-        self.recent.append((self.count, item))
-        self.count += 1
-        return item
-
-    def batches(self, seqs: list[int]) -> list[Any]:
-        have = dict(self.recent)
-        missing = [s for s in seqs if s not in have]
-        if missing:
-            raise ConfigError(
-                f"state_dict(): batches {missing} are in flight but no longer recorded"
-            )
-        return [have[s] for s in seqs]
-
-
 class Epoch:
     """One epoch's record: the generators' states when it began, and a
     weak link to the iterator that reports its position."""
@@ -200,7 +169,8 @@ class Epoch:
         self.start = [g.get_state() for _, g in self.groups]
         self.sampler = _stateful_sampler(loader)
         self.iterator: Optional[weakref.ref[Any]] = None
-        self.recorder: Optional[Recorder] = None
+        # the engine's record of a stateful sampler's recent batches
+        self.recorder: Optional[_core.Recorder] = None
         # the position when the iterator went away (read from it until then)
         self.last: Optional[dict[str, Any]] = None
         self.dataset_iter: Optional[Any] = None
@@ -424,7 +394,13 @@ def snapshot(loader: Any) -> dict[str, Any]:
         else:
             epoch["sampler_state"] = rec.sampler.state_dict()
         if rec.recorder is not None and pending:
-            epoch["pending_batches"] = rec.recorder.batches(pending)
+            batches = rec.recorder.batches(pending)
+            missing = [s for s, b in zip(pending, batches) if b is None]
+            if missing:
+                raise ConfigError(
+                    f"state_dict(): batches {missing} are in flight but no longer recorded"
+                )
+            epoch["pending_batches"] = batches
     if rec.iterable and not rec.multiprocess:
         it = rec.dataset_iter
         if it is not None and stateful(it):
@@ -834,7 +810,7 @@ def resume_source(
     puts the generators back to ``now`` afterwards."""
     if resume is None:
         if rec.sampler is not None:
-            rec.recorder = Recorder(source, keep=8 * window + 64)
+            rec.recorder = _core.Recorder(source, _keep(window))
             return rec.recorder
         return source
     try:
@@ -859,10 +835,8 @@ def resume_source(
             kept = list(resume.get("pending_batches", []))
             rec.base = {"drawn": drawn, "kept": pending if kept else []}
             rec.loaded_sampler_state = resume.get("sampler_state")
-            rec.recorder = Recorder(source, keep=8 * window + 64)
-            rec.recorder.count = drawn
-            rec.recorder.recent.extend(zip(pending, kept))
-            return itertools.chain(kept, rec.recorder) if kept else rec.recorder
+            rec.recorder = _core.Recorder(source, _keep(window), drawn, list(zip(pending, kept)))
+            return rec.recorder
         first = pending[0] if pending else drawn
         if isinstance(source, (_core.BatchSamplerIter, _core.SamplerIter)):
             got = source._skip(first)
@@ -892,6 +866,12 @@ def resume_source(
         _set(rec.groups, now)
         if "dataset_state" in resume:
             rec.dataset.load_state_dict(resume["dataset_state"])
+
+
+def _keep(window: int) -> int:
+    """How many recent batches of a stateful sampler the engine keeps: more
+    than can be in flight (the window, batches being reordered)."""
+    return 8 * window + 64
 
 
 def _past_end(drawn: int, batches: int) -> ConfigError:

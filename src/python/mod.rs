@@ -53,6 +53,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<shards::ShardPlan>()?;
     m.add_class::<shards::AddressBatches>()?;
     m.add_class::<table::ArrowTable>()?;
+    m.add_class::<indices::Recorder>()?;
     m.add_class::<sampler::SamplerIter>()?;
     m.add_class::<sampler::BatchSamplerIter>()?;
     m.add_class::<loader::SingleProcessIter>()?;
