@@ -6,7 +6,7 @@ Checked against the built module by ``mypy.stubtest`` in ``scripts/test``.
 from typing import Any, Callable, Iterator, Optional, Sequence, TypedDict, final
 
 import torch
-from typing_extensions import Self, disjoint_base
+from typing_extensions import Required, Self, disjoint_base
 
 __version__: str
 
@@ -16,8 +16,8 @@ __all__ = [
     "BatchSamplerIter",
     "MultiProcessIter",
     "Packer",
-    "Recorder",
     "PinArena",
+    "Recorder",
     "SamplerIter",
     "ShardPlan",
     "SingleProcessIter",
@@ -106,16 +106,7 @@ class SamplerIter(Iterator[int]):
     @staticmethod
     def from_list(indices: list[int]) -> SamplerIter: ...
     @staticmethod
-    def distributed(
-        n: int,
-        num_replicas: int,
-        rank: int,
-        shuffle: bool,
-        seed: int,
-        drop_last: bool,
-        num_samples: int,
-        total_size: int,
-    ) -> Optional[SamplerIter]:
+    def distributed(spec: _Distributed) -> Optional[SamplerIter]:
         """``None`` when the sampler's sizes are inconsistent (torch raises)."""
     def __iter__(self) -> SamplerIter: ...
     def __next__(self) -> int: ...
@@ -204,6 +195,19 @@ class MultiProcessIter(Iterator[Any]):
     def __iter__(self) -> MultiProcessIter: ...
     def __next__(self) -> Any: ...
     def __len__(self) -> int: ...
+
+class _Distributed(TypedDict):
+    """A ``DistributedSampler``'s attributes at ``__iter__``; ``seed`` is
+    its ``seed + epoch`` modulo 2**64."""
+
+    n: int
+    num_replicas: int
+    rank: int
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    num_samples: int
+    total_size: int
 
 class _SingleSpec(TypedDict):
     """How an epoch's ``SingleProcessIter`` runs."""
@@ -338,42 +342,41 @@ class ShardPlan:
     def batches(self) -> Optional[int]:
         """Batches this rank yields in the epoch, when shard lengths are known."""
 
-def shard_plan(
-    *,
-    n_shards: int,
-    lens: Optional[list[int]],
-    block: int,
-    root: int,
-    shuffle: bool,
-    rank: int,
-    world: int,
-    dynamic: bool,
-    lanes: int,
-    batch: Optional[int],
-    drop_last: bool,
-    even: bool,
-    largest_first: bool = True,
-    resume: Optional[_LaneSnapshot] = None,
-) -> ShardPlan:
+class _PlanArgs(TypedDict):
+    n_shards: int
+    lens: Optional[list[int]]
+    block: int
+    root: int
+    shuffle: bool
+    rank: int
+    world: int
+    dynamic: bool
+    lanes: int
+    batch: Optional[int]
+    drop_last: bool
+    even: bool
+    largest_first: bool
+    resume: Optional[_LaneSnapshot]
+
+def shard_plan(args: _PlanArgs) -> ShardPlan:
     """The epoch's lane plan for one rank, or the plan continuing ``resume``."""
+
+class _AddressArgs(TypedDict):
+    lens: list[int]
+    block: int
+    root: int
+    shuffle: bool
+    start: int
+    batch: int
+    world: int
+    rank: int
+    tail: str
 
 @final
 class AddressBatches(Iterator[list[tuple[int, int]]]):
     """Elastic sharding: one rank's batches of ``(shard, offset)``."""
 
-    def __new__(
-        cls,
-        *,
-        lens: list[int],
-        block: int,
-        root: int,
-        shuffle: bool,
-        start: int,
-        batch: int,
-        world: int,
-        rank: int,
-        tail: str,
-    ) -> Self: ...
+    def __new__(cls, args: _AddressArgs) -> Self: ...
     @property
     def total(self) -> int:
         """Items in the epoch's whole global sequence."""
@@ -394,21 +397,21 @@ def elastic_indices(
 ) -> list[int]:
     """One rank's indices of an elastic split of a global sequence."""
 
-def mixture_indices(
-    lens: list[int],
-    segments: list[tuple[int, list[float]]],
-    root: int,
-    *,
-    replacement: bool,
-    exhausted: str,
-    num_samples: Optional[int],
-    start: int,
-    batch: int,
-    world: int,
-    rank: int,
-    tail: str,
-    shards: Optional[list[Optional[list[int]]]] = None,
-) -> tuple[int, list[int]]:
+class _MixtureArgs(TypedDict, total=False):
+    lens: Required[list[int]]
+    segments: Required[list[tuple[int, list[float]]]]
+    root: Required[int]
+    replacement: Required[bool]
+    exhausted: Required[str]
+    num_samples: Required[Optional[int]]
+    start: Required[int]
+    batch: Required[int]
+    world: Required[int]
+    rank: Required[int]
+    tail: Required[str]
+    shards: Optional[list[Optional[list[int]]]]
+
+def mixture_indices(args: _MixtureArgs) -> tuple[int, list[int]]:
     """A mixture epoch's length and one rank's global indices from ``start``."""
 
 def check_settings() -> None:

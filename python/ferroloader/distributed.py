@@ -23,14 +23,16 @@ def _distributed(s: Any) -> Optional[_core.SamplerIter]:
     if type(seed) is not int or not -(1 << 63) <= seed < _U64:
         return None
     return _core.SamplerIter.distributed(
-        len(s.dataset),
-        s.num_replicas,
-        s.rank,
-        bool(s.shuffle),
-        seed % _U64,
-        bool(s.drop_last),
-        s.num_samples,
-        s.total_size,
+        {
+            "n": len(s.dataset),
+            "num_replicas": s.num_replicas,
+            "rank": s.rank,
+            "shuffle": bool(s.shuffle),
+            "seed": seed % _U64,
+            "drop_last": bool(s.drop_last),
+            "num_samples": s.num_samples,
+            "total_size": s.total_size,
+        }
     )
 
 

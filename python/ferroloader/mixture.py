@@ -339,18 +339,20 @@ class MixtureBatchSampler(ElasticBatchSampler):
             return self._cache[1]
         m = self.mixture
         out = _core.mixture_indices(
-            m.lens,
-            [(int(s[0]), list(s[1])) for s in segments],  # type: ignore[arg-type]
-            epoch_seed(m.seed, self.epoch),
-            replacement=m.replacement,
-            exhausted=m.exhausted,
-            num_samples=m.num_samples,
-            start=start,
-            batch=self.batch_size,
-            world=self.world_size,
-            rank=self.rank,
-            tail=_tail(self.drop_last, self.even),
-            shards=m.shard_lens,
+            {
+                "lens": m.lens,
+                "segments": [(int(s[0]), list(s[1])) for s in segments],  # type: ignore[arg-type]
+                "root": epoch_seed(m.seed, self.epoch),
+                "replacement": m.replacement,
+                "exhausted": m.exhausted,
+                "num_samples": m.num_samples,
+                "start": start,
+                "batch": self.batch_size,
+                "world": self.world_size,
+                "rank": self.rank,
+                "tail": _tail(self.drop_last, self.even),
+                "shards": m.shard_lens,
+            }
         )
         self._cache = (key, out)
         return out

@@ -276,16 +276,18 @@ class ShardEpoch:
             self.start = int(resume["consumed"]) if resume is not None else 0
             tail = "split" if not sharding.even else ("drop" if self.drop_last else "pad")
             self.addresses = _core.AddressBatches(
-                lens=self.lens,
-                block=sharding.shuffle_block,
-                root=self.root,
-                shuffle=self.shuffle,
-                start=self.start,
-                # unbatched: each rank takes one item per global step
-                batch=self.batch or 1,
-                world=self.world,
-                rank=self.rank,
-                tail=tail,
+                {
+                    "lens": self.lens,
+                    "block": sharding.shuffle_block,
+                    "root": self.root,
+                    "shuffle": self.shuffle,
+                    "start": self.start,
+                    # unbatched: each rank takes one item per global step
+                    "batch": self.batch or 1,
+                    "world": self.world,
+                    "rank": self.rank,
+                    "tail": tail,
+                }
             )
             return
         dynamic = sharding.mode == "dynamic"
@@ -299,20 +301,22 @@ class ShardEpoch:
                 None if resume["rest"] is None else [tuple(w) for w in resume["rest"]],
             )
         self.plan = _core.shard_plan(
-            n_shards=len(self.descriptors),
-            lens=self.lens,
-            block=sharding.shuffle_block,
-            root=self.root,
-            shuffle=self.shuffle,
-            rank=self.rank,
-            world=self.world,
-            dynamic=dynamic,
-            lanes=lanes,
-            batch=self.batch,
-            drop_last=self.drop_last,
-            even=sharding.even,
-            largest_first=sharding.largest_first,
-            resume=saved,
+            {
+                "n_shards": len(self.descriptors),
+                "lens": self.lens,
+                "block": sharding.shuffle_block,
+                "root": self.root,
+                "shuffle": self.shuffle,
+                "rank": self.rank,
+                "world": self.world,
+                "dynamic": dynamic,
+                "lanes": lanes,
+                "batch": self.batch,
+                "drop_last": self.drop_last,
+                "even": sharding.even,
+                "largest_first": sharding.largest_first,
+                "resume": saved,
+            }
         )
 
     def source(self, seeder: Any) -> tuple[Any, Any, Any]:

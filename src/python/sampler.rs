@@ -11,8 +11,8 @@ use super::error::Class;
 use super::ffi::FreshTensor;
 use super::torch::torch;
 use crate::sampler::{
-    distributed_indices, randperm, BatchIter, IndexSource, Mt19937, RandomIter, RngSource,
-    SeededOnFirstUse, SequentialIter, SubsetRandomIter,
+    distributed_indices, randperm, BatchIter, Distributed, IndexSource, Mt19937, RandomIter,
+    RngSource, SeededOnFirstUse, SequentialIter, SubsetRandomIter,
 };
 
 /// A user's (or the global) `torch.Generator`: read before each draw and
@@ -285,31 +285,12 @@ impl SamplerIter {
         SamplerIter::of(NativeSampler::List(indices.into_iter()))
     }
 
+    /// `DistributedSampler`'s epoch (see `Distributed` for the keys).
     #[staticmethod]
-    #[allow(clippy::too_many_arguments)]
-    fn distributed(
-        n: usize,
-        num_replicas: usize,
-        rank: usize,
-        shuffle: bool,
-        seed: u64,
-        drop_last: bool,
-        num_samples: usize,
-        total_size: usize,
-    ) -> Option<Self> {
+    fn distributed(spec: Distributed) -> Option<Self> {
         // An inconsistent sampler (torch would fail an assertion): `None`,
         // and the caller lets torch's own `__iter__` raise its error.
-        let indices = distributed_indices(
-            n,
-            num_replicas,
-            rank,
-            shuffle,
-            seed,
-            drop_last,
-            num_samples,
-            total_size,
-        )
-        .ok()?;
+        let indices = distributed_indices(&spec).ok()?;
         Some(SamplerIter::of(NativeSampler::List(indices.into_iter())))
     }
 

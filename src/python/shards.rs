@@ -184,12 +184,11 @@ fn snapshot_from_py(s: Snapshot) -> PyResult<LaneSnapshot> {
     })
 }
 
-/// The epoch's lane plan for one rank (see `crate::scheduler::shards`),
-/// or the plan that continues a saved position.
-#[pyfunction]
-#[pyo3(signature = (*, n_shards, lens, block, root, shuffle, rank, world, dynamic, lanes, batch, drop_last, even, largest_first=true, resume=None))]
-#[allow(clippy::too_many_arguments)]
-pub fn shard_plan(
+/// What `shard_plan` takes: one rank's sharding of an epoch, as
+/// `ferroloader.shards` describes it (a dict of these keys).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct PlanArgs {
     n_shards: usize,
     lens: Option<Vec<u64>>,
     block: u64,
@@ -204,7 +203,28 @@ pub fn shard_plan(
     even: bool,
     largest_first: bool,
     resume: Option<Snapshot>,
-) -> PyResult<ShardPlan> {
+}
+
+/// The epoch's lane plan for one rank (see `crate::scheduler::shards`),
+/// or the plan that continues a saved position.
+#[pyfunction]
+pub fn shard_plan(args: PlanArgs) -> PyResult<ShardPlan> {
+    let PlanArgs {
+        n_shards,
+        lens,
+        block,
+        root,
+        shuffle,
+        rank,
+        world,
+        dynamic,
+        lanes,
+        batch,
+        drop_last,
+        even,
+        largest_first,
+        resume,
+    } = args;
     if lanes == 0 || world == 0 || rank >= world || block == 0 {
         return Err(Class::Config.err(format!(
             "sharding needs lanes >= 1, shuffle_block >= 1 and 0 <= rank < world_size \
@@ -238,6 +258,21 @@ pub fn shard_plan(
     })
 }
 
+/// What `AddressBatches` takes (a dict of these keys).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct AddressArgs {
+    lens: Vec<u64>,
+    block: u64,
+    root: u64,
+    shuffle: bool,
+    start: u64,
+    batch: u64,
+    world: u64,
+    rank: u64,
+    tail: String,
+}
+
 /// Elastic sharding's batches of one rank: the global sequence of the
 /// epoch's items (shards in order, each in shard order) from position
 /// `start`, cut into global batches of `batch * world` items, this rank
@@ -263,20 +298,19 @@ impl AddressBatches {
 #[pymethods]
 impl AddressBatches {
     #[new]
-    #[pyo3(signature = (*, lens, block, root, shuffle, start, batch, world, rank, tail))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        lens: Vec<u64>,
-        block: u64,
-        root: u64,
-        shuffle: bool,
-        start: u64,
-        batch: u64,
-        world: u64,
-        rank: u64,
-        tail: &str,
-    ) -> PyResult<Self> {
-        let tail = parse_tail(tail)?;
+    fn new(args: AddressArgs) -> PyResult<Self> {
+        let AddressArgs {
+            lens,
+            block,
+            root,
+            shuffle,
+            start,
+            batch,
+            world,
+            rank,
+            tail,
+        } = args;
+        let tail = parse_tail(&tail)?;
         if batch == 0 || world == 0 || rank >= world || block == 0 {
             return Err(Class::Config.err(format!(
                 "elastic sharding needs batch_size >= 1, shuffle_block >= 1 and \
@@ -360,28 +394,48 @@ pub fn elastic_indices(
     })
 }
 
-/// Rank `rank`'s indices of a mixture's epoch (`ferroloader.Mixture`): the
-/// epoch's draws (`sampler::mixture`) as global indices (each source's
-/// offset plus its index), read from global position `start` on as
-/// `elastic_indices` reads a permutation. Returns the epoch's length too.
-#[pyfunction]
-#[pyo3(signature = (lens, segments, root, *, replacement, exhausted, num_samples, start, batch, world, rank, tail, shards=None))]
-#[allow(clippy::too_many_arguments)]
-pub fn mixture_indices(
+/// What `mixture_indices` takes (a dict of these keys; `shards` may be
+/// left out).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct MixtureArgs {
     lens: Vec<u64>,
     segments: Vec<(u64, Vec<f64>)>,
     root: u64,
     replacement: bool,
-    exhausted: &str,
+    exhausted: String,
     num_samples: Option<u64>,
     start: u64,
     batch: u64,
     world: u64,
     rank: u64,
-    tail: &str,
+    tail: String,
+    #[pyo3(default)]
     shards: Option<Vec<Option<Vec<u64>>>>,
-) -> PyResult<(u64, Vec<i64>)> {
+}
+
+/// Rank `rank`'s indices of a mixture's epoch (`ferroloader.Mixture`): the
+/// epoch's draws (`sampler::mixture`) as global indices (each source's
+/// offset plus its index), read from global position `start` on as
+/// `elastic_indices` reads a permutation. Returns the epoch's length too.
+#[pyfunction]
+pub fn mixture_indices(args: MixtureArgs) -> PyResult<(u64, Vec<i64>)> {
+    let MixtureArgs {
+        lens,
+        segments,
+        root,
+        replacement,
+        exhausted,
+        num_samples,
+        start,
+        batch,
+        world,
+        rank,
+        tail,
+        shards,
+    } = args;
     use crate::sampler::mixture::{mixture_draws, Exhausted, Mix, Segment};
+    let (exhausted, tail) = (exhausted.as_str(), tail.as_str());
     let tail = parse_tail(tail)?;
     let exhausted = Exhausted::parse(exhausted).ok_or_else(|| {
         Class::Config.err(format!(

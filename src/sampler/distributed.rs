@@ -5,20 +5,35 @@ use super::{randperm, Mt19937};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DistributedError(pub String);
 
+/// A `DistributedSampler`'s attributes at `__iter__`, as torch reads them.
+/// `seed` is `sampler.seed + sampler.epoch` as torch passes it to
+/// `manual_seed`.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(feature = "python", derive(pyo3::FromPyObject), pyo3(from_item_all))]
+pub struct Distributed {
+    pub n: usize,
+    pub num_replicas: usize,
+    pub rank: usize,
+    pub shuffle: bool,
+    pub seed: u64,
+    pub drop_last: bool,
+    pub num_samples: usize,
+    pub total_size: usize,
+}
+
 /// `DistributedSampler.__iter__`: the whole (padded or truncated) index list,
-/// then every `num_replicas`-th element starting at `rank`. `seed` is
-/// `sampler.seed + sampler.epoch` as torch passes it to `manual_seed`.
-#[allow(clippy::too_many_arguments)]
-pub fn distributed_indices(
-    n: usize,
-    num_replicas: usize,
-    rank: usize,
-    shuffle: bool,
-    seed: u64,
-    drop_last: bool,
-    num_samples: usize,
-    total_size: usize,
-) -> Result<Vec<i64>, DistributedError> {
+/// then every `num_replicas`-th element starting at `rank`.
+pub fn distributed_indices(d: &Distributed) -> Result<Vec<i64>, DistributedError> {
+    let Distributed {
+        n,
+        num_replicas,
+        rank,
+        shuffle,
+        seed,
+        drop_last,
+        num_samples,
+        total_size,
+    } = *d;
     let mut indices: Vec<i64> = if shuffle {
         randperm(n, &mut Mt19937::new(seed))
     } else {
@@ -67,6 +82,29 @@ pub fn distributed_indices(
 mod tests {
     use super::*;
 
+    #[allow(clippy::too_many_arguments)]
+    fn spec(
+        n: usize,
+        num_replicas: usize,
+        rank: usize,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+        num_samples: usize,
+        total_size: usize,
+    ) -> Distributed {
+        Distributed {
+            n,
+            num_replicas,
+            rank,
+            shuffle,
+            seed,
+            drop_last,
+            num_samples,
+            total_size,
+        }
+    }
+
     fn sizes(n: usize, r: usize, drop_last: bool) -> (usize, usize) {
         let ns = if drop_last && n % r != 0 {
             (n - r).div_ceil(r)
@@ -80,7 +118,7 @@ mod tests {
     fn pads_by_wrapping_around() {
         let (ns, ts) = sizes(5, 4, false);
         let all: Vec<Vec<i64>> = (0..4)
-            .map(|rank| distributed_indices(5, 4, rank, false, 0, false, ns, ts).unwrap())
+            .map(|rank| distributed_indices(&spec(5, 4, rank, false, 0, false, ns, ts)).unwrap())
             .collect();
         assert_eq!(all, vec![vec![0, 4], vec![1, 0], vec![2, 1], vec![3, 2]]);
     }
@@ -88,7 +126,7 @@ mod tests {
     #[test]
     fn drop_last_truncates() {
         let (ns, ts) = sizes(10, 3, true);
-        let got = distributed_indices(10, 3, 2, false, 0, true, ns, ts).unwrap();
+        let got = distributed_indices(&spec(10, 3, 2, false, 0, true, ns, ts)).unwrap();
         assert_eq!(got, vec![2, 5, 8]);
     }
 }

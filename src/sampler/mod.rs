@@ -22,7 +22,7 @@ mod subset_random;
 mod vectors_test;
 
 pub use batch::BatchIter;
-pub use distributed::{distributed_indices, DistributedError};
+pub use distributed::{distributed_indices, Distributed, DistributedError};
 pub use mt19937::{Mt19937, StateError, STATE_BYTES};
 pub use ops::{randint_into, random_int64, randperm, randperm_compact, IndexVec};
 pub use random::RandomIter;

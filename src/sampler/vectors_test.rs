@@ -12,8 +12,9 @@
 //! shows the full extent of a divergence.
 
 use super::{
-    distributed_indices, randint_into, random_int64, randperm, BatchIter, IndexSource, Mt19937,
-    RandomIter, RngSource, SeededOnFirstUse, SequentialIter, SubsetRandomIter, STATE_BYTES,
+    distributed_indices, randint_into, random_int64, randperm, BatchIter, Distributed, IndexSource,
+    Mt19937, RandomIter, RngSource, SeededOnFirstUse, SequentialIter, SubsetRandomIter,
+    STATE_BYTES,
 };
 use serde_json::Value;
 use std::cell::RefCell;
@@ -628,16 +629,16 @@ fn distributed_sampler_matches_torch() {
                     u64_of(v, "epoch")
                 )
             };
-            let got = distributed_indices(
+            let got = distributed_indices(&Distributed {
                 n,
-                replicas,
+                num_replicas: replicas,
                 rank,
                 shuffle,
-                torch_seed,
+                seed: torch_seed,
                 drop_last,
                 num_samples,
                 total_size,
-            );
+            });
             bad.check(&ctx, "indices", got, Ok(want));
         }
     }
