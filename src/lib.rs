@@ -20,8 +20,9 @@
 //! `unsafe` is denied crate-wide (see `[lints.rust]` in Cargo.toml) and
 //! opened only in [`ring`] (shared memory) and the FFI edges: [`dlpack`]
 //! (the C ABI), [`pin::cuda`] (the CUDA runtime) and the bindings'
-//! `python::ffi` (capsules, file descriptors) and `python::fake_cuda` (the
-//! model of the CUDA runtime the pinning tests run against). [`wire`]
+//! `python::ffi` (capsules, file descriptors), and, in test builds only,
+//! `doubles::fake_cuda` (the model of the CUDA runtime the pinning tests
+//! run against). [`wire`]
 //! opens none: its sockets, `SCM_RIGHTS` and pidfds go through rustix's
 //! safe calls. Every block carries a `// SAFETY:` comment (clippy's
 //! `undocumented_unsafe_blocks`).
@@ -49,3 +50,6 @@ mod testing;
 
 #[cfg(feature = "python")]
 mod python;
+
+#[cfg(feature = "test-doubles")]
+mod doubles;

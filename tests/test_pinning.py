@@ -94,8 +94,15 @@ def fake_cuda(fake_accelerator, monkeypatch):
     """Pinned arenas over the fake CUDA runtime; yields ``(runtime, log)``."""
     rt = _core._FakeCudaRuntime()
     fake_accelerator.runtime = rt
-    monkeypatch.setattr(pinning, "arena_factory", lambda: _core.PinArena.fake(rt, _current(rt)))
+    arena = lambda device: _checked(_core._fake_pin_arena(rt, _current(rt)))  # noqa: E731
+    monkeypatch.setattr(pinning, "_arena", arena)
     yield rt, fake_accelerator
+
+
+def _checked(arena: Any) -> Any:
+    """``arena``, or ``None`` when its runtime refuses to register memory
+    (what ``pinning._cuda_arena`` checks of the real runtime)."""
+    return arena if arena.check() is None else None
 
 
 def _current(rt: _core._FakeCudaRuntime) -> Callable[[], Any]:
@@ -376,7 +383,9 @@ def test_the_reuse_guard_keeps_a_record_until_its_copy_has_run(fake_cuda, monkey
     written later into the reused records: the test would catch the bug."""
     rt, _ = fake_cuda
     monkeypatch.setattr(
-        pinning, "arena_factory", lambda: _core.PinArena.fake(rt, _current(rt), guard=guard)
+        pinning,
+        "_arena",
+        lambda device: _checked(_core._fake_pin_arena(rt, _current(rt), guard=guard)),
     )
 
     def run() -> list:

@@ -24,6 +24,7 @@ __all__ = [
     "StopFlag",
     "_FakeCudaRuntime",
     "__version__",
+    "_fake_pin_arena",
     "_panic_in_guard",
     "block_seed",
     "check_settings",
@@ -56,7 +57,12 @@ _StatsTuple = tuple[tuple[int, int, int, int, int], list[tuple[int, int, int, in
 # (a table's columns, its batch transform or None)
 _TableArg = tuple[ArrowTable, Optional[Any]]
 
+# The test doubles (src/doubles): in the module only when built with the
+# `test-doubles` feature, as scripts/test builds the module it tests.
 def _panic_in_guard() -> None: ...
+def _fake_pin_arena(runtime: _FakeCudaRuntime, stream_fn: Any, guard: bool = True) -> PinArena:
+    """Pinned arenas over the fake runtime."""
+
 def collate(batch: Any, collate_fn_map: Optional[dict[Any, Any]] = None) -> Any:
     """torch's ``collate`` with native paths for its default functions."""
 
@@ -290,9 +296,6 @@ class PinArena:
     def cuda(library: str, stream_fn: Any, guard: bool = True) -> PinArena:
         """Over the CUDA runtime library at ``library`` (the one torch
         loaded); ``stream_fn() -> [(device, raw stream), ...]``."""
-    @staticmethod
-    def fake(runtime: _FakeCudaRuntime, stream_fn: Any, guard: bool = True) -> PinArena:
-        """Over the fake runtime (tests)."""
     def check(self) -> Optional[str]:
         """``None`` if one page of shared memory can be registered, else why not."""
     def tick(self) -> None:
@@ -310,7 +313,7 @@ class PinArena:
 
 @final
 class _FakeCudaRuntime:
-    """A model of the CUDA runtime for tests: registered ranges, streams of
+    """(Test builds only.) A model of the CUDA runtime for tests: registered ranges, streams of
     asynchronous copies that run on ``run()``, events over them."""
 
     def __new__(cls) -> Self: ...

@@ -43,9 +43,6 @@ PIN_THREAD_NAME = "pt_data_pin"
 # window holds the rest.
 PIN_AHEAD = 2
 
-# Tests install a factory of pinned arenas over the fake runtime.
-arena_factory: Optional[Callable[[], Optional[_core.PinArena]]] = None
-
 _DEFAULT_COLLATES = (
     _torch_collate.default_collate,
     _torch_collate.default_convert,
@@ -134,6 +131,12 @@ def _device_type(device: Any) -> Optional[str]:
     return acc.type if acc is not None else None
 
 
+def _arena(device: Any) -> Optional[_core.PinArena]:
+    """Pinned arenas for batches pinned on ``device``, if its runtime
+    registers host memory (CUDA's does)."""
+    return _cuda_arena() if _device_type(device) == "cuda" else None
+
+
 def plan(loader: Any, pin: Any) -> tuple[Optional[_core.PinArena], bool]:
     """How a multi-process iterator pins: ``(arena, thread)``. ``arena``:
     pinned arenas (the batches' tensors are pinned where they lie);
@@ -141,13 +144,7 @@ def plan(loader: Any, pin: Any) -> tuple[Optional[_core.PinArena], bool]:
     there is no arena, and for batches of a custom ``collate_fn``)."""
     if pin is None:
         return None, False
-    arena: Optional[_core.PinArena] = None
-    if arena_factory is not None:
-        arena = arena_factory()
-        if arena is not None and arena.check() is not None:
-            arena = None
-    elif _device_type(pin[1]) == "cuda":
-        arena = _cuda_arena()
+    arena = _arena(pin[1])
     default_batches = any(loader.collate_fn is f for f in _DEFAULT_COLLATES)
     return arena, arena is None or not default_batches
 

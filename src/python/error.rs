@@ -78,12 +78,6 @@ pub fn guard_panic<T>(place: &str, f: impl FnOnce() -> PyResult<T>) -> (PyResult
     }
 }
 
-/// For the tests: a panic inside [`guard`] (what a defect would do).
-#[pyfunction]
-pub fn _panic_in_guard() -> PyResult<()> {
-    guard("a deliberate test", || panic!("on purpose"))
-}
-
 impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         let class = match &e {

@@ -5,10 +5,14 @@
 
 use pyo3::prelude::*;
 
+#[cfg(feature = "test-doubles")]
+pub(crate) use error::guard;
+#[cfg(feature = "test-doubles")]
+pub(crate) use pinning::PinArena;
+
 mod codec;
 mod collate;
 mod error;
-mod fake_cuda;
 mod fetch;
 mod ffi;
 mod indices;
@@ -29,7 +33,6 @@ mod worker;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(collate::collate, m)?)?;
-    m.add_function(wrap_pyfunction!(error::_panic_in_guard, m)?)?;
     m.add_function(wrap_pyfunction!(sampler::randperm_list, m)?)?;
     m.add_function(wrap_pyfunction!(worker::worker_loop, m)?)?;
     m.add_function(wrap_pyfunction!(shards::shard_plan, m)?)?;
@@ -60,6 +63,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<multiproc::MultiProcessIter>()?;
     m.add_class::<multiproc::StopFlag>()?;
     m.add_class::<pinning::PinArena>()?;
-    m.add_class::<fake_cuda::FakeCudaRuntime>()?;
+    #[cfg(feature = "test-doubles")]
+    crate::doubles::register(m)?;
     Ok(())
 }

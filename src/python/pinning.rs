@@ -1,5 +1,5 @@
 //! `PinArena`: one multi-process iterator's pinned arenas ([`Pinning`])
-//! over the CUDA runtime torch loaded (or, in tests, the fake runtime), and
+//! over the CUDA runtime torch loaded (or, in test builds, the fake runtime of `crate::doubles`), and
 //! the host's part of the reuse guard: at each `next()` of the training
 //! loop, asking torch for its current stream and fencing what was freed
 //! since ([`Pinning::tick`]).
@@ -9,7 +9,6 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 
 use super::error::Class;
-use super::fake_cuda::FakeCudaRuntime;
 use crate::pin::cuda::CudaRuntime;
 use crate::pin::{HostRuntime, Pinning, StreamId};
 use crate::ring::{page_size, Segment};
@@ -52,7 +51,11 @@ fn current_streams(py: Python<'_>, stream_fn: &Py<PyAny>) -> Vec<StreamId> {
 }
 
 impl PinArena {
-    fn with_runtime(runtime: Arc<dyn HostRuntime>, stream_fn: Py<PyAny>, guard: bool) -> Self {
+    pub(crate) fn with_runtime(
+        runtime: Arc<dyn HostRuntime>,
+        stream_fn: Py<PyAny>,
+        guard: bool,
+    ) -> Self {
         let pinning = Pinning::new(Arc::clone(&runtime), guard);
         PinArena {
             pinning,
@@ -72,15 +75,6 @@ impl PinArena {
     fn cuda(library: &str, stream_fn: Py<PyAny>, guard: bool) -> PyResult<Self> {
         let rt = CudaRuntime::open(library).map_err(|e| Class::Config.err(e))?;
         Ok(Self::with_runtime(Arc::new(rt), stream_fn, guard))
-    }
-
-    /// Pinned arenas over the fake runtime (tests). `guard=False` releases
-    /// freed records at once, to show what the guard prevents.
-    #[staticmethod]
-    #[pyo3(signature = (runtime, stream_fn, guard=true))]
-    fn fake(runtime: &Bound<'_, FakeCudaRuntime>, stream_fn: Py<PyAny>, guard: bool) -> Self {
-        let rt: Arc<dyn HostRuntime> = runtime.get().runtime.clone();
-        Self::with_runtime(rt, stream_fn, guard)
     }
 
     /// Registers and unregisters one page of shared memory, as the arenas
