@@ -18,6 +18,7 @@ __all__ = [
     "Packer",
     "PinArena",
     "Recorder",
+    "SampleSeeder",
     "SamplerIter",
     "ShardPlan",
     "SingleProcessIter",
@@ -37,6 +38,7 @@ __all__ = [
     "ragged",
     "randperm",
     "sample_seed",
+    "seed_everything",
     "shard_item_index",
     "shard_order_seed",
     "shard_plan",
@@ -429,8 +431,31 @@ def disabled_setting() -> list[str]:
 def epoch_seed(seed: int, epoch: int) -> int:
     """The seed of a seeded loader's generator for ``epoch`` (0-based)."""
 
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """The seed set before ``dataset[index]`` in ``epoch`` with ``per_sample_seed``."""
+def sample_seed(seed: int, epoch: int, index: Any) -> int:
+    """The seed set before ``dataset[index]`` in ``epoch`` with ``per_sample_seed``
+    (a key that is not an integer counts as the CRC-32 of its ``repr``)."""
+
+def seed_everything(s: int) -> None:
+    """Seeds torch's CPU generator, ``random`` and numpy (a worker thread's own)."""
+
+@final
+class SampleSeeder:
+    """``per_sample_seed=True``: ``seeder[i]`` seeds then reads ``dataset[i]``;
+    ``seeder(shard, offset)`` seeds before a shard item is drawn."""
+
+    def __new__(
+        cls, seed: int, epoch: int, dataset: Optional[Any] = None, started: bool = False
+    ) -> SampleSeeder: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def dataset(self) -> Optional[Any]: ...
+    def __getitem__(self, key: Any, /) -> Any: ...
+    def __len__(self) -> int: ...
+    def __call__(self, shard: int, offset: int) -> None: ...
+    def save(self) -> None: ...
+    def restore(self) -> None: ...
+    def start_epoch(self) -> None: ...
 
 def derive(root: int, parts: list[int]) -> int:
     """Folds each part into ``root``."""

@@ -35,7 +35,6 @@ from ferroloader.sampler import (
     native_batch_iter,
     native_iter,
 )
-from ferroloader.seeds import SeededDataset
 from ferroloader.shards import ElasticBatchSampler, ShardEpoch
 from ferroloader.stats import LoaderStats, of_iterator
 
@@ -131,7 +130,7 @@ def _index_source(loader: DataLoader[Any]) -> Any:
 def _single_process_iter(loader: DataLoader[Any]) -> Any:
     """Builds the iterator in the order ``_SingleProcessDataLoaderIter``
     does its work: index sampler iterator, base-seed draw, fetcher."""
-    dataset = loader.dataset
+    dataset: Any = loader.dataset
     if _is_datapipe(dataset):
         return _tdl._SingleProcessDataLoaderIter(loader)
     pin = _pin_settings(loader)
@@ -149,9 +148,9 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
     else:
         source = state.resume_source(rec, source, resume, now, window=1)
     seeds = loader._sample_seeds()
-    guard = None
-    if seeds is not None:
-        dataset = guard = SeededDataset(dataset, *seeds)
+    guard = None if seeds is None else _core.SampleSeeder(seeds[0], seeds[1], dataset)
+    if guard is not None:
+        dataset = guard
     getitems, tensors, table = fetch_plan(dataset, iterable)
     spec = _single_spec(loader, pin, guard)
     spec["iterable"], spec["getitems"], spec["tensors"] = iterable, getitems, tensors

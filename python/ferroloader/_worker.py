@@ -25,7 +25,6 @@ from torch.utils.data._utils import worker as _torch_worker
 
 from ferroloader import _core
 from ferroloader._fetch import fetch_plan
-from ferroloader.seeds import SeededDataset
 from ferroloader.state import stateful
 from ferroloader.worker import thread_aware, worker_local
 
@@ -308,7 +307,8 @@ def _serve(
     if job["sample_seeds"] is not None:
         # per_sample_seed=True: (seed, first epoch); the worker counts
         # the epochs it serves after that
-        dataset = SeededDataset(dataset, *job["sample_seeds"])
+        seed, epoch = job["sample_seeds"]
+        dataset = _core.SampleSeeder(seed, epoch, dataset)
         on_epoch = dataset.start_epoch
     sharded = None
     if job["shards"] is not None:

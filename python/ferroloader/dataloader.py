@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 import torch
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import forkserver, state
+from ferroloader import _core, forkserver, state
 from ferroloader._env import check_environment
 from ferroloader._iterators import _is_datapipe, _MultiProcessIter, _single_process_iter
 from ferroloader.errors import ConfigError
@@ -26,7 +26,6 @@ from ferroloader.sampler import (
     RandomSampler,
     SequentialSampler,
 )
-from ferroloader.seeds import ShardSeeder
 from ferroloader.shards import ShardedDataset, ShardEpoch, Sharding
 from ferroloader.stats import LoaderStats, of_iterator
 
@@ -337,12 +336,12 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         assert self.seed is not None
         return (self.seed, self._epochs_started - 1)
 
-    def _shard_seeder(self, epoch: int) -> Optional[ShardSeeder]:
+    def _shard_seeder(self, epoch: int) -> Optional[_core.SampleSeeder]:
         """Per-item seeding of a sharded dataset in ``epoch``, else ``None``."""
         if not self.per_sample_seed or not self._sharded():
             return None
         assert self.seed is not None
-        return ShardSeeder(self.seed, epoch)
+        return _core.SampleSeeder(self.seed, epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position as plain, picklable data: taken between

@@ -24,27 +24,11 @@ takes the low 32 bits).
 
 from __future__ import annotations
 
-import operator
-import random
-import zlib
-from typing import Any, Optional
-
-import torch
-import torch.utils.data as _tud
+from typing import Any
 
 from ferroloader import _core
-from ferroloader.worker import worker_local
 
 _MASK = (1 << 64) - 1
-
-
-def _as_int(index: Any) -> int:
-    try:
-        return operator.index(index)
-    except TypeError:
-        # keys that are not integers (a sampler may yield any hashable):
-        # a digest of their repr, the same in every process
-        return zlib.crc32(repr(index).encode())
 
 
 # Each seed has one definition, the engine's (src/sampler/seeds.rs); these
@@ -59,7 +43,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
 def sample_seed(seed: int, epoch: int, index: Any) -> int:
     """The seed set before ``dataset[index]`` in ``epoch`` with
     ``per_sample_seed=True``."""
-    return _core.sample_seed(seed & _MASK, epoch & _MASK, _as_int(index) & _MASK)
+    return _core.sample_seed(seed & _MASK, epoch & _MASK, index)
 
 
 def derive(root: int, *parts: int) -> int:
@@ -85,107 +69,13 @@ def shard_item_index(shard: int, offset: int) -> int:
 
 def seed_everything(s: int) -> None:
     """Seeds torch's CPU generator, ``random`` and ``numpy`` (low 32 bits)
-    with ``s``. (``torch.manual_seed`` would also seed every accelerator's
-    generators, at ~100x the cost; data workers draw on the CPU.) In a
-    worker thread the global generators are every thread's: its own
-    (``get_worker_info().rng``, ``torch.thread_safe_generator()``) are
-    seeded instead."""
-    info = worker_local.info
-    if info is not None:
-        rng = info.rng
-        rng.torch_generator.manual_seed(s)
-        rng.random_generator.seed(s)
-        if rng.numpy_generator is not None:
-            rng.numpy_generator.seed(s & 0xFFFFFFFF)
-        return
-    torch.default_generator.manual_seed(s)
-    random.seed(s)
-    try:
-        import numpy as np
-
-        np.random.seed(s & 0xFFFFFFFF)
-    except ImportError:  # pragma: no cover - numpy comes with torch's wheels
-        pass
-
-
-def _rng_states() -> tuple[Any, ...]:
-    import numpy as np
-
-    return torch.get_rng_state(), random.getstate(), np.random.get_state()
-
-
-def _set_rng_states(states: tuple[Any, ...]) -> None:
-    import numpy as np
-
-    torch.set_rng_state(states[0])
-    random.setstate(states[1])
-    np.random.set_state(states[2])
-
-
-class SeededDataset(_tud.Dataset):
-    """A map-style dataset whose ``__getitem__(i)`` runs right after
-    ``seed_everything(sample_seed(seed, epoch, i))``. In the main process the
-    loader calls ``save()`` before and ``restore()`` after each batch, so a
-    seeded loader leaves the global generators untouched."""
-
-    def __init__(self, dataset: Any, seed: int, epoch: int) -> None:
-        self.dataset = dataset
-        self.seed = seed
-        self.epoch = epoch
-        self._started = False
-        self._saved: Optional[tuple[Any, ...]] = None
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: Any) -> Any:
-        seed_everything(sample_seed(self.seed, self.epoch, index))
-        return self.dataset[index]
-
-    def save(self) -> None:
-        self._saved = _rng_states()
-
-    def restore(self) -> None:
-        if self._saved is not None:
-            _set_rng_states(self._saved)
-            self._saved = None
-
-    def start_epoch(self) -> None:
-        """Called by a worker at the start of every epoch it serves: the
-        first is the one it was started for, later ones (persistent
-        workers) follow it."""
-        if self._started:
-            self.epoch += 1
-        self._started = True
-
-
-class ShardSeeder:
-    """``per_sample_seed=True`` for a sharded dataset: called with
-    ``(shard, offset)`` right before each item is drawn. ``save()`` and
-    ``restore()`` keep the global generators untouched in the main process;
-    ``start_epoch()`` counts a persistent worker's epochs."""
-
-    def __init__(self, seed: int, epoch: int) -> None:
-        self.seed = seed
-        self.epoch = epoch
-        self._started = False
-        self._saved: Optional[tuple[Any, ...]] = None
-
-    def __call__(self, shard: int, offset: int) -> None:
-        seed_everything(sample_seed(self.seed, self.epoch, shard_item_index(shard, offset)))
-
-    def save(self) -> None:
-        self._saved = _rng_states()
-
-    def restore(self) -> None:
-        if self._saved is not None:
-            _set_rng_states(self._saved)
-            self._saved = None
-
-    def start_epoch(self) -> None:
-        if self._started:
-            self.epoch += 1
-        self._started = True
+    with ``s`` (modulo 2**64). (``torch.manual_seed`` would also seed every
+    accelerator's generators, at ~100x the cost; data workers draw on the
+    CPU.) In a worker thread the global generators are every thread's: its
+    own (``get_worker_info().rng``, ``torch.thread_safe_generator()``) are
+    seeded instead. The engine runs the same before each sample with
+    ``per_sample_seed=True`` (``_core.SampleSeeder``)."""
+    _core.seed_everything(s & _MASK)
 
 
 __all__ = [

@@ -45,6 +45,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(seeds::shard_order_seed, m)?,
         wrap_pyfunction!(seeds::block_seed, m)?,
         wrap_pyfunction!(seeds::shard_item_index, m)?,
+        wrap_pyfunction!(seeds::seed_everything, m)?,
         wrap_pyfunction!(settings::check_settings, m)?,
         wrap_pyfunction!(settings::shm_limit_setting, m)?,
         wrap_pyfunction!(settings::disabled_setting, m)?,
@@ -57,6 +58,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<shards::AddressBatches>()?;
     m.add_class::<table::ArrowTable>()?;
     m.add_class::<indices::Recorder>()?;
+    m.add_class::<seeds::SampleSeeder>()?;
     m.add_class::<sampler::SamplerIter>()?;
     m.add_class::<sampler::BatchSamplerIter>()?;
     m.add_class::<loader::SingleProcessIter>()?;
