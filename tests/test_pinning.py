@@ -579,3 +579,23 @@ def test_cuda_custom_batch_pin_memory_and_registration_refused(monkeypatch):
                                pin_memory=True))
     assert type(it).__name__ == "_PinnedMultiProcessIter"
     assert all(b["x"].is_pinned() for b in it)
+
+
+@ferro_only
+@time_limit(120)
+def test_a_pin_error_over_registered_arenas_reads_as_torchs_pin_thread_error(fake_cuda):
+    """Over registered arenas batches are pinned on the training loop's
+    thread (by the engine, in next()); an error there is re-raised as
+    torch's pin thread re-raises it, and the epoch goes on."""
+    _, log = fake_cuda
+    log.fail_on = 4.0  # the second batch
+    kw = dict(batch_size=4, num_workers=2, pin_memory=True)
+    expected = _outcomes(iter(TORCH.DataLoader(torch.arange(12.0), **kw)))
+    got = _outcomes(iter(FERRO.DataLoader(torch.arange(12.0), **kw)))
+    errors = [o[1:] for o in expected if o[0] == "error"]
+    assert errors == [(ValueError, "Caught ValueError in pin memory thread for device 0.")]
+    assert [o[1:] for o in got if o[0] == "error"] == errors
+    assert [o[1].tolist() for o in got if o[0] == "batch"] == [
+        o[1].tolist() for o in expected if o[0] == "batch"
+    ]
+    assert "MainThread" in log.threads(), "the batches were not pinned inline"

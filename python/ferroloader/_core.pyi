@@ -248,6 +248,7 @@ class _IterSpec(TypedDict):
     timeout: float
     timeout_text: str
     pin: Optional[tuple[Any, Any]]
+    pin_where: Optional[str]
     index_sampler: Any
     len_called: Optional[int]
     pin_arena: Optional[PinArena]

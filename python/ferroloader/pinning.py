@@ -149,20 +149,11 @@ def plan(loader: Any, pin: Any) -> tuple[Optional[_core.PinArena], bool]:
     return arena, arena is None or not default_batches
 
 
-def inline(pin: tuple[Callable[..., Any], Any]) -> tuple[Callable[..., Any], Any]:
-    """``pin`` for the training loop's thread (batches over pinned arenas:
-    their tensors are pinned already); its errors read as torch's pin
-    thread's."""
-    pin_fn, device = pin
-    where = f"in pin memory thread for device {device_index()}"
-
-    def pin_inline(data: Any, dev: Any) -> Any:
-        try:
-            return pin_fn(data, dev)
-        except Exception:
-            ExceptionWrapper(where=where).reraise()
-
-    return pin_inline, device
+def inline_where() -> str:
+    """Where an error pinning on the training loop's thread (batches over
+    pinned arenas: their tensors are pinned already) says it happened: the
+    engine re-raises it as torch's pin thread's."""
+    return f"in pin memory thread for device {device_index()}"
 
 
 def device_index() -> int:
@@ -335,4 +326,4 @@ class PinThread:
             self._marks.clear()
 
 
-__all__ = ["PinThread", "cuda_runtime_path", "current_streams", "inline", "plan"]
+__all__ = ["PinThread", "cuda_runtime_path", "current_streams", "inline_where", "plan"]

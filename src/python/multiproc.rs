@@ -125,6 +125,8 @@ pub struct MultiProcessIter {
     iterable: bool,
     timeout: Option<(Duration, String)>,
     pin: Option<(Py<PyAny>, Py<PyAny>)>,
+    /// Where a pinning error says it happened (torch's pin thread).
+    pin_where: String,
     /// Pinned arenas: batches are pinned where they lie (`pin` then finds
     /// their tensors pinned already).
     pin_arena: Option<Py<PinArena>>,
@@ -154,6 +156,7 @@ pub struct IterSpec {
     timeout: f64,
     timeout_text: String,
     pin: Option<(Py<PyAny>, Py<PyAny>)>,
+    pin_where: Option<String>,
     index_sampler: Py<PyAny>,
     len_called: Option<usize>,
     pin_arena: Option<Py<PinArena>>,
@@ -178,6 +181,7 @@ impl MultiProcessIter {
             timeout,
             timeout_text,
             pin,
+            pin_where,
             index_sampler,
             len_called,
             pin_arena,
@@ -194,6 +198,7 @@ impl MultiProcessIter {
             iterable,
             timeout: (timeout > 0.0).then(|| (Duration::from_secs_f64(timeout), timeout_text)),
             pin,
+            pin_where: pin_where.unwrap_or_default(),
             pin_arena,
             index_sampler,
             dataset,
@@ -437,7 +442,10 @@ impl MultiProcessIter {
         let data = match &self.pin {
             Some((pin_fn, device)) => {
                 let t2 = std::time::Instant::now();
-                let pinned = pin_fn.bind(py).call1((data, device))?;
+                let pinned = pin_fn
+                    .bind(py)
+                    .call1((data, device))
+                    .map_err(|e| as_pin_thread_error(py, e, &self.pin_where))?;
                 self.times.pin += crate::stats::since(t2);
                 pinned
             }
@@ -518,6 +526,29 @@ impl MultiProcessIter {
             .wait(&mut Gil(py, stop), &mut || source.draw(py), timeout);
         self.timed_out = waited.is_err() && timeout.is_some_and(|(t, _)| started.elapsed() >= t);
         waited
+    }
+}
+
+/// An exception pinning a batch, raised as torch's pin thread re-raises
+/// it (an `ExceptionWrapper` naming where); a `BaseException` that is not
+/// an `Exception` (Ctrl-C) passes as it is.
+fn as_pin_thread_error(py: Python<'_>, e: PyErr, place: &str) -> PyErr {
+    if !e.is_instance_of::<pyo3::exceptions::PyException>(py) {
+        return e;
+    }
+    let info = (e.get_type(py), e.value(py).clone(), e.traceback(py));
+    let raised = torch(py).and_then(|t| {
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item("exc_info", info)?;
+        kwargs.set_item("where", place)?;
+        t.exception_wrapper
+            .bind(py)
+            .call((), Some(&kwargs))?
+            .call_method0("reraise")
+    });
+    match raised {
+        Err(e) => e,
+        Ok(_) => Class::Internal.err("ExceptionWrapper.reraise returned"),
     }
 }
 

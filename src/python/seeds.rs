@@ -23,7 +23,11 @@ pub fn epoch_seed(seed: u64, epoch: u64) -> u64 {
 /// (`index`: any key, see [`index_key`]).
 #[pyfunction]
 pub fn sample_seed(seed: u64, epoch: u64, index: &Bound<'_, PyAny>) -> PyResult<u64> {
-    Ok(seeds::sample_seed(seed, epoch, index_key(index.py(), index)?))
+    Ok(seeds::sample_seed(
+        seed,
+        epoch,
+        index_key(index.py(), index)?,
+    ))
 }
 
 /// Folds each part into `root`.

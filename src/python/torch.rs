@@ -59,6 +59,9 @@ pub struct Torch {
     pub unpickler: Py<PyAny>,
     pub loads: Py<PyAny>,
     pub dumps: Py<PyAny>,
+    /// `torch._utils.ExceptionWrapper`: how torch re-raises an error from
+    /// another thread or process.
+    pub exception_wrapper: Py<PyAny>,
     pub bytes_io: Py<PyAny>,
     pub int64: Py<PyAny>,
     pub float64: Py<PyAny>,
@@ -127,6 +130,10 @@ impl Torch {
                 .unbind(),
             loads: py.import("pickle")?.getattr("loads")?.unbind(),
             dumps: py.import("pickle")?.getattr("dumps")?.unbind(),
+            exception_wrapper: py
+                .import("torch._utils")?
+                .getattr("ExceptionWrapper")?
+                .unbind(),
             bytes_io: py.import("io")?.getattr("BytesIO")?.unbind(),
             int64: torch.getattr("int64")?.unbind(),
             float64: torch.getattr("float64")?.unbind(),
