@@ -53,3 +53,15 @@ mod python;
 
 #[cfg(feature = "test-doubles")]
 mod doubles;
+
+/// The extension module `ferroloader._core`: the bindings, and in test
+/// builds the test doubles (which use the bindings; the bindings know
+/// nothing of them).
+#[cfg(feature = "python")]
+#[pyo3::pymodule]
+fn _core(m: &pyo3::Bound<'_, pyo3::types::PyModule>) -> pyo3::PyResult<()> {
+    python::register(m)?;
+    #[cfg(feature = "test-doubles")]
+    doubles::register(m)?;
+    Ok(())
+}

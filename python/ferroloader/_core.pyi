@@ -163,8 +163,8 @@ class MultiProcessIter(Iterator[Any]):
 
     def __new__(
         cls, workers: list[tuple[int, int]], source: Any, dataset: Any, spec: _IterSpec
-    ) -> Self: ...
-    def _prime(self) -> None: ...
+    ) -> Self:
+        """Starts the epoch: the lanes or the round-robin set up, the window filled."""
     def _next_unpinned(self, stop: Optional[StopFlag] = None) -> Any:
         """The next batch as the engine hands it over, not pinned (``None`` at
         the end of the epoch); a raised ``stop`` ends a wait with
@@ -175,8 +175,6 @@ class MultiProcessIter(Iterator[Any]):
     def _reset_epoch(
         self, source: Any, len_called: Optional[int], plan: Optional[ShardPlan] = None
     ) -> None: ...
-    def _start_lanes(self, plan: ShardPlan) -> None:
-        """A sharded epoch: tasks go to the plan's lanes (before the first task)."""
     @property
     def _lane_snapshot(self) -> Optional[_LaneSnapshot]:
         """A sharded epoch's position; ``None`` for other epochs."""
@@ -193,7 +191,6 @@ class MultiProcessIter(Iterator[Any]):
         self,
     ) -> tuple[list[int], list[Optional[bytes]], list[bool], int, list[bool]]:
         """``(delivered, states, exhausted, next_worker, done)`` per worker."""
-    def _restore_round_robin(self, next_worker: int, exhausted: list[bool]) -> None: ...
     def _await_setup(self) -> None: ...
     @property
     def _timed_out(self) -> bool: ...
@@ -252,6 +249,8 @@ class _IterSpec(TypedDict):
     index_sampler: Any
     len_called: Optional[int]
     pin_arena: Optional[PinArena]
+    lanes: Optional[ShardPlan]
+    round_robin: Optional[tuple[int, list[bool]]]
 
 class _WorkerSpec(TypedDict):
     """What a worker serves with (``worker_loop``'s one argument besides its socket)."""

@@ -10,7 +10,6 @@ import os
 import socket
 import warnings
 from typing import (
-    TYPE_CHECKING,
     Any,
     Optional,
     TypeVar,
@@ -20,7 +19,7 @@ import torch
 import torch.utils.data.dataloader as _tdl
 from torch.utils.data import _utils
 
-from ferroloader import _core, forkserver, pinning, state
+from ferroloader import _core, _epoch, forkserver, pinning
 from ferroloader._fetch import fetch_plan
 from ferroloader._launch import (
     _check_fd_headroom,
@@ -38,8 +37,9 @@ from ferroloader.sampler import (
 from ferroloader.shards import ElasticBatchSampler, ShardEpoch
 from ferroloader.stats import LoaderStats, of_iterator
 
-if TYPE_CHECKING:
-    from ferroloader.dataloader import DataLoader
+# A ferroloader DataLoader: not imported, as dataloader.py imports this
+# module (the loader is read through torch's attributes and its own).
+_Loader = Any
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -65,7 +65,7 @@ def _torch_deprecates_pin_memory_device() -> bool:
 _PIN_DEVICE_DEPRECATED = _torch_deprecates_pin_memory_device()
 
 
-def _pin_settings(loader: DataLoader[Any]) -> Optional[tuple[Any, Optional[str]]]:
+def _pin_settings(loader: _Loader) -> Optional[tuple[Any, Optional[str]]]:
     """The pin-memory decision and warnings of ``_BaseDataLoaderIter.__init__``
     (of the installed torch)."""
     if loader.pin_memory_device and not _PIN_DEVICE_DEPRECATED:
@@ -107,7 +107,7 @@ def _pin_settings(loader: DataLoader[Any]) -> Optional[tuple[Any, Optional[str]]
     return (_utils.pin_memory.pin_memory, device if _PIN_DEVICE_DEPRECATED else None)
 
 
-def _index_source(loader: DataLoader[Any]) -> Any:
+def _index_source(loader: _Loader) -> Any:
     """The epoch's index stream: a Rust iterator for samplers the engine
     knows, else ``iter(index_sampler)`` as torch creates it."""
     if loader._dataset_kind == _tdl._DatasetKind.Iterable:
@@ -127,7 +127,7 @@ def _index_source(loader: DataLoader[Any]) -> Any:
     return native if native is not None else iter(index_sampler)
 
 
-def _single_process_iter(loader: DataLoader[Any]) -> Any:
+def _single_process_iter(loader: _Loader) -> Any:
     """Builds the iterator in the order ``_SingleProcessDataLoaderIter``
     does its work: index sampler iterator, base-seed draw, fetcher."""
     dataset: Any = loader.dataset
@@ -135,18 +135,18 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
         return _tdl._SingleProcessDataLoaderIter(loader)
     pin = _pin_settings(loader)
     iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
-    rec, resume, now = state.open_epoch(loader)
+    rec, resume, now = _epoch.open_epoch(loader)
     if loader._sharded():
         return _single_process_sharded(loader, rec, resume, now, pin)
     source = _index_source(loader)
-    state.draw_base_seed(loader)
+    _epoch.draw_base_seed(loader)
     if loader.timeout != 0:
         raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
     if iterable:
         per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
-        source = state.resume_iterable(rec, dataset, resume, now, per_batch)
+        source = _epoch.resume_iterable(rec, dataset, resume, now, per_batch)
     else:
-        source = state.resume_source(rec, source, resume, now, window=1)
+        source = _epoch.resume_source(rec, source, resume, now, window=1)
     seeds = loader._sample_seeds()
     guard = None if seeds is None else _core.SampleSeeder(seeds[0], seeds[1], dataset)
     if guard is not None:
@@ -163,7 +163,7 @@ def _single_process_iter(loader: DataLoader[Any]) -> Any:
     return it
 
 
-def _single_spec(loader: DataLoader[Any], pin: Any, rng_guard: Any) -> _core._SingleSpec:
+def _single_spec(loader: _Loader, pin: Any, rng_guard: Any) -> _core._SingleSpec:
     """A one-process epoch's spec from the loader (a map-style epoch's
     fields; the caller sets what its kind of epoch reads)."""
     return {
@@ -186,17 +186,17 @@ def _single_spec(loader: DataLoader[Any], pin: Any, rng_guard: Any) -> _core._Si
 
 
 def _single_process_sharded(
-    loader: DataLoader[Any], rec: state.Epoch, resume: Any, now: Any, pin: Any
+    loader: _Loader, rec: _epoch.Epoch, resume: Any, now: Any, pin: Any
 ) -> Any:
     """A sharded epoch in this process: the engine's lanes (or address
     batches) over ``iter_shard``."""
-    state.draw_base_seed(loader)
+    _epoch.draw_base_seed(loader)
     if loader.timeout != 0:
         raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
     try:
-        ep = ShardEpoch(loader, rec.number, state.shard_resume(resume))
+        ep = ShardEpoch(loader, rec.number, _epoch.shard_resume(resume))
     finally:
-        state.restore_generators(rec, now)
+        _epoch.restore_generators(rec, now)
     seeder = loader._shard_seeder(rec.number)
     spec = _single_spec(loader, pin, seeder)
     spec["iterable"], spec["sharded"] = True, ep.source(seeder)
@@ -222,7 +222,7 @@ class _SingleProcessIter(_core.SingleProcessIter):
     position when it goes away (for ``state_dict()``), and its loader its
     stats."""
 
-    _epoch_record: state.Epoch
+    _epoch_record: _epoch.Epoch
     _stats_box: list[LoaderStats]
 
     def __del__(self) -> None:
@@ -242,30 +242,30 @@ class _MultiProcessIter(_core.MultiProcessIter):
     _stats_box: list[LoaderStats]
 
     @classmethod
-    def start(cls, loader: DataLoader[Any]) -> _MultiProcessIter:
+    def start(cls, loader: _Loader) -> _MultiProcessIter:
         dataset = loader.dataset
         pin = _pin_settings(loader)
         arena, pin_thread = pinning.plan(loader, pin)
         iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
-        rec, resume, now = state.open_epoch(loader)
+        rec, resume, now = _epoch.open_epoch(loader)
         ep: Optional[ShardEpoch] = None
         if loader._sharded():
-            base_seed = state.base_seed(loader, rec, resume)
+            base_seed = _epoch.base_seed(loader, rec, resume)
             try:
-                ep = ShardEpoch(loader, rec.number, state.shard_resume(resume))
+                ep = ShardEpoch(loader, rec.number, _epoch.shard_resume(resume))
             finally:
-                state.restore_generators(rec, now)
+                _epoch.restore_generators(rec, now)
             source: Any = ep.addresses
             resume = None  # the plan carries the position
         else:
             source = _index_source(loader)
-            base_seed = state.base_seed(loader, rec, resume)
+            base_seed = _epoch.base_seed(loader, rec, resume)
             elastic = isinstance(loader._index_sampler, ElasticBatchSampler)
             if not rec.reset and not elastic:
                 # An elastic sampler (a mixture's too) draws from no
                 # generator, and its first iteration took the resume position
                 source = loader._index_stream_after_seed(source)
-            source = state.resume_source(rec, source, resume, now, loader._window)
+            source = _epoch.resume_source(rec, source, resume, now, loader._window)
         threads = loader.worker_method == "thread"
         n = loader._workers
         _check_thread_workers(loader)
@@ -299,13 +299,16 @@ class _MultiProcessIter(_core.MultiProcessIter):
                 "index_sampler": loader._index_sampler,
                 "len_called": None if ep is not None else loader._IterableDataset_len_called,
                 "pin_arena": arena,
+                "lanes": None if ep is None else ep.plan,
+                "round_robin": None,
             }
+            if resume is not None and "workers" in resume:
+                finished = _epoch.finished_workers(resume, n)
+                spec["round_robin"] = (int(resume["next_worker"]), finished)
             it = kind(workers, source, dataset, spec)
             if isinstance(it, _PinnedMultiProcessIter):
                 assert pin is not None
                 it._pin_setup(pin, arena, loader._index_sampler)
-            if ep is not None and ep.plan is not None:
-                it._start_lanes(ep.plan)
         except BaseException:
             # a failed start (e.g. EMFILE) leaves nothing behind: the sockets
             # are closed and the workers started so far are ended
@@ -319,32 +322,29 @@ class _MultiProcessIter(_core.MultiProcessIter):
         rec.shards = ep
         rec.attach(it, multiprocess=True)
         it._base_seed_value = base_seed
-        if resume is not None and "workers" in resume:
-            it._restore_round_robin(int(resume["next_worker"]), state.finished_workers(resume, n))
-        it._prime()
         loader._workers_started(it, fresh=True)
         return it
 
     def __iter__(self) -> _MultiProcessIter:
         return self  # without borrowing the engine, which next() may hold
 
-    def _reset(self, loader: DataLoader[Any], first_iter: bool = False) -> None:
+    def _reset(self, loader: _Loader, first_iter: bool = False) -> None:
         """A new epoch on persistent workers (``DataLoader.__iter__``)."""
-        rec, resume, now = state.open_epoch(loader)
+        rec, resume, now = _epoch.open_epoch(loader)
         # torch draws no base seed for persistent workers: they keep theirs
         rec.reset = True
         rec.base_seed = self._base_seed_value
         if loader._sharded():
             try:
-                ep = ShardEpoch(loader, rec.number, state.shard_resume(resume))
+                ep = ShardEpoch(loader, rec.number, _epoch.shard_resume(resume))
             finally:
-                state.restore_generators(rec, now)
+                _epoch.restore_generators(rec, now)
             rec.shards = ep
             rec.attach(self, multiprocess=True)
             self._reset_epoch(ep.addresses, None, ep.plan)
             loader._workers_started(self, fresh=False)
             return
-        source = state.resume_source(rec, _index_source(loader), resume, now, loader._window)
+        source = _epoch.resume_source(rec, _index_source(loader), resume, now, loader._window)
         rec.attach(self, multiprocess=True)
         self._reset_epoch(source, loader._IterableDataset_len_called)
         loader._workers_started(self, fresh=False)
@@ -407,7 +407,7 @@ class _PinnedMultiProcessIter(_MultiProcessIter):
     def _stats(self) -> Any:
         return self._pinner.stats(self)
 
-    def _reset(self, loader: DataLoader[Any], first_iter: bool = False) -> None:
+    def _reset(self, loader: _Loader, first_iter: bool = False) -> None:
         # the stopped thread keeps the old epoch's position (what it had
         # queued is dropped) while the new epoch is set up
         self._pinner.stop()

@@ -14,7 +14,6 @@ import threading
 import time
 import warnings
 from typing import (
-    TYPE_CHECKING,
     Any,
     Iterator,
     Optional,
@@ -24,14 +23,15 @@ from typing import (
 import torch
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _worker, state
+from ferroloader import _epoch, _worker
 from ferroloader._env import _INITIAL_ARENA, shm_limit
 from ferroloader.errors import ConfigError, ThreadSafetyWarning
 from ferroloader.shards import ShardEpoch
 from ferroloader.worker import thread_aware
 
-if TYPE_CHECKING:
-    from ferroloader.dataloader import DataLoader
+# A ferroloader DataLoader: not imported, as dataloader.py imports this
+# module (the loader is read through torch's attributes and its own).
+_Loader = Any
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -64,7 +64,7 @@ def _check_fd_headroom(num_workers: int) -> None:
 
 
 def _worker_jobs(
-    loader: DataLoader[Any],
+    loader: _Loader,
     base_seed: int,
     resume: Optional[dict[str, Any]],
     ep: Optional[ShardEpoch],
@@ -90,7 +90,7 @@ def _worker_jobs(
             "shm_limit": per_worker,
             "prefetch_factor": loader.prefetch_factor,
             "sample_seeds": loader._sample_seeds(),
-            "resume": state.worker_resume(loader, resume, i, per_batch),
+            "resume": _epoch.worker_resume(loader, resume, i, per_batch),
             "shards": shards,
             "batch_size": loader.batch_size,
             "trim": trim,
@@ -100,7 +100,7 @@ def _worker_jobs(
 
 
 def _start_processes(
-    loader: DataLoader[Any],
+    loader: _Loader,
     jobs: list[dict[str, Any]],
     base_seed: int,
     socks: list[socket.socket],
@@ -185,7 +185,7 @@ def _pickle_hint() -> Iterator[None]:
         raise
 
 
-def _check_thread_workers(loader: DataLoader[Any]) -> None:
+def _check_thread_workers(loader: _Loader) -> None:
     """What worker threads sharing a dataset object cannot do, refused
     before any worker starts."""
     if loader.worker_threads > 1:
@@ -196,7 +196,7 @@ def _check_thread_workers(loader: DataLoader[Any]) -> None:
         fix = "worker_method='multiprocessing' (or one worker)"
     else:
         return
-    if state.stateful(loader.dataset):
+    if _epoch.stateful(loader.dataset):
         raise ConfigError(
             f"{who} share one dataset object, and this dataset keeps a state "
             "(state_dict/load_state_dict) that torchdata's protocol keeps per worker "
@@ -238,7 +238,7 @@ def _thread_unsafe_attributes(dataset: Any) -> list[tuple[str, str]]:
 
 
 def _start_threads(
-    loader: DataLoader[Any],
+    loader: _Loader,
     jobs: list[dict[str, Any]],
     base_seed: int,
     socks: list[socket.socket],
@@ -289,5 +289,3 @@ def _stop_processes(procs: Any, grace: float = 5.0) -> None:
             w.kill()
             w.join()
 
-
-__all__ = ["DataLoader"]

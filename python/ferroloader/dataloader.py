@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 import torch
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _core, forkserver, state
+from ferroloader import _core, _epoch, forkserver, state
 from ferroloader._env import check_environment
 from ferroloader._iterators import _is_datapipe, _MultiProcessIter, _single_process_iter
 from ferroloader.errors import ConfigError
@@ -209,7 +209,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         # changes nothing here (docs/guide/state.md); kept as an attribute.
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self._epochs_started = 0
-        self._epoch: Optional[state.Epoch] = None
+        self._epoch: Optional[_epoch.Epoch] = None
         self._resume: Optional[dict[str, Any]] = None
         self._resume_sampler_state: Any = None
         # a loaded state not yet consumed by iter() (state_dict() returns it),

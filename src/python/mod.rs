@@ -29,8 +29,8 @@ mod table;
 mod torch;
 mod worker;
 
-#[pymodule]
-fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+/// Adds the bindings to `ferroloader._core` (made in `lib.rs`).
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(collate::collate, m)?)?;
     m.add_function(wrap_pyfunction!(sampler::randperm_list, m)?)?;
@@ -65,7 +65,5 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<multiproc::MultiProcessIter>()?;
     m.add_class::<multiproc::StopFlag>()?;
     m.add_class::<pinning::PinArena>()?;
-    #[cfg(feature = "test-doubles")]
-    crate::doubles::register(m)?;
     Ok(())
 }

@@ -160,10 +160,17 @@ pub struct IterSpec {
     index_sampler: Py<PyAny>,
     len_called: Option<usize>,
     pin_arena: Option<Py<PinArena>>,
+    /// A sharded epoch: its lanes' plan.
+    lanes: Option<Py<ShardPlan>>,
+    /// A resumed iterable epoch: `(next_worker, exhausted)`, where the
+    /// round-robin starts and the workers that get no task.
+    round_robin: Option<(usize, Vec<bool>)>,
 }
 
 #[pymethods]
 impl MultiProcessIter {
+    /// Takes the started workers' sockets and the epoch's plan, and starts
+    /// the epoch: the lanes or the round-robin set up, the window filled.
     #[new]
     fn new(
         workers: Vec<(i32, i32)>,
@@ -171,6 +178,7 @@ impl MultiProcessIter {
         dataset: Py<PyAny>,
         spec: IterSpec,
     ) -> PyResult<Self> {
+        let py = source.py();
         let IterSpec {
             iterable,
             batch_size,
@@ -185,6 +193,8 @@ impl MultiProcessIter {
             index_sampler,
             len_called,
             pin_arena,
+            lanes,
+            round_robin,
         } = spec;
         let workers = workers
             .into_iter()
@@ -192,7 +202,7 @@ impl MultiProcessIter {
             .collect::<PyResult<Vec<(OwnedFd, i32)>>>()?;
         let pool = WorkerPool::new(workers)?;
         let iterable_batch = iterable.then_some(if auto_collation { batch_size } else { None });
-        Ok(MultiProcessIter {
+        let mut it = MultiProcessIter {
             core: Loader::new(pool, prefetch_factor, in_order, persistent),
             source: Source::new(source, iterable_batch),
             iterable,
@@ -207,13 +217,15 @@ impl MultiProcessIter {
             ended: false,
             timed_out: false,
             times: MainTimes::default(),
-        })
-    }
-
-    /// Fills the prefetch window (`_reset`'s loop).
-    fn _prime(&mut self, py: Python<'_>) -> PyResult<()> {
-        let source = &self.source;
-        self.core.prime(&mut || source.draw(py))
+        };
+        if let Some(plan) = lanes {
+            it.core.start_lanes(plan.borrow(py).plan.clone())?;
+        }
+        if let Some((next_worker, exhausted)) = round_robin {
+            it.core.restore_round_robin(next_worker, &exhausted)?;
+        }
+        it.prime(py)?;
+        Ok(it)
     }
 
     /// Persistent workers: a new epoch over `source` (torch's `_reset`);
@@ -240,7 +252,7 @@ impl MultiProcessIter {
         if let Some(plan) = plan {
             self.core.start_lanes(plan.plan.clone())?;
         }
-        self._prime(py)
+        self.prime(py)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -322,12 +334,6 @@ impl MultiProcessIter {
         (p.delivered, states, p.exhausted, p.next_worker, p.done)
     }
 
-    /// A sharded epoch: tasks go to `plan`'s lanes. Before the first task
-    /// (after `_reset_epoch`'s restart for persistent workers).
-    fn _start_lanes(&mut self, plan: PyRef<'_, ShardPlan>) -> PyResult<()> {
-        Ok(self.core.start_lanes(plan.plan.clone())?)
-    }
-
     /// A sharded epoch's position: `(positions, next_lane, handed, rest)`;
     /// `None` for other epochs.
     #[getter]
@@ -335,15 +341,6 @@ impl MultiProcessIter {
         self.core.lane_snapshot().map(snapshot_to_py)
     }
 
-    /// Before the first task of a resumed iterable epoch: the round-robin
-    /// starts at `next_worker`; `exhausted` workers get no task.
-    fn _restore_round_robin(&mut self, next_worker: usize, exhausted: Vec<bool>) -> PyResult<()> {
-        Ok(self.core.restore_round_robin(next_worker, &exhausted)?)
-    }
-
-    /// Stage timings (ns) since this iterator began: the main process's
-    /// `(wait, decode, pin, loop, batches)` and each worker's `(fetch,
-    /// collate, transfer, batches)`.
     /// Waits until every worker that was given a task has set up, and
     /// raises the first error one raised while it did (torchdata's
     /// `iter()`); the batches stay queued.
@@ -359,6 +356,9 @@ impl MultiProcessIter {
         }
     }
 
+    /// Stage timings (ns) since this iterator began: the main process's
+    /// `(wait, decode, pin, loop, batches)` and each worker's `(fetch,
+    /// collate, transfer, batches)`.
     #[getter]
     fn _stats(&self) -> StatsTuple {
         self.times.tuple(self.core.worker_times().to_vec())
@@ -427,6 +427,12 @@ impl Drop for MultiProcessIter {
 }
 
 impl MultiProcessIter {
+    /// Fills the prefetch window (torch's `_reset`'s loop).
+    fn prime(&mut self, py: Python<'_>) -> PyResult<()> {
+        let source = &self.source;
+        self.core.prime(&mut || source.draw(py))
+    }
+
     /// One `__next__`, with the iterator borrowed.
     fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         if self.core.is_closed() {

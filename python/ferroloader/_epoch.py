@@ -1,0 +1,475 @@
+"""An epoch's record and its resume: the generators' states when the epoch
+began, the position its iterator reports (in the epoch's own numbering,
+also after a resume), and how a loaded state turns into the epoch's index
+stream (advanced past the batches handed over, those in flight first), its
+base seed and each worker's replica state. ``ferroloader.state`` reads and
+writes these records as ``state_dict()`` / ``load_state_dict()``."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import pickle
+import weakref
+from typing import Any, Optional
+
+import torch
+import torch.utils.data.dataloader as _tdl
+import torch.utils.data.sampler as _ts
+
+from ferroloader import _core
+from ferroloader.errors import ConfigError, StateMismatchError
+from ferroloader.seeds import epoch_seed
+
+
+def stateful(obj: Any) -> bool:
+    """Whether `obj` has torchdata's ``Stateful`` methods."""
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
+
+
+def _generators(loader: Any) -> list[tuple[list[str], torch.Generator]]:
+    """The CPU generators an epoch may draw from, each once, with the roles
+    it plays (``global``, ``loader``, ``sampler``, ``batch_sampler.sampler``)."""
+    found: list[tuple[str, Any]] = [("global", torch.default_generator)]
+    if loader.generator is not None:
+        found.append(("loader", loader.generator))
+    found.append(("sampler", getattr(loader.sampler, "generator", None)))
+    inner = getattr(loader.batch_sampler, "sampler", None)
+    found.append(("batch_sampler.sampler", getattr(inner, "generator", None)))
+    groups: list[tuple[list[str], torch.Generator]] = []
+    for role, g in found:
+        if not isinstance(g, torch.Generator) or g.device.type != "cpu":
+            continue
+        for roles, known in groups:
+            if known is g:
+                roles.append(role)
+                break
+        else:
+            groups.append(([role], g))
+    return groups
+
+
+def _stateful_sampler(loader: Any) -> Optional[Any]:
+    """The sampler whose own state methods save the epoch's position: the
+    index sampler, or the sampler inside a ``BatchSampler``."""
+    index_sampler = loader._index_sampler
+    if stateful(index_sampler):
+        return index_sampler
+    if isinstance(index_sampler, _ts.BatchSampler) and stateful(index_sampler.sampler):
+        return index_sampler.sampler
+    return None
+
+
+class Epoch:
+    """One epoch's record: the generators' states when it began, and a
+    weak link to the iterator that reports its position."""
+
+    def __init__(self, loader: Any, number: int) -> None:
+        self.number = number
+        self.dataset = loader.dataset
+        self.groups = _generators(loader)
+        self.start = [g.get_state() for _, g in self.groups]
+        self.sampler = _stateful_sampler(loader)
+        self.iterator: Optional[weakref.ref[Any]] = None
+        # the engine's record of a stateful sampler's recent batches
+        self.recorder: Optional[_core.Recorder] = None
+        # the position when the iterator went away (read from it until then)
+        self.last: Optional[dict[str, Any]] = None
+        self.dataset_iter: Optional[Any] = None
+        self.multiprocess = False
+        self.iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
+        # a resumed epoch: where it resumed (its iterator counts from 0)
+        self.base: Optional[dict[str, Any]] = None
+        # the sampler state loaded for a resumed epoch: a sampler not yet
+        # iterated since may not report it (torchdata's do not)
+        self.loaded_sampler_state: Any = None
+        # a sharded epoch (ferroloader.shards.ShardEpoch): its position is
+        # the lanes' (or the elastic sequence's), in absolute terms
+        self.shards: Optional[Any] = None
+        # the workers' base seed, and whether the epoch began on persistent
+        # workers (torch draws a base seed only for new workers)
+        self.base_seed: Optional[int] = None
+        self.reset = False
+        # one process: the generators' states when iter() was done with them,
+        # and, if other code drew from them (or reseeded them) before the
+        # first index was drawn, their states then (a resume replays that)
+        self.after_iter: Optional[list[Any]] = None
+        self.first_draw: Optional[list[Any]] = None
+        # a map-style dataset with state methods, in workers: each worker's
+        # replica state travels with its batches
+        self.worker_states = (
+            not self.iterable and loader.num_workers > 0 and stateful(loader.dataset)
+        )
+
+    def watch_first_draw(self, iterator: Any) -> None:
+        """A one-process epoch draws its first index at the first
+        ``next()``; what ran since ``iter()`` may have moved the generators
+        the sampler draws from."""
+        self.after_iter = _states(self.groups)
+        iterator._on_first_draw(self._first_draw)
+
+    def _first_draw(self) -> None:
+        now = _states(self.groups)
+        before, self.after_iter = self.after_iter, None
+        if before is not None and any(not torch.equal(a, b) for a, b in zip(before, now)):
+            self.first_draw = now
+
+    def attach(self, iterator: Any, multiprocess: bool) -> None:
+        self.iterator = weakref.ref(iterator)
+        self.multiprocess = multiprocess
+        iterator._epoch_record = self
+
+    def position(self) -> dict[str, Any]:
+        """Where the epoch stands: ``drawn``, ``pending`` (sequence numbers
+        in flight), ``ended``; for an iterable, ``exhausted`` (one process)
+        or ``workers`` and ``next_worker`` (several). Counted from the
+        epoch's start, also in a resumed epoch."""
+        it = self.iterator() if self.iterator is not None else None
+        if it is not None:
+            pos = self.read(it)
+        elif self.last is not None:
+            pos = self.last
+        else:
+            pos = {"drawn": 0, "pending": [], "ended": False}
+        return pos if self.base is None else self._from_start(pos)
+
+    def _from_start(self, pos: dict[str, Any]) -> dict[str, Any]:
+        """A resumed iterator's position in the epoch's own numbering: its
+        first draws were the batches in flight at the snapshot (``kept``),
+        then the epoch went on from the snapshot's ``drawn``."""
+        assert self.base is not None
+        kept: list[int] = self.base["kept"]
+        start = int(self.base["drawn"])
+        k = len(kept)
+        drawn = int(pos["drawn"])
+
+        def seq(i: int) -> int:
+            return kept[i] if i < k else start + (i - k)
+
+        out = dict(pos)
+        out["drawn"] = start + max(0, drawn - k)
+        out["pending"] = sorted([seq(i) for i in pos["pending"]] + kept[drawn:])
+        if "workers" in pos and self.base.get("workers"):
+            out["workers"] = [
+                {
+                    "delivered": old["delivered"] + new["delivered"],
+                    "state": old["state"] if new["state"] is None else new["state"],
+                    "exhausted": new["exhausted"],
+                    "done": new["done"],
+                }
+                for old, new in zip(self.base["workers"], pos["workers"])
+            ]
+        return out
+
+    def detach(self, iterator: Any) -> None:
+        """The iterator is going away: keep its last position."""
+        self.last = self.read(iterator)
+
+    def read(self, it: Any) -> dict[str, Any]:
+        if self.shards is not None:
+            ended = bool(it._position[2])
+            return {
+                "drawn": 0,
+                "pending": [],
+                "ended": ended,
+                "shards": self.shards.snapshot(it, self.multiprocess),
+            }
+        if not self.multiprocess:
+            drawn, yielded, ended, exhausted = it._position
+            # an iterable's position is counted in batches handed over
+            return {
+                "drawn": int(yielded if self.iterable else drawn),
+                "pending": [],
+                "ended": bool(ended),
+                "exhausted": bool(exhausted),
+            }
+        drawn, pending, ended = it._position
+        pos: dict[str, Any] = {"drawn": int(drawn), "pending": list(pending), "ended": bool(ended)}
+        if self.iterable or self.worker_states:
+            delivered, states, exhausted, next_worker, done = it._iterable_position
+            pos["workers"] = [
+                {
+                    "delivered": int(d),
+                    "state": None if s is None else pickle.loads(s),
+                    "exhausted": bool(e),
+                    "done": bool(f),
+                }
+                for d, s, e, f in zip(delivered, states, exhausted, done)
+            ]
+            pos["next_worker"] = int(next_worker)
+        return pos
+
+
+def _states(groups: list[tuple[list[str], torch.Generator]]) -> list[Any]:
+    return [g.get_state() for _, g in groups]
+
+
+def _set(groups: list[tuple[list[str], torch.Generator]], states: list[Any]) -> None:
+    for (_, g), s in zip(groups, states):
+        g.set_state(s)
+
+
+def _tensor(raw: Any) -> torch.Tensor:
+    if isinstance(raw, torch.Tensor):
+        return raw
+    if isinstance(raw, str):
+        raw = base64.b64decode(raw.encode("ascii"), validate=True)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+def _check_workers(loader: Any, resume: Optional[dict[str, Any]], extra: dict[str, Any]) -> None:
+    """A state that lives in the workers' replicas (an IterableDataset's
+    position, a dataset's own state) resumes only with as many workers;
+    torchdata refuses the same at ``iter()``."""
+    saved = loader._resume_workers
+    if saved == loader._workers:
+        return
+    sharded = resume is not None and "shards" in resume
+    iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
+    mid_epoch = resume is not None and not sharded and not resume.get("elastic")
+    if (mid_epoch and (iterable or stateful(loader.dataset))) or "worker_states" in extra:
+        kind = "an IterableDataset" if iterable else "a dataset with state_dict()"
+        raise StateMismatchError(
+            f"load_state_dict(): {kind} saved with num_workers={saved} resumes only with "
+            f"num_workers={saved} (each worker keeps its own replica of the dataset and its "
+            "state; threads inside worker processes count as workers, num_workers x "
+            f"worker_threads); this loader has {_describe_workers(loader)}. Resume with the "
+            "same num_workers, save at an epoch boundary without persistent workers, or make the "
+            "dataset a ferroloader.ShardedDataset (its position does not depend on num_workers)"
+        )
+
+
+def _describe_workers(loader: Any) -> str:
+    k = loader.worker_threads
+    if k == 1:
+        return f"num_workers={loader.num_workers}"
+    return f"{loader._workers} workers (num_workers={loader.num_workers} x worker_threads={k})"
+
+
+def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
+    """Starts an epoch's record. When a loaded state resumes this epoch,
+    returns it and the generators' current states, after setting the
+    generators to their states at the epoch's start."""
+    resume = loader._resume
+    extra = loader._resume_extra
+    if loader._pending_state is not None:
+        _check_workers(loader, resume, extra)
+    loader._pending_state = None
+    loader._resume = None
+    loader._resume_sampler_state = None
+    loader._resume_extra = {}
+    loader._next_base_seed = extra.get("base_seed")
+    loader._next_worker_states = extra.get("worker_states")
+    if "dataset_state" in extra and resume is None:
+        # between epochs: the dataset continues from its saved state
+        loader.dataset.load_state_dict(extra["dataset_state"])
+    if resume is None:
+        loader._epochs_started += 1
+        if loader._seeded_generator is not None:
+            loader._seeded_generator.manual_seed(
+                epoch_seed(loader.seed, loader._epochs_started - 1)
+            )
+        rec = Epoch(loader, loader._epochs_started - 1)
+        loader._epoch = rec
+        return rec, None, None
+    rec = Epoch(loader, loader._epochs_started - 1)
+    now = _states(rec.groups)
+    rec.start = [_tensor(s) for s in resume["generators_at_start"]]
+    _set(rec.groups, rec.start)
+    if rec.sampler is not None and "sampler_state" in resume:
+        rec.sampler.load_state_dict(resume["sampler_state"])
+    if "dataset_state" in extra:
+        # loaded once the generators are back where the snapshot left them
+        # (resume_source / resume_iterable): the dataset's own state, e.g.
+        # of the global RNG, has the last word
+        resume = dict(resume, dataset_state=extra["dataset_state"])
+    loader._epoch = rec
+    return rec, resume, now
+
+
+def base_seed(loader: Any, rec: Epoch, resume: Optional[dict[str, Any]]) -> int:
+    """The workers' base seed for an epoch on new workers: drawn where torch
+    draws it, unless the epoch (or, between epochs, the next one) began on
+    persistent workers, which draw none; then the seed they had."""
+    if resume is not None and resume.get("reset"):
+        seed = int(resume["base_seed"])
+        rec.reset = True
+    elif resume is None and loader._next_base_seed is not None:
+        seed = int(loader._next_base_seed)
+        rec.reset = True
+    else:
+        seed = draw_base_seed(loader)
+    loader._next_base_seed = None
+    rec.base_seed = seed
+    return seed
+
+
+def draw_base_seed(loader: Any) -> int:
+    """The loader's base seed, drawn where torch draws it (the generator
+    advances even when no worker needs it)."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
+
+
+def shard_resume(resume: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The sharded position a resumed epoch continues from."""
+    if resume is None:
+        return None
+    return resume.get("shards")
+
+
+def restore_generators(rec: Epoch, now: Any) -> None:
+    """Puts the generators back after a resumed epoch was opened."""
+    if now is not None:
+        _set(rec.groups, now)
+
+
+def _is_native(source: Any) -> bool:
+    if isinstance(source, _core.BatchSamplerIter):
+        return source.is_native
+    return isinstance(source, _core.SamplerIter)
+
+
+def resume_source(
+    rec: Epoch, source: Any, resume: Optional[dict[str, Any]], now: Any, window: int
+) -> Any:
+    """The epoch's index stream, advanced to the snapshot when resuming;
+    puts the generators back to ``now`` afterwards."""
+    if resume is None:
+        if rec.sampler is not None:
+            rec.recorder = _core.Recorder(source, _keep(window))
+            return rec.recorder
+        return source
+    try:
+        if rec.iterable:
+            # each worker resumes its replica (worker_resume)
+            # its tasks are numbered on from the batches handed over
+            in_flight = list(resume["pending"])
+            handed = min(in_flight) if in_flight else int(resume["drawn"])
+            rec.base = {"drawn": handed, "kept": [], "workers": resume.get("workers")}
+            return source
+        if resume.get("elastic"):
+            # the sampler starts at the saved global position itself
+            return source
+        pending: list[int] = list(resume["pending"])
+        drawn = int(resume["drawn"])
+        if "generators_at_first_draw" in resume:
+            # the generators as the sampler found them at its first draw
+            rec.first_draw = [_tensor(s) for s in resume["generators_at_first_draw"]]
+            _set(rec.groups, rec.first_draw)
+        if rec.sampler is not None:
+            # The sampler resumed itself at `drawn`; re-send what was in flight.
+            kept = list(resume.get("pending_batches", []))
+            rec.base = {"drawn": drawn, "kept": pending if kept else []}
+            rec.loaded_sampler_state = resume.get("sampler_state")
+            rec.recorder = _core.Recorder(source, _keep(window), drawn, list(zip(pending, kept)))
+            return rec.recorder
+        first = pending[0] if pending else drawn
+        if isinstance(source, (_core.BatchSamplerIter, _core.SamplerIter)):
+            got = source._skip(first)
+        else:
+            got = sum(1 for _ in itertools.islice(source, first))
+        if got < first:
+            raise _past_end(drawn, got)
+        wanted = set(pending)
+        kept = []
+        for seq in range(first, drawn):
+            try:
+                item = next(source)
+            except StopIteration:
+                # (the batches in flight at the snapshot are re-drawn here:
+                # a bare StopIteration would end iter() as an empty epoch)
+                raise _past_end(drawn, seq) from None
+            if seq in wanted:
+                kept.append(item)
+        rec.base = {"drawn": drawn, "kept": [s for s in range(first, drawn) if s in wanted]}
+        if not kept:
+            return source
+        if _is_native(source):
+            source._prepend(kept)
+            return source
+        return itertools.chain(kept, source)
+    finally:
+        _set(rec.groups, now)
+        if "dataset_state" in resume:
+            rec.dataset.load_state_dict(resume["dataset_state"])
+
+
+def _keep(window: int) -> int:
+    """How many recent batches of a stateful sampler the engine keeps: more
+    than can be in flight (the window, batches being reordered)."""
+    return 8 * window + 64
+
+
+def _past_end(drawn: int, batches: int) -> ConfigError:
+    return ConfigError(
+        f"load_state_dict(): the state is {drawn} batches into the epoch, but this "
+        f"loader's epoch has {batches}"
+    )
+
+
+def resume_iterable(
+    rec: Epoch, dataset: Any, resume: Optional[dict[str, Any]], now: Any, per_batch: int
+) -> Any:
+    """An ``IterableDataset``'s iterator (``num_workers=0``), resumed in
+    torchdata's order: the dataset's state, then ``iter(dataset)``, then
+    the iterator's state; without either, by skipping the samples already
+    used."""
+    if resume is None:
+        rec.dataset_iter = iter(dataset)
+        return rec.dataset_iter
+    rec.base = {"drawn": int(resume["drawn"]), "kept": []}
+    restored = False
+    try:
+        if "dataset_state" in resume:
+            _set(rec.groups, now)
+            restored = True
+            dataset.load_state_dict(resume["dataset_state"])
+        it = rec.dataset_iter = iter(dataset)
+        if resume.get("exhausted"):
+            # the epoch's last batch was handed over: nothing is left of it
+            return iter(())
+        if "iterator_state" in resume and stateful(it):
+            if not restored:
+                _set(rec.groups, now)
+                restored = True
+            it.load_state_dict(resume["iterator_state"])
+        elif "dataset_state" not in resume:
+            for _ in itertools.islice(it, resume["drawn"] * per_batch):
+                pass
+        return it
+    finally:
+        if not restored:
+            _set(rec.groups, now)
+
+
+def worker_resume(
+    loader: Any, resume: Optional[dict[str, Any]], worker_id: int, per_batch: int
+) -> Optional[dict[str, Any]]:
+    """What worker ``worker_id`` does before its first batch: load its
+    replica's state, or skip the batches it had handed over (an iterable
+    without state methods). ``None``: start from the beginning. Between
+    epochs, persistent workers' replicas continue from their saved states."""
+    if resume is None or "workers" not in resume:
+        states = loader._next_worker_states
+        if resume is None and states is not None and worker_id < len(states):
+            s = states[worker_id]
+            return None if s is None else {"state": s, "between": True}
+        return None
+    w = resume["workers"][worker_id]
+    if w["state"] is not None:
+        # before its first batch, a persistent replica's state is the one
+        # it ended the previous epoch in
+        return {"state": w["state"], "between": int(w["delivered"]) == 0}
+    if loader._dataset_kind != _tdl._DatasetKind.Iterable:
+        return None
+    return {"skip_samples": int(w["delivered"]) * per_batch}
+
+
+def finished_workers(resume: Optional[dict[str, Any]], n: int) -> list[bool]:
+    """Workers of a resumed epoch whose replica had run out with every
+    batch handed over: they get no task."""
+    if resume is None or "workers" not in resume:
+        return [False] * n
+    return [bool(w.get("done", False)) for w in resume["workers"]][:n]
