@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import _thread
 import functools
+import gc
+import signal
 import threading
 import time
 import warnings
@@ -269,12 +271,20 @@ def test_ctrl_c_in_the_training_loop_ends_the_threads():
     raises KeyboardInterrupt there; the iterator goes and its threads end."""
     it = iter(FERRO.DataLoader(mh.SlowDataset(20, 0.5), batch_size=1, num_workers=2,
                                **THREAD))
+    # Python's own handler (a test before this one may have left another),
+    # and no garbage of earlier tests whose __del__ could run, and swallow
+    # the interrupt, while it is being delivered
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    gc.collect()
     timer = threading.Timer(0.3, _thread.interrupt_main)
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        for _ in it:
-            pass
-    timer.join()
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            for _ in it:
+                pass
+    finally:
+        timer.join()
+        signal.signal(signal.SIGINT, previous)
     del it
     assert _no_threads_left()
 

@@ -147,8 +147,9 @@ class SingleProcessIter(Iterator[Any]):
     def __len__(self) -> int: ...
     def _on_first_draw(self, callback: Callable[[], None]) -> None: ...
     @property
-    def _position(self) -> tuple[int, int, bool, bool]:
-        """``(drawn, yielded, ended, exhausted)`` of the current epoch."""
+    def _position(self) -> tuple[int, list[int], bool, bool]:
+        """``(drawn, pending, ended, exhausted)`` of the current epoch, in its
+        own numbering (an iterable's drawn counts batches handed over)."""
     @property
     def _lane_snapshot(self) -> Optional[_LaneSnapshot]:
         """A sharded epoch's position; ``None`` for other epochs."""
@@ -173,7 +174,11 @@ class MultiProcessIter(Iterator[Any]):
     def _pin_counts(self) -> Optional[tuple[int, int, int, int, int, int]]:
         """``PinArena.counts`` of the pinned arenas, if pinned."""
     def _reset_epoch(
-        self, source: Any, len_called: Optional[int], plan: Optional[ShardPlan] = None
+        self,
+        source: Any,
+        len_called: Optional[int],
+        plan: Optional[ShardPlan] = None,
+        resumed: Optional[_Resumed] = None,
     ) -> None: ...
     @property
     def _lane_snapshot(self) -> Optional[_LaneSnapshot]:
@@ -185,7 +190,8 @@ class MultiProcessIter(Iterator[Any]):
     def _close(self) -> None: ...
     @property
     def _position(self) -> tuple[int, list[int], bool]:
-        """``(drawn, pending sequence numbers, ended)`` of the current epoch."""
+        """``(drawn, pending sequence numbers, ended)`` of the current epoch,
+        in its own numbering (also after a resume)."""
     @property
     def _iterable_position(
         self,
@@ -214,6 +220,10 @@ class _Distributed(TypedDict):
     num_samples: int
     total_size: int
 
+# A resumed epoch: (drawn at the snapshot, the batches then in flight in
+# the order they are re-drawn, each worker's (handed over, pickled state)).
+_Resumed = tuple[int, list[int], list[tuple[int, Optional[bytes]]]]
+
 class _SingleSpec(TypedDict):
     """How an epoch's ``SingleProcessIter`` runs."""
 
@@ -232,6 +242,7 @@ class _SingleSpec(TypedDict):
     plan: Optional[ShardPlan]
     block: int
     table: Optional[_TableArg]
+    resumed: Optional[_Resumed]
 
 class _IterSpec(TypedDict):
     """How an epoch's ``MultiProcessIter`` runs."""
@@ -251,6 +262,7 @@ class _IterSpec(TypedDict):
     pin_arena: Optional[PinArena]
     lanes: Optional[ShardPlan]
     round_robin: Optional[tuple[int, list[bool]]]
+    resumed: Optional[_Resumed]
 
 class _WorkerSpec(TypedDict):
     """What a worker serves with (``worker_loop``'s one argument besides its socket)."""

@@ -80,8 +80,9 @@ class Epoch:
         self.dataset_iter: Optional[Any] = None
         self.multiprocess = False
         self.iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
-        # a resumed epoch: where it resumed (its iterator counts from 0)
-        self.base: Optional[dict[str, Any]] = None
+        # a resumed epoch: where it took up, for the engine, which reports
+        # the position in the epoch's numbering (its iterator counts from 0)
+        self.resumed: Optional[tuple[int, list[int], list[tuple[int, Optional[bytes]]]]] = None
         # the sampler state loaded for a resumed epoch: a sampler not yet
         # iterated since may not report it (torchdata's do not)
         self.loaded_sampler_state: Any = None
@@ -133,35 +134,7 @@ class Epoch:
             pos = self.last
         else:
             pos = {"drawn": 0, "pending": [], "ended": False}
-        return pos if self.base is None else self._from_start(pos)
-
-    def _from_start(self, pos: dict[str, Any]) -> dict[str, Any]:
-        """A resumed iterator's position in the epoch's own numbering: its
-        first draws were the batches in flight at the snapshot (``kept``),
-        then the epoch went on from the snapshot's ``drawn``."""
-        assert self.base is not None
-        kept: list[int] = self.base["kept"]
-        start = int(self.base["drawn"])
-        k = len(kept)
-        drawn = int(pos["drawn"])
-
-        def seq(i: int) -> int:
-            return kept[i] if i < k else start + (i - k)
-
-        out = dict(pos)
-        out["drawn"] = start + max(0, drawn - k)
-        out["pending"] = sorted([seq(i) for i in pos["pending"]] + kept[drawn:])
-        if "workers" in pos and self.base.get("workers"):
-            out["workers"] = [
-                {
-                    "delivered": old["delivered"] + new["delivered"],
-                    "state": old["state"] if new["state"] is None else new["state"],
-                    "exhausted": new["exhausted"],
-                    "done": new["done"],
-                }
-                for old, new in zip(self.base["workers"], pos["workers"])
-            ]
-        return out
+        return pos
 
     def detach(self, iterator: Any) -> None:
         """The iterator is going away: keep its last position."""
@@ -174,14 +147,14 @@ class Epoch:
                 "drawn": 0,
                 "pending": [],
                 "ended": ended,
-                "shards": self.shards.snapshot(it, self.multiprocess),
+                "shards": self.shards.snapshot(it),
             }
         if not self.multiprocess:
-            drawn, yielded, ended, exhausted = it._position
-            # an iterable's position is counted in batches handed over
+            # (an iterable's position is counted in batches handed over)
+            drawn, pending, ended, exhausted = it._position
             return {
-                "drawn": int(yielded if self.iterable else drawn),
-                "pending": [],
+                "drawn": int(drawn),
+                "pending": list(pending),
                 "ended": bool(ended),
                 "exhausted": bool(exhausted),
             }
@@ -347,7 +320,11 @@ def resume_source(
             # its tasks are numbered on from the batches handed over
             in_flight = list(resume["pending"])
             handed = min(in_flight) if in_flight else int(resume["drawn"])
-            rec.base = {"drawn": handed, "kept": [], "workers": resume.get("workers")}
+            workers = [
+                (int(w["delivered"]), None if w["state"] is None else pickle.dumps(w["state"]))
+                for w in resume.get("workers") or []
+            ]
+            rec.resumed = (handed, [], workers)
             return source
         if resume.get("elastic"):
             # the sampler starts at the saved global position itself
@@ -361,7 +338,7 @@ def resume_source(
         if rec.sampler is not None:
             # The sampler resumed itself at `drawn`; re-send what was in flight.
             kept = list(resume.get("pending_batches", []))
-            rec.base = {"drawn": drawn, "kept": pending if kept else []}
+            rec.resumed = (drawn, pending if kept else [], [])
             rec.loaded_sampler_state = resume.get("sampler_state")
             rec.recorder = _core.Recorder(source, _keep(window), drawn, list(zip(pending, kept)))
             return rec.recorder
@@ -383,7 +360,7 @@ def resume_source(
                 raise _past_end(drawn, seq) from None
             if seq in wanted:
                 kept.append(item)
-        rec.base = {"drawn": drawn, "kept": [s for s in range(first, drawn) if s in wanted]}
+        rec.resumed = (drawn, [s for s in range(first, drawn) if s in wanted], [])
         if not kept:
             return source
         if _is_native(source):
@@ -419,7 +396,7 @@ def resume_iterable(
     if resume is None:
         rec.dataset_iter = iter(dataset)
         return rec.dataset_iter
-    rec.base = {"drawn": int(resume["drawn"]), "kept": []}
+    rec.resumed = (int(resume["drawn"]), [], [])
     restored = False
     try:
         if "dataset_state" in resume:

@@ -155,6 +155,7 @@ def _single_process_iter(loader: _Loader) -> Any:
     spec = _single_spec(loader, pin, guard)
     spec["iterable"], spec["getitems"], spec["tensors"] = iterable, getitems, tensors
     spec["len_called"], spec["table"] = loader._IterableDataset_len_called, table
+    spec["resumed"] = rec.resumed
     it = _SingleProcessIter(source, dataset, spec)
     rec.attach(it, multiprocess=False)
     if not iterable and resume is None:
@@ -182,6 +183,7 @@ def _single_spec(loader: _Loader, pin: Any, rng_guard: Any) -> _core._SingleSpec
         "plan": None,
         "block": 1,
         "table": None,
+        "resumed": None,
     }
 
 
@@ -301,6 +303,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
                 "pin_arena": arena,
                 "lanes": None if ep is None else ep.plan,
                 "round_robin": None,
+                "resumed": rec.resumed,
             }
             if resume is not None and "workers" in resume:
                 finished = _epoch.finished_workers(resume, n)
@@ -346,7 +349,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
             return
         source = _epoch.resume_source(rec, _index_source(loader), resume, now, loader._window)
         rec.attach(self, multiprocess=True)
-        self._reset_epoch(source, loader._IterableDataset_len_called)
+        self._reset_epoch(source, loader._IterableDataset_len_called, None, rec.resumed)
         loader._workers_started(self, fresh=False)
 
     def _shutdown_workers(self) -> None:

@@ -323,15 +323,12 @@ class ShardEpoch:
         """``(iter_shard, descriptors, seeder)`` for the engine."""
         return (self.iter_shard, list(self.descriptors), seeder)
 
-    def snapshot(self, it: Any, multiprocess: bool) -> dict[str, Any]:
+    def snapshot(self, it: Any) -> dict[str, Any]:
         """Where the epoch stands, read from its iterator between batches."""
         base = {"mode": self.sharding.mode, "rank": self.rank, "world": self.world}
         if self.addresses is not None:
-            if multiprocess:
-                drawn, pending, _ = it._position
-                handed = min(pending) if pending else drawn
-            else:
-                handed = it._position[1]
+            drawn, pending = it._position[:2]
+            handed = min(pending) if pending else drawn
             total = int(self.addresses.total)
             per_step = int(self.batch or 1) * self.world
             consumed = min(total, self.start + int(handed) * per_step)

@@ -14,7 +14,7 @@ use super::shards::{
     missing, snapshot_to_py, AddressBatches, PyShards, ShardPlan, ShardsArg, Snapshot,
 };
 use super::stats::{MainTimes, StatsTuple};
-use crate::scheduler::LaneSet;
+use crate::scheduler::{LaneSet, Resumed};
 use crate::stats::StageTimes;
 use crate::worker::lanes::BlockReader;
 
@@ -62,9 +62,26 @@ pub struct SingleProcessIter {
     /// Called once, just before the epoch's first index is drawn (the
     /// sampler draws its randomness then, as torch's does).
     first_draw: Option<Py<PyAny>>,
+    /// An iterable's position is counted in batches handed over.
+    counts_yielded: bool,
+    /// Where a resumed epoch took up (the default: the epoch's start).
+    resumed: Resumed,
     times: MainTimes,
     /// Fetch and collate, done here.
     local: StageTimes,
+}
+
+/// A resumed epoch as Python hands it over: `(drawn at the snapshot,
+/// the batches then in flight in the order they are re-drawn, each
+/// worker's (batches handed over, pickled replica state))`.
+pub type ResumedArg = (u64, Vec<u64>, Vec<(u64, Option<Vec<u8>>)>);
+
+pub fn resumed_from((start, kept, workers): ResumedArg) -> Resumed {
+    Resumed {
+        start,
+        kept,
+        workers,
+    }
 }
 
 /// How an epoch's one-process iterator runs: one object across the
@@ -87,6 +104,7 @@ pub struct SingleSpec {
     plan: Option<Py<ShardPlan>>,
     block: u64,
     table: Option<TableArg>,
+    resumed: Option<ResumedArg>,
 }
 
 #[pymethods]
@@ -109,6 +127,7 @@ impl SingleProcessIter {
             plan,
             block,
             table,
+            resumed,
         } = spec;
         let py = source.py();
         let shards = sharded.map(|(f, shards, seed)| PyShards::new(f, shards, seed));
@@ -152,6 +171,8 @@ impl SingleProcessIter {
             ended: false,
             rng_guard,
             first_draw: None,
+            counts_yielded: iterable,
+            resumed: resumed.map(resumed_from).unwrap_or_default(),
             times: MainTimes::default(),
             local: StageTimes::default(),
         })
@@ -229,14 +250,22 @@ impl SingleProcessIter {
         ))
     }
 
-    /// `(drawn, yielded, ended, exhausted)`: index-stream draws (failed
-    /// batches included), batches handed over, whether the epoch is over,
-    /// and whether an iterable's iterator has run out (its last batch may
-    /// still have been handed over).
+    /// `(drawn, pending, ended, exhausted)` in the epoch's numbering (also
+    /// after a resume): index-stream draws (failed batches included; for
+    /// an iterable, batches handed over), those drawn but not handed over
+    /// (batches in flight at a resumed snapshot, not yet re-drawn), whether
+    /// the epoch is over, and whether an iterable's iterator has run out
+    /// (its last batch may still have been handed over).
     #[getter]
-    fn _position(&self) -> (usize, usize, bool, bool) {
+    fn _position(&self) -> (u64, Vec<u64>, bool, bool) {
         let exhausted = matches!(self.source, Source::Iterable { ended: true, .. });
-        (self.num_drawn, self.num_yielded, self.ended, exhausted)
+        let n = if self.counts_yielded {
+            self.num_yielded
+        } else {
+            self.num_drawn
+        };
+        let (drawn, pending) = self.resumed.position(n as u64, &[]);
+        (drawn, pending, self.ended, exhausted)
     }
 
     /// Stage timings (ns) since this iterator began: `(wait, decode, pin,

@@ -15,13 +15,13 @@ use super::codec::decode_batch;
 use super::error::Class;
 use super::ffi::adopt_fd;
 use super::indices::{Indices, Item};
-use super::loader::warn_past_reported_len;
+use super::loader::{resumed_from, warn_past_reported_len, ResumedArg};
 use super::pinning::{counts_tuple, PinArena, PinCountsTuple};
 use super::shards::{snapshot_to_py, AddressBatches, ShardPlan, Snapshot};
 use super::stats::{MainTimes, StatsTuple};
 use super::torch::torch;
 use crate::pin::Held;
-use crate::scheduler::{Loader, Next, Payload, Waiter, WorkerPool};
+use crate::scheduler::{Loader, Next, Payload, Resumed, Waiter, WorkerPool};
 use crate::wire::protocol::TaskIndices;
 use crate::wire::transport::Blocking;
 
@@ -136,6 +136,8 @@ pub struct MultiProcessIter {
     num_yielded: usize,
     /// The epoch ran to its end.
     ended: bool,
+    /// Where a resumed epoch took up (the default: the epoch's start).
+    resumed: Resumed,
     /// The last wait ran past `timeout`: a worker is stuck, so a teardown
     /// need not wait for it to answer `Shutdown`.
     timed_out: bool,
@@ -165,6 +167,8 @@ pub struct IterSpec {
     /// A resumed iterable epoch: `(next_worker, exhausted)`, where the
     /// round-robin starts and the workers that get no task.
     round_robin: Option<(usize, Vec<bool>)>,
+    /// A resumed epoch: where it took up.
+    resumed: Option<ResumedArg>,
 }
 
 #[pymethods]
@@ -195,6 +199,7 @@ impl MultiProcessIter {
             pin_arena,
             lanes,
             round_robin,
+            resumed,
         } = spec;
         let workers = workers
             .into_iter()
@@ -215,6 +220,7 @@ impl MultiProcessIter {
             len_called,
             num_yielded: 0,
             ended: false,
+            resumed: resumed.map(resumed_from).unwrap_or_default(),
             timed_out: false,
             times: MainTimes::default(),
         };
@@ -230,13 +236,14 @@ impl MultiProcessIter {
 
     /// Persistent workers: a new epoch over `source` (torch's `_reset`);
     /// a sharded one over `plan`'s lanes.
-    #[pyo3(signature = (source, len_called, plan=None))]
+    #[pyo3(signature = (source, len_called, plan=None, resumed=None))]
     fn _reset_epoch(
         &mut self,
         py: Python<'_>,
         source: &Bound<'_, PyAny>,
         len_called: Option<usize>,
         plan: Option<PyRef<'_, ShardPlan>>,
+        resumed: Option<ResumedArg>,
     ) -> PyResult<()> {
         let iterable_batch = match self.source {
             Source::Iterable(n) => Some(n),
@@ -246,6 +253,7 @@ impl MultiProcessIter {
         self.len_called = len_called;
         self.num_yielded = 0;
         self.ended = false;
+        self.resumed = resumed.map(resumed_from).unwrap_or_default();
         let source = &self.source;
         self.core
             .restart_epoch(&mut Gil(py, None), &mut || source.draw(py))?;
@@ -303,11 +311,12 @@ impl MultiProcessIter {
 
     /// `(drawn, pending, ended)`: tasks drawn from the index stream this
     /// epoch, the sequence numbers among them not yet handed over, and
-    /// whether the epoch is over. Read between batches without pausing the
-    /// workers.
+    /// whether the epoch is over, in the epoch's numbering (also after a
+    /// resume). Read between batches without pausing the workers.
     #[getter]
     fn _position(&self) -> (u64, Vec<u64>, bool) {
         let (drawn, pending) = self.core.position();
+        let (drawn, pending) = self.resumed.position(drawn, &pending);
         (drawn, pending, self.ended)
     }
 
@@ -325,7 +334,7 @@ impl MultiProcessIter {
         usize,
         Vec<bool>,
     ) {
-        let p = self.core.iterable_position();
+        let p = self.resumed.iterable(self.core.iterable_position());
         let states = p
             .states
             .iter()

@@ -32,6 +32,7 @@
 mod lane_set;
 mod loader;
 pub mod pool;
+mod resumed;
 pub mod shards;
 
 #[cfg(test)]
@@ -40,6 +41,7 @@ mod pool_tests;
 pub use lane_set::LaneSet;
 pub use loader::{IterablePosition, Loader, Payload, Waiter};
 pub use pool::{Event, WorkerPool};
+pub use resumed::Resumed;
 pub use shards::{LanePlan, LaneSnapshot};
 
 use std::collections::HashMap;
