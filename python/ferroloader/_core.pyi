@@ -264,6 +264,13 @@ class _IterSpec(TypedDict):
     round_robin: Optional[tuple[int, list[bool]]]
     resumed: Optional[_Resumed]
 
+class _ReplicaState(TypedDict):
+    """What a worker reads to send its replica's state with each batch:
+    ``current`` is ``[iterator, whether it has state methods]``."""
+
+    current: list[Any]
+    dataset_stateful: bool
+
 class _WorkerSpec(TypedDict):
     """What a worker serves with (``worker_loop``'s one argument besides its socket)."""
 
@@ -282,7 +289,7 @@ class _WorkerSpec(TypedDict):
     wrap_exception: Any
     init_exception: Optional[bytes]
     on_epoch: Optional[Any]
-    state_fn: Optional[Any]
+    replica: Optional[_ReplicaState]
     sharded: Optional[_ShardsArg]
     batch_size: Optional[int]
     table: Optional[_TableArg]

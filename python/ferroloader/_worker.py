@@ -85,10 +85,10 @@ def _state_hooks(
     dataset: Any,
     iterable: bool,
     resume: Optional[dict[str, Any]],
-) -> tuple[Callable[[], Any], Optional[Callable[[], Optional[bytes]]]]:
-    """``make_iter`` (a new replica iterator per epoch) and ``state_fn``
-    (the replica's pickled state, sent with each batch and with an
-    iterable's end; ``None`` when nothing in it keeps a state).
+) -> tuple[Callable[[], Any], Optional[_core._ReplicaState]]:
+    """``make_iter`` (a new replica iterator per epoch) and what the engine
+    reads to send the replica's state with each batch and with an
+    iterable's end (``None`` when nothing in it can keep a state).
 
     The state is ``{"dataset": ..., "iterator": ...}``, torchdata's order:
     a resumed worker loads the dataset's state before ``iter(dataset)`` and
@@ -124,24 +124,9 @@ def _state_hooks(
         n, skip[0] = skip[0], 0
         return itertools.islice(it, n, None) if n else it
 
-    def iterable_state() -> Optional[bytes]:
-        it, it_stateful = current
-        own = ds_stateful and it is not dataset
-        if not (own or it_stateful):
-            return None
-        return pickle.dumps(
-            {
-                "dataset": dataset.state_dict() if own else None,
-                "iterator": it.state_dict() if it_stateful else None,
-            }
-        )
-
-    def map_state() -> bytes:
-        return pickle.dumps({"dataset": dataset.state_dict(), "iterator": None})
-
-    if iterable:
-        return make_iter, iterable_state
-    return make_iter, (map_state if ds_stateful else None)
+    if not iterable and not ds_stateful:
+        return make_iter, None
+    return make_iter, {"current": current, "dataset_stateful": ds_stateful}
 
 
 def worker_entry(
@@ -325,11 +310,11 @@ def _serve(
         if init_exception is None:
             init_exception = wrap(e)
     try:
-        make_iter, state_fn = _state_hooks(dataset, iterable, job["resume"])
+        make_iter, replica = _state_hooks(dataset, iterable, job["resume"])
     except Exception as e:
         # a state that the dataset's load_state_dict() refuses: the
         # first task re-raises it, as a failed worker_init_fn
-        make_iter, state_fn = _state_hooks(dataset, iterable, None)
+        make_iter, replica = _state_hooks(dataset, iterable, None)
         if init_exception is None:
             init_exception = wrap(e)
     if iterators is not None:
@@ -350,7 +335,7 @@ def _serve(
         "wrap_exception": wrap,
         "init_exception": init_exception,
         "on_epoch": on_epoch,
-        "state_fn": None if sharded is not None else state_fn,
+        "replica": None if sharded is not None else replica,
         "sharded": sharded,
         "batch_size": job["batch_size"],
         "table": table,

@@ -41,6 +41,17 @@ enum LaneOut<'py> {
     Exhausted,
 }
 
+/// What a worker reads to send its replica's state: `current` is the
+/// list `[iterator, whether it has state methods]` that the replica's
+/// `make_iter` keeps up to date (an iterable), `dataset_stateful` whether
+/// the dataset has state methods. A dict of these keys.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct ReplicaState {
+    current: Py<PyList>,
+    dataset_stateful: bool,
+}
+
 struct PyHost<'py> {
     py: Python<'py>,
     fetcher: Fetcher,
@@ -56,11 +67,10 @@ struct PyHost<'py> {
     epochs: usize,
     /// Called at the start of every epoch (per-sample seeding's epoch count).
     on_epoch: Option<Py<PyAny>>,
-    /// A replica with state methods: returns its pickled state (sent with
-    /// each batch, for snapshots), or `None` when nothing in it keeps one.
-    state_fn: Option<Py<PyAny>>,
-    /// `state_fn` answered `None` this epoch: what keeps state is fixed
-    /// for an epoch, so it is not called again until the next.
+    /// A replica whose state travels with each batch (for snapshots).
+    replica: Option<ReplicaState>,
+    /// Nothing in the replica keeps a state this epoch: what keeps state is
+    /// fixed for an epoch, so it is not asked again until the next.
     stateless_epoch: bool,
     sharded: Option<Sharded>,
     /// Stage timings since the last report.
@@ -241,16 +251,40 @@ impl Host for PyHost<'_> {
     }
 
     fn state_after_batch(&mut self) -> PyResult<Option<Vec<u8>>> {
-        let Some(f) = self.state_fn.as_ref().filter(|_| !self.stateless_epoch) else {
+        let Some(replica) = self.replica.as_ref().filter(|_| !self.stateless_epoch) else {
             return Ok(None);
         };
-        let state = f.bind(self.py).call0()?;
-        if state.is_none() {
-            // neither the replica nor its iterator keeps a state
-            self.stateless_epoch = true;
-            return Ok(None);
-        }
-        Ok(Some(state.cast_into::<PyBytes>()?.as_bytes().to_vec()))
+        let py = self.py;
+        let dataset = self.fetcher.dataset.bind(py);
+        // torchdata's layout: {"dataset": ..., "iterator": ...}, the
+        // dataset's taken first; an iterator that is the dataset itself is
+        // saved once, as the iterator
+        let (own, it) = if self.iterable {
+            let current = replica.current.bind(py);
+            let it = current.get_item(0)?;
+            let it_stateful: bool = current.get_item(1)?.extract()?;
+            let own = replica.dataset_stateful && !it.is(dataset);
+            if !(own || it_stateful) {
+                self.stateless_epoch = true;
+                return Ok(None);
+            }
+            (own, it_stateful.then_some(it))
+        } else {
+            (true, None)
+        };
+        let state = pyo3::types::PyDict::new(py);
+        let ds = match own {
+            true => Some(dataset.call_method0(pyo3::intern!(py, "state_dict"))?),
+            false => None,
+        };
+        state.set_item("dataset", ds)?;
+        let its = match it {
+            Some(it) => Some(it.call_method0(pyo3::intern!(py, "state_dict"))?),
+            None => None,
+        };
+        state.set_item("iterator", its)?;
+        let bytes = torch(py)?.dumps.bind(py).call1((state,))?;
+        Ok(Some(bytes.cast_into::<PyBytes>()?.as_bytes().to_vec()))
     }
 
     fn run(&mut self, indices: TaskIndices, records: &mut Records) -> PyResult<Reply> {
@@ -330,7 +364,7 @@ pub struct WorkerSpec {
     wrap_exception: Py<PyAny>,
     init_exception: Option<Vec<u8>>,
     on_epoch: Option<Py<PyAny>>,
-    state_fn: Option<Py<PyAny>>,
+    replica: Option<ReplicaState>,
     sharded: Option<ShardsArg>,
     batch_size: Option<usize>,
     table: Option<TableArg>,
@@ -356,7 +390,7 @@ pub fn worker_loop(py: Python<'_>, fd: i32, spec: WorkerSpec) -> PyResult<()> {
         wrap_exception,
         init_exception,
         on_epoch,
-        state_fn,
+        replica,
         sharded,
         batch_size,
         table,
@@ -385,7 +419,7 @@ pub fn worker_loop(py: Python<'_>, fd: i32, spec: WorkerSpec) -> PyResult<()> {
         ended: false,
         epochs: 0,
         on_epoch,
-        state_fn,
+        replica,
         stateless_epoch: false,
         sharded: sharded.map(|(iter_shard, shards, seed)| Sharded {
             src: PyShards::new(iter_shard, shards, seed),
