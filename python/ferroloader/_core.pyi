@@ -35,6 +35,7 @@ __all__ = [
     "elastic_indices",
     "epoch_seed",
     "mixture_indices",
+    "prefetch_window",
     "ragged",
     "randperm",
     "sample_seed",
@@ -437,6 +438,9 @@ class _MixtureArgs(TypedDict, total=False):
 
 def mixture_indices(args: _MixtureArgs) -> tuple[int, list[int]]:
     """A mixture epoch's length and one rank's global indices from ``start``."""
+
+def prefetch_window(prefetch_factor: int, num_workers: int) -> int:
+    """The most tasks in flight at once (``prefetch_factor * num_workers``)."""
 
 def check_settings() -> None:
     """Checks every ``FERROLOADER_*`` setting (``ConfigError`` naming a bad one)."""

@@ -312,7 +312,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
     def _window(self) -> int:
         """The batches in flight at most: ``prefetch_factor`` per worker
         (torch's default 2 when workers are given none)."""
-        return (self.prefetch_factor or 2) * self._workers
+        return _core.prefetch_window(self.prefetch_factor or 2, self._workers)
 
     def __len__(self) -> int:
         if not self._sharded():

@@ -46,6 +46,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(seeds::block_seed, m)?,
         wrap_pyfunction!(seeds::shard_item_index, m)?,
         wrap_pyfunction!(seeds::seed_everything, m)?,
+        wrap_pyfunction!(multiproc::prefetch_window, m)?,
         wrap_pyfunction!(settings::check_settings, m)?,
         wrap_pyfunction!(settings::shm_limit_setting, m)?,
         wrap_pyfunction!(settings::disabled_setting, m)?,

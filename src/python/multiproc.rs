@@ -544,6 +544,13 @@ impl MultiProcessIter {
     }
 }
 
+/// The prefetch window: the most tasks in flight at once (the engine's
+/// one definition, for the Python side's bookkeeping).
+#[pyfunction]
+pub fn prefetch_window(prefetch_factor: usize, num_workers: usize) -> usize {
+    crate::scheduler::window(prefetch_factor, num_workers)
+}
+
 /// An exception pinning a batch, raised as torch's pin thread re-raises
 /// it (an `ExceptionWrapper` naming where); a `BaseException` that is not
 /// an `Exception` (Ctrl-C) passes as it is.

@@ -24,16 +24,14 @@ pub struct Distributed {
 /// `DistributedSampler.__iter__`: the whole (padded or truncated) index list,
 /// then every `num_replicas`-th element starting at `rank`.
 pub fn distributed_indices(d: &Distributed) -> Result<Vec<i64>, DistributedError> {
-    let Distributed {
+    let &Distributed {
         n,
         num_replicas,
         rank,
-        shuffle,
-        seed,
-        drop_last,
-        num_samples,
-        total_size,
-    } = *d;
+        ..
+    } = d;
+    let (shuffle, seed, drop_last) = (d.shuffle, d.seed, d.drop_last);
+    let (num_samples, total_size) = (d.num_samples, d.total_size);
     let mut indices: Vec<i64> = if shuffle {
         randperm(n, &mut Mt19937::new(seed))
     } else {

@@ -144,7 +144,7 @@ impl Loader {
     /// epoch (after [`Loader::restart_epoch`] for persistent workers).
     pub fn start_lanes(&mut self, plan: LanePlan) -> Result<()> {
         let n = self.pool.len();
-        let max_tasks = self.prefetch_factor * n;
+        let max_tasks = super::window(self.prefetch_factor, n);
         self.sched = Scheduler::with_lanes(plan.lanes, max_tasks, self.in_order);
         self.sched.restore_cycle(plan.next_lane);
         let worker_of: Vec<usize> = (0..plan.lanes).map(|l| l % n).collect();

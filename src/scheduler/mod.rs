@@ -83,10 +83,16 @@ pub struct Scheduler<T> {
     cycle: usize,
 }
 
+/// The prefetch window: at most this many tasks are in flight at once
+/// (torch's `prefetch_factor * num_workers`).
+pub fn window(prefetch_factor: usize, num_workers: usize) -> usize {
+    prefetch_factor * num_workers
+}
+
 impl<T> Scheduler<T> {
     pub fn new(num_workers: usize, prefetch_factor: usize, in_order: bool) -> Self {
         assert!(num_workers > 0 && prefetch_factor > 0);
-        Self::with_lanes(num_workers, prefetch_factor * num_workers, in_order)
+        Self::with_lanes(num_workers, window(prefetch_factor, num_workers), in_order)
     }
 
     /// Tasks cycle over `lanes` (each with its own status, as a worker
