@@ -22,7 +22,7 @@ import mp_helpers as mh
 import pytest
 import torch
 import torch.utils.data as tud
-from ferroloader import _core, _iterators, pinning
+from ferroloader import _core, pinning
 from helpers import FERRO, TORCH, assert_same, ferro_only, time_limit
 
 PIN_THREAD = "pt_data_pin"
@@ -500,7 +500,7 @@ def test_pinning_without_an_accelerator_stays_torchs():
         pytest.skip("needs a machine without accelerator")
     loader = FERRO.DataLoader(list(range(4)), batch_size=2, pin_memory=True)
     with pytest.warns(UserWarning, match="no accelerator is found"):
-        pin = _iterators._pin_settings(loader)
+        pin = pinning.settings(loader)
     assert pinning.plan(loader, pin) == (None, False)
 
 

@@ -7,34 +7,18 @@ resetting one on persistent workers."""
 from __future__ import annotations
 
 import os
-import socket
-import warnings
 from typing import (
     Any,
     Optional,
     TypeVar,
 )
 
-import torch
 import torch.utils.data.dataloader as _tdl
-from torch.utils.data import _utils
 
-from ferroloader import _core, _epoch, forkserver, pinning
+from ferroloader import _core, _epoch, _plan, pinning
 from ferroloader._fetch import fetch_plan
-from ferroloader._launch import (
-    _check_fd_headroom,
-    _check_thread_workers,
-    _start_processes,
-    _start_threads,
-    _stop_processes,
-    _worker_jobs,
-)
-from ferroloader.errors import ConfigError
-from ferroloader.sampler import (
-    native_batch_iter,
-    native_iter,
-)
-from ferroloader.shards import ElasticBatchSampler, ShardEpoch
+from ferroloader._launch import _stop_processes, start_workers
+from ferroloader.shards import ShardEpoch
 from ferroloader.stats import LoaderStats, of_iterator
 
 # A ferroloader DataLoader: not imported, as dataloader.py imports this
@@ -48,106 +32,27 @@ def _is_datapipe(dataset: Any) -> bool:
     return isinstance(dataset, (_tdl.IterDataPipe, _tdl.MapDataPipe))
 
 
-def _torch_deprecates_pin_memory_device() -> bool:
-    """Whether the installed torch ignores ``pin_memory_device`` in favour of
-    the current accelerator (newer torch) or pins on it (torch 2.6-2.8):
-    read from torch's own iterator, so ferroloader follows whichever torch
-    is installed."""
-    import inspect
-
-    try:
-        source = inspect.getsource(_tdl._BaseDataLoaderIter.__init__)
-    except (OSError, TypeError):  # pragma: no cover - no source shipped
-        return tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 9)
-    return "pin_memory_device is deprecated" in source
-
-
-_PIN_DEVICE_DEPRECATED = _torch_deprecates_pin_memory_device()
-
-
-def _pin_settings(loader: _Loader) -> Optional[tuple[Any, Optional[str]]]:
-    """The pin-memory decision and warnings of ``_BaseDataLoaderIter.__init__``
-    (of the installed torch)."""
-    if loader.pin_memory_device and not _PIN_DEVICE_DEPRECATED:
-        # torch 2.6-2.8: an explicit device is pinned on as given
-        if not loader.pin_memory:
-            warnings.warn(
-                "'pin_memory_device' is set but 'pin_memory' argument is not set, "
-                "then device pinned memory won't be used."
-                "please set 'pin_memory' to true, if you need to use the device pin memory",
-                stacklevel=4,
-            )
-            return None
-        return (_utils.pin_memory.pin_memory, loader.pin_memory_device)
-    if loader.pin_memory and loader.pin_memory_device:
-        warnings.warn(
-            "pin_memory_device is deprecated, the current accelerator will be used as the device,"
-            f"ignore pin_memory_device='{loader.pin_memory_device}'.",
-            stacklevel=4,
-        )
-    if loader.pin_memory and not torch.accelerator.is_available():
-        warnings.warn(
-            "'pin_memory' argument is set as true but no accelerator is found, "
-            "then device pinned memory won't be used.",
-            stacklevel=4,
-        )
-    pin = loader.pin_memory and torch.accelerator.is_available()
-    acc = torch.accelerator.current_accelerator() if pin else None
-    device = acc.type if acc is not None else None
-    if device == "mps":
-        mps_message = (
-            "'pin_memory' argument is set as true but not supported on MPS now, "
-            + ("device" if _PIN_DEVICE_DEPRECATED else "then device")
-            + " pinned memory won't be used."
-        )
-        warnings.warn(mps_message, stacklevel=4)
-        return None
-    if not pin:
-        return None
-    return (_utils.pin_memory.pin_memory, device if _PIN_DEVICE_DEPRECATED else None)
-
-
-def _index_source(loader: _Loader) -> Any:
-    """The epoch's index stream: a Rust iterator for samplers the engine
-    knows, else ``iter(index_sampler)`` as torch creates it."""
-    if loader._dataset_kind == _tdl._DatasetKind.Iterable:
-        return None
-    index_sampler = loader._index_sampler
-    auto = loader._auto_collation
-    if isinstance(index_sampler, ElasticBatchSampler) and not loader.in_order:
-        raise ConfigError(
-            "ElasticBatchSampler hands batches over in order (a snapshot counts a prefix of the "
-            "global sequence); in_order=False is not supported with it"
-        )
-    if getattr(index_sampler, "auto_epoch", False):
-        index_sampler.set_epoch(loader._epochs_started - 1)
-    if auto and type(index_sampler).__iter__ is ElasticBatchSampler.__iter__:
-        return index_sampler.native()
-    native = native_batch_iter(index_sampler) if auto else native_iter(index_sampler)
-    return native if native is not None else iter(index_sampler)
-
-
 def _single_process_iter(loader: _Loader) -> Any:
     """Builds the iterator in the order ``_SingleProcessDataLoaderIter``
     does its work: index sampler iterator, base-seed draw, fetcher."""
     dataset: Any = loader.dataset
     if _is_datapipe(dataset):
         return _tdl._SingleProcessDataLoaderIter(loader)
-    pin = _pin_settings(loader)
+    pin = pinning.settings(loader)
     iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
-    rec, resume, now = _epoch.open_epoch(loader)
+    rec, resume, now = _plan.open_epoch(loader)
     if loader._sharded():
         return _single_process_sharded(loader, rec, resume, now, pin)
-    source = _index_source(loader)
-    _epoch.draw_base_seed(loader)
+    source = _plan.index_source(loader)
+    _plan.draw_base_seed(loader)
     if loader.timeout != 0:
         raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
     if iterable:
         per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
-        source = _epoch.resume_iterable(rec, dataset, resume, now, per_batch)
+        source = _plan.resume_iterable(rec, dataset, resume, now, per_batch)
     else:
-        source = _epoch.resume_source(rec, source, resume, now, window=1)
-    seeds = loader._sample_seeds()
+        source = _plan.resume_source(rec, source, resume, now, window=1)
+    seeds = _plan.sample_seeds(loader, rec.number)
     guard = None if seeds is None else _core.SampleSeeder(seeds[0], seeds[1], dataset)
     if guard is not None:
         dataset = guard
@@ -192,14 +97,14 @@ def _single_process_sharded(
 ) -> Any:
     """A sharded epoch in this process: the engine's lanes (or address
     batches) over ``iter_shard``."""
-    _epoch.draw_base_seed(loader)
+    _plan.draw_base_seed(loader)
     if loader.timeout != 0:
         raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
     try:
-        ep = ShardEpoch(loader, rec.number, _epoch.shard_resume(resume))
+        ep = ShardEpoch(loader, rec.number, _plan.shard_resume(resume))
     finally:
-        _epoch.restore_generators(rec, now)
-    seeder = loader._shard_seeder(rec.number)
+        _plan.restore_generators(rec, now)
+    seeder = _plan.shard_seeder(loader, rec.number)
     spec = _single_spec(loader, pin, seeder)
     spec["iterable"], spec["sharded"] = True, ep.source(seeder)
     spec["plan"], spec["block"] = ep.plan, ep.sharding.shuffle_block
@@ -245,86 +150,48 @@ class _MultiProcessIter(_core.MultiProcessIter):
 
     @classmethod
     def start(cls, loader: _Loader) -> _MultiProcessIter:
-        dataset = loader.dataset
-        pin = _pin_settings(loader)
+        """An epoch on new workers: the plan is built once, the workers are
+        started with it, and the engine takes it in one call."""
+        pin = pinning.settings(loader)
         arena, pin_thread = pinning.plan(loader, pin)
-        iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
-        rec, resume, now = _epoch.open_epoch(loader)
-        ep: Optional[ShardEpoch] = None
-        if loader._sharded():
-            base_seed = _epoch.base_seed(loader, rec, resume)
-            try:
-                ep = ShardEpoch(loader, rec.number, _epoch.shard_resume(resume))
-            finally:
-                _epoch.restore_generators(rec, now)
-            source: Any = ep.addresses
-            resume = None  # the plan carries the position
-        else:
-            source = _index_source(loader)
-            base_seed = _epoch.base_seed(loader, rec, resume)
-            elastic = isinstance(loader._index_sampler, ElasticBatchSampler)
-            if not rec.reset and not elastic:
-                # An elastic sampler (a mixture's too) draws from no
-                # generator, and its first iteration took the resume position
-                source = loader._index_stream_after_seed(source)
-            source = _epoch.resume_source(rec, source, resume, now, loader._window)
-        threads = loader.worker_method == "thread"
-        n = loader._workers
-        _check_thread_workers(loader)
-        if not threads:
-            forkserver.warm(loader)  # a context set after construction
-        jobs = _worker_jobs(loader, base_seed, resume, ep, rec.number, arena is None)
-        _check_fd_headroom(n)
-        socks: list[socket.socket] = []
-        procs: list[Any] = []
-        pids: list[int] = []
+        plan = _plan.build(loader)
+        workers, procs = start_workers(loader, plan, trim=arena is None)
+        # torch sets prefetch_factor to 2 when num_workers > 0 and none was given.
+        assert loader.prefetch_factor is not None
+        ep = plan.shards
+        spec: _core._IterSpec = {
+            "iterable": loader._dataset_kind == _tdl._DatasetKind.Iterable,
+            "batch_size": loader.batch_size,
+            "auto_collation": loader._auto_collation,
+            "prefetch_factor": loader.prefetch_factor,
+            "in_order": bool(loader.in_order),
+            "persistent": bool(loader.persistent_workers),
+            "timeout": float(loader.timeout),
+            "timeout_text": str(loader.timeout),
+            "pin": None if pin_thread else pin,
+            "pin_where": None if pin_thread or pin is None else pinning.inline_where(),
+            "index_sampler": loader._index_sampler,
+            "len_called": None if ep is not None else loader._IterableDataset_len_called,
+            "pin_arena": arena,
+            "lanes": None if ep is None else ep.plan,
+            "round_robin": plan.round_robin,
+            "resumed": plan.rec.resumed,
+        }
+        kind = _PinnedMultiProcessIter if pin_thread else cls
         try:
-            start = _start_threads if threads else _start_processes
-            start(loader, jobs, base_seed, socks, procs, pids)
-            workers = [(s.detach(), pid) for s, pid in zip(socks, pids)]
-            socks = []  # the engine owns (and on failure closes) them now
-            # torch sets prefetch_factor to 2 when num_workers > 0 and none was given.
-            assert loader.prefetch_factor is not None
-            timeout = float(loader.timeout)
-            kind = _PinnedMultiProcessIter if pin_thread else cls
-            spec: _core._IterSpec = {
-                "iterable": iterable,
-                "batch_size": loader.batch_size,
-                "auto_collation": loader._auto_collation,
-                "prefetch_factor": loader.prefetch_factor,
-                "in_order": bool(loader.in_order),
-                "persistent": bool(loader.persistent_workers),
-                "timeout": timeout,
-                "timeout_text": str(loader.timeout),
-                "pin": None if pin_thread else pin,
-                "pin_where": None if pin_thread or pin is None else pinning.inline_where(),
-                "index_sampler": loader._index_sampler,
-                "len_called": None if ep is not None else loader._IterableDataset_len_called,
-                "pin_arena": arena,
-                "lanes": None if ep is None else ep.plan,
-                "round_robin": None,
-                "resumed": rec.resumed,
-            }
-            if resume is not None and "workers" in resume:
-                finished = _epoch.finished_workers(resume, n)
-                spec["round_robin"] = (int(resume["next_worker"]), finished)
-            it = kind(workers, source, dataset, spec)
-            if isinstance(it, _PinnedMultiProcessIter):
-                assert pin is not None
-                it._pin_setup(pin, arena, loader._index_sampler)
+            # the engine owns (and on failure closes) the sockets from here
+            it = kind(workers, plan.source, loader.dataset, spec)
         except BaseException:
-            # a failed start (e.g. EMFILE) leaves nothing behind: the sockets
-            # are closed and the workers started so far are ended
-            for sock in socks:
-                sock.close()
             _stop_processes(procs, grace=1.0)
             raise
+        if isinstance(it, _PinnedMultiProcessIter):
+            assert pin is not None
+            it._pin_setup(pin, arena, loader._index_sampler)
         it._procs = procs
         it._owner_pid = os.getpid()
         it._stats_box = loader._stats_box
-        rec.shards = ep
-        rec.attach(it, multiprocess=True)
-        it._base_seed_value = base_seed
+        it._base_seed_value = plan.base_seed
+        plan.rec.attach(it, multiprocess=True)
         loader._workers_started(it, fresh=True)
         return it
 
@@ -333,23 +200,14 @@ class _MultiProcessIter(_core.MultiProcessIter):
 
     def _reset(self, loader: _Loader, first_iter: bool = False) -> None:
         """A new epoch on persistent workers (``DataLoader.__iter__``)."""
-        rec, resume, now = _epoch.open_epoch(loader)
-        # torch draws no base seed for persistent workers: they keep theirs
-        rec.reset = True
-        rec.base_seed = self._base_seed_value
-        if loader._sharded():
-            try:
-                ep = ShardEpoch(loader, rec.number, _epoch.shard_resume(resume))
-            finally:
-                _epoch.restore_generators(rec, now)
-            rec.shards = ep
-            rec.attach(self, multiprocess=True)
+        plan = _plan.build(loader, reset_seed=self._base_seed_value)
+        plan.rec.attach(self, multiprocess=True)
+        ep = plan.shards
+        if ep is not None:
             self._reset_epoch(ep.addresses, None, ep.plan)
-            loader._workers_started(self, fresh=False)
-            return
-        source = _epoch.resume_source(rec, _index_source(loader), resume, now, loader._window)
-        rec.attach(self, multiprocess=True)
-        self._reset_epoch(source, loader._IterableDataset_len_called, None, rec.resumed)
+        else:
+            len_called = loader._IterableDataset_len_called
+            self._reset_epoch(plan.source, len_called, None, plan.rec.resumed)
         loader._workers_started(self, fresh=False)
 
     def _shutdown_workers(self) -> None:

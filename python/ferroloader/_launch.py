@@ -23,10 +23,10 @@ from typing import (
 import torch
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _epoch, _worker
+from ferroloader import _worker, forkserver
 from ferroloader._env import _INITIAL_ARENA, shm_limit
+from ferroloader._plan import Plan
 from ferroloader.errors import ConfigError, ThreadSafetyWarning
-from ferroloader.shards import ShardEpoch
 from ferroloader.worker import thread_aware
 
 # A ferroloader DataLoader: not imported, as dataloader.py imports this
@@ -63,21 +63,42 @@ def _check_fd_headroom(num_workers: int) -> None:
         )
 
 
-def _worker_jobs(
-    loader: _Loader,
-    base_seed: int,
-    resume: Optional[dict[str, Any]],
-    ep: Optional[ShardEpoch],
-    epoch: int,
-    trim: bool,
-) -> list[dict[str, Any]]:
+def start_workers(
+    loader: _Loader, plan: Plan, trim: bool
+) -> tuple[list[tuple[int, int]], list[Any]]:
+    """Starts an epoch's workers, processes or threads, each with its job
+    from the plan: ``(socket fd, pid)`` per worker (pid 0 for a thread),
+    and the handles of what was started. A failed start leaves nothing
+    behind (e.g. EMFILE): the sockets are closed and the workers started so
+    far are ended."""
+    threads = loader.worker_method == "thread"
+    _check_thread_workers(loader, plan.dataset_stateful)
+    if not threads:
+        forkserver.warm(loader)  # a context set after construction
+    jobs = _worker_jobs(loader, plan, trim)
+    _check_fd_headroom(len(jobs))
+    socks: list[socket.socket] = []
+    procs: list[Any] = []
+    pids: list[int] = []
+    try:
+        start = _start_threads if threads else _start_processes
+        start(loader, jobs, plan.base_seed, socks, procs, pids)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        _stop_processes(procs, grace=1.0)
+        raise
+    return [(s.detach(), pid) for s, pid in zip(socks, pids)], procs
+
+
+def _worker_jobs(loader: _Loader, plan: Plan, trim: bool) -> list[dict[str, Any]]:
     """Each worker's settings, a process's or a thread's (``_worker._serve``
     reads them): ``trim`` is off where the arenas are registered with the
     GPU (a registered arena keeps its pages, see PinArena)."""
     n = loader._workers
     per_worker = max(shm_limit() // n, 1 << 20)
-    per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
-    shards = None if ep is None else (list(ep.descriptors), loader._shard_seeder(epoch))
+    ep = plan.shards
+    shards = None if ep is None else (list(ep.descriptors), plan.shard_seeder)
     return [
         {
             "worker_id": i,
@@ -89,8 +110,8 @@ def _worker_jobs(
             "shm_initial": min(_INITIAL_ARENA, per_worker),
             "shm_limit": per_worker,
             "prefetch_factor": loader.prefetch_factor,
-            "sample_seeds": loader._sample_seeds(),
-            "resume": _epoch.worker_resume(loader, resume, i, per_batch),
+            "sample_seeds": plan.sample_seeds,
+            "resume": plan.worker_resume[i],
             "shards": shards,
             "batch_size": loader.batch_size,
             "trim": trim,
@@ -180,12 +201,12 @@ def _pickle_hint() -> Iterator[None]:
             "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
             "to 'forkserver', which requires the worker Process arguments to be picklable. "
             "You can also try multiprocessing.set_start_method('fork').",
-            stacklevel=4,
+            stacklevel=5,
         )
         raise
 
 
-def _check_thread_workers(loader: _Loader) -> None:
+def _check_thread_workers(loader: _Loader, dataset_stateful: bool) -> None:
     """What worker threads sharing a dataset object cannot do, refused
     before any worker starts."""
     if loader.worker_threads > 1:
@@ -196,7 +217,7 @@ def _check_thread_workers(loader: _Loader) -> None:
         fix = "worker_method='multiprocessing' (or one worker)"
     else:
         return
-    if _epoch.stateful(loader.dataset):
+    if dataset_stateful:
         raise ConfigError(
             f"{who} share one dataset object, and this dataset keeps a state "
             "(state_dict/load_state_dict) that torchdata's protocol keeps per worker "
@@ -206,7 +227,7 @@ def _check_thread_workers(loader: _Loader) -> None:
         warnings.warn(
             f"{who} share one dataset object, and its attribute {name!r} is {problem}",
             ThreadSafetyWarning,
-            stacklevel=6,  # the user's iter()
+            stacklevel=7,  # the user's iter()
         )
 
 

@@ -328,21 +328,6 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             )
         return int(batches)
 
-    def _sample_seeds(self) -> Optional[tuple[int, int]]:
-        """``(seed, epoch)`` for per-sample seeding of a map-style dataset
-        in the current epoch, else ``None``."""
-        if not self.per_sample_seed or self._dataset_kind == _tdl._DatasetKind.Iterable:
-            return None
-        assert self.seed is not None
-        return (self.seed, self._epochs_started - 1)
-
-    def _shard_seeder(self, epoch: int) -> Optional[_core.SampleSeeder]:
-        """Per-item seeding of a sharded dataset in ``epoch``, else ``None``."""
-        if not self.per_sample_seed or not self._sharded():
-            return None
-        assert self.seed is not None
-        return _core.SampleSeeder(self.seed, epoch)
-
     def state_dict(self) -> dict[str, Any]:
         """The loader's position as plain, picklable data: taken between
         batches (mid-epoch too, with workers running, without pausing them).

@@ -25,11 +25,14 @@ import collections
 import os
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Callable, Optional
 
 import torch
+import torch.utils.data.dataloader as _tdl
 from torch._utils import ExceptionWrapper
+from torch.utils.data import _utils
 from torch.utils.data._utils import collate as _torch_collate
 
 from ferroloader import _core
@@ -48,6 +51,67 @@ _DEFAULT_COLLATES = (
     _torch_collate.default_convert,
     _ferro_default_collate,
 )
+
+
+def _torch_deprecates_pin_memory_device() -> bool:
+    """Whether the installed torch ignores ``pin_memory_device`` in favour of
+    the current accelerator (newer torch) or pins on it (torch 2.6-2.8):
+    read from torch's own iterator, so ferroloader follows whichever torch
+    is installed."""
+    import inspect
+
+    try:
+        source = inspect.getsource(_tdl._BaseDataLoaderIter.__init__)
+    except (OSError, TypeError):  # pragma: no cover - no source shipped
+        return tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 9)
+    return "pin_memory_device is deprecated" in source
+
+
+_PIN_DEVICE_DEPRECATED = _torch_deprecates_pin_memory_device()
+
+
+def settings(loader: Any) -> Optional[tuple[Any, Optional[str]]]:
+    """``(pin_memory_fn, device)``, or ``None`` when batches are not pinned:
+    the pin-memory decision and warnings of ``_BaseDataLoaderIter.__init__``
+    (of the installed torch). Its warnings' ``stacklevel`` names the user's
+    ``iter(loader)`` (called from the iterators' builders)."""
+    if loader.pin_memory_device and not _PIN_DEVICE_DEPRECATED:
+        # torch 2.6-2.8: an explicit device is pinned on as given
+        if not loader.pin_memory:
+            warnings.warn(
+                "'pin_memory_device' is set but 'pin_memory' argument is not set, "
+                "then device pinned memory won't be used."
+                "please set 'pin_memory' to true, if you need to use the device pin memory",
+                stacklevel=4,
+            )
+            return None
+        return (_utils.pin_memory.pin_memory, loader.pin_memory_device)
+    if loader.pin_memory and loader.pin_memory_device:
+        warnings.warn(
+            "pin_memory_device is deprecated, the current accelerator will be used as the device,"
+            f"ignore pin_memory_device='{loader.pin_memory_device}'.",
+            stacklevel=4,
+        )
+    if loader.pin_memory and not torch.accelerator.is_available():
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found, "
+            "then device pinned memory won't be used.",
+            stacklevel=4,
+        )
+    pin = loader.pin_memory and torch.accelerator.is_available()
+    acc = torch.accelerator.current_accelerator() if pin else None
+    device = acc.type if acc is not None else None
+    if device == "mps":
+        mps_message = (
+            "'pin_memory' argument is set as true but not supported on MPS now, "
+            + ("device" if _PIN_DEVICE_DEPRECATED else "then device")
+            + " pinned memory won't be used."
+        )
+        warnings.warn(mps_message, stacklevel=4)
+        return None
+    if not pin:
+        return None
+    return (_utils.pin_memory.pin_memory, device if _PIN_DEVICE_DEPRECATED else None)
 
 
 def _disabled() -> bool:
@@ -326,4 +390,11 @@ class PinThread:
             self._marks.clear()
 
 
-__all__ = ["PinThread", "cuda_runtime_path", "current_streams", "inline_where", "plan"]
+__all__ = [
+    "PinThread",
+    "cuda_runtime_path",
+    "current_streams",
+    "inline_where",
+    "plan",
+    "settings",
+]

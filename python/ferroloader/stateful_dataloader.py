@@ -21,7 +21,7 @@ import torch
 import torch.utils.data as _tud
 
 from ferroloader import _core
-from ferroloader._iterators import _index_source
+from ferroloader._plan import index_source
 from ferroloader.dataloader import DataLoader
 from ferroloader.patch import register_loader
 from ferroloader.sampler import register_native
@@ -170,7 +170,7 @@ class StatefulDataLoader(DataLoader[_T_co]):
     def _index_stream_after_seed(self, source: Any) -> Any:
         # torchdata's multi-process iterator iterates the sampler again in
         # _reset, after the base seed (its sampler draws when iterated)
-        return _index_source(self)
+        return index_source(self)
 
     def _workers_started(self, it: Any, fresh: bool) -> None:
         # torchdata's iter() returns once every worker has set up, raising
