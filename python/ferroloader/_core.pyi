@@ -33,6 +33,7 @@ __all__ = [
     "derive",
     "disabled_setting",
     "elastic_indices",
+    "end_processes",
     "epoch_seed",
     "mixture_indices",
     "prefetch_window",
@@ -188,7 +189,8 @@ class MultiProcessIter(Iterator[Any]):
     def _stats(self) -> _StatsTuple:
         """Stage timings in ns: main ``(wait, decode, pin, loop, batches)``,
         then ``(fetch, collate, transfer, batches)`` per worker."""
-    def _close(self) -> None: ...
+    def _close(self, grace: Optional[float] = None) -> None:
+        """Stops the workers; with ``grace``, ends the worker processes too."""
     @property
     def _position(self) -> tuple[int, list[int], bool]:
         """``(drawn, pending sequence numbers, ended)`` of the current epoch,
@@ -438,6 +440,10 @@ class _MixtureArgs(TypedDict, total=False):
 
 def mixture_indices(args: _MixtureArgs) -> tuple[int, list[int]]:
     """A mixture epoch's length and one rank's global indices from ``start``."""
+
+def end_processes(pids: list[int], grace: float) -> None:
+    """Ends worker processes (``grace`` to exit, then SIGTERM, then SIGKILL),
+    without reaping them."""
 
 def prefetch_window(prefetch_factor: int, num_workers: int) -> int:
     """The most tasks in flight at once (``prefetch_factor * num_workers``)."""

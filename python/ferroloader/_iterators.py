@@ -17,7 +17,7 @@ import torch.utils.data.dataloader as _tdl
 
 from ferroloader import _core, _epoch, _plan, pinning
 from ferroloader._fetch import fetch_plan
-from ferroloader._launch import _stop_processes, start_workers
+from ferroloader._launch import _join, _stop_processes, start_workers
 from ferroloader.shards import ShardEpoch
 from ferroloader.stats import LoaderStats, of_iterator
 
@@ -217,9 +217,13 @@ class _MultiProcessIter(_core.MultiProcessIter):
         _harvest_stats(self)
         # after a timeout a worker is stuck in user code: no grace for it (the
         # iterator often goes away while its timeout error is raised)
-        stuck = self._timed_out
-        self._close()
-        _stop_processes(getattr(self, "_procs", ()), grace=0.0 if stuck else 5.0)
+        # after a timeout a worker is stuck in user code: no grace for it (the
+        # iterator often goes away while its timeout error is raised)
+        grace = 0.0 if self._timed_out else 5.0
+        # the engine ends its worker processes; here they are reaped, and
+        # worker threads joined
+        self._close(grace)
+        _join(getattr(self, "_procs", ()), grace)
 
     def __del__(self) -> None:
         if getattr(self, "_owner_pid", None) != os.getpid():
@@ -232,7 +236,8 @@ class _MultiProcessIter(_core.MultiProcessIter):
         except BaseException:
             # e.g. Ctrl-C while joining: nothing can be raised from __del__
             # (Python would print "Exception ignored"); end the workers now.
-            _stop_processes(getattr(self, "_procs", ()), grace=0.0)
+            self._close(0.0)
+            _join(getattr(self, "_procs", ()), 0.0)
 
 
 class _PinnedMultiProcessIter(_MultiProcessIter):

@@ -23,7 +23,7 @@ from typing import (
 import torch
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _worker, forkserver
+from ferroloader import _core, _worker, forkserver
 from ferroloader._env import _INITIAL_ARENA, shm_limit
 from ferroloader._plan import Plan
 from ferroloader.errors import ConfigError, ThreadSafetyWarning
@@ -286,27 +286,25 @@ def _start_threads(
 
 
 def _stop_processes(procs: Any, grace: float = 5.0) -> None:
-    """Bounded teardown: ``grace`` seconds in all for the workers to exit
-    after Shutdown, then SIGTERM and a second, then SIGKILL (which a stopped
-    or signal-ignoring worker cannot refuse). Worker threads are joined
-    within ``grace``; one still in the user's code then (it cannot be
-    stopped from outside) leaves when that code returns and it finds its
-    socket closed."""
-    procs = list(procs)
+    """Ends workers the engine does not hold (a start that failed part
+    way) as the engine ends its own (``_core.end_processes``: ``grace`` to
+    exit, then SIGTERM, then SIGKILL), then reaps them."""
+    pids = [w.pid for w in procs if not isinstance(w, threading.Thread) and w.pid]
+    _core.end_processes(pids, grace)
+    _join(procs, grace)
+
+
+def _join(workers: Any, grace: float) -> None:
+    """Reaps worker processes once the engine has ended them (at once), and
+    joins worker threads within ``grace``: one still in the user's code
+    then (nothing can stop it from outside) leaves when that code returns
+    and it finds its socket closed."""
     deadline = time.monotonic() + grace
     me = threading.current_thread()
-    for w in procs:
-        if w is not me:  # the iterator's last reference may die in a worker thread
+    for w in workers:
+        if w is me:  # the iterator's last reference may die in a worker thread
+            continue
+        if isinstance(w, threading.Thread):
             w.join(timeout=max(0.0, deadline - time.monotonic()))
-    procs = [w for w in procs if not isinstance(w, threading.Thread)]
-    alive = [w for w in procs if w.is_alive()]
-    for w in alive:
-        w.terminate()
-    deadline = time.monotonic() + 1.0
-    for w in alive:
-        w.join(timeout=max(0.0, deadline - time.monotonic()))
-    for w in alive:
-        if w.is_alive():
-            w.kill()
-            w.join()
-
+        else:
+            w.join(timeout=1.0)

@@ -23,7 +23,7 @@ use super::torch::torch;
 use crate::pin::Held;
 use crate::scheduler::{Loader, Next, Payload, Resumed, Waiter, WorkerPool};
 use crate::wire::protocol::TaskIndices;
-use crate::wire::transport::Blocking;
+use crate::wire::transport::{Blocking, Watched};
 
 /// Releases the GIL around the engine's blocking waits and delivers
 /// signals (Ctrl-C) between them; a raised [`StopFlag`] ends the wait too.
@@ -387,11 +387,19 @@ impl MultiProcessIter {
     }
 
     /// Stops every worker: a Shutdown frame, then the socket is closed so a
-    /// worker that misses the frame still sees EOF.
-    fn _close(&mut self) {
+    /// worker that misses the frame still sees EOF. With `grace`, the
+    /// worker processes are then ended (waited for, then SIGTERM, then
+    /// SIGKILL; see `scheduler::pool::end_processes`), without the GIL.
+    #[pyo3(signature = (grace=None))]
+    fn _close(&mut self, py: Python<'_>, grace: Option<f64>) {
         self.core.close();
         if let Some(arena) = &self.pin_arena {
             arena.get().pinning.close();
+        }
+        if let Some(grace) = grace {
+            let grace = Duration::from_secs_f64(grace.max(0.0));
+            let procs = self.core.processes();
+            py.detach(|| crate::scheduler::pool::end_processes(&procs, grace));
         }
     }
 
@@ -542,6 +550,17 @@ impl MultiProcessIter {
         self.timed_out = waited.is_err() && timeout.is_some_and(|(t, _)| started.elapsed() >= t);
         waited
     }
+}
+
+/// Ends worker processes the engine does not hold (a start that failed
+/// part way), as it ends its own: `grace` to exit, then SIGTERM, then
+/// SIGKILL. They are not reaped (their `multiprocessing` handles join them).
+#[pyfunction]
+pub fn end_processes(py: Python<'_>, pids: Vec<i32>, grace: f64) {
+    let watched: Vec<Watched> = pids.into_iter().map(Watched::new).collect();
+    let procs: Vec<&Watched> = watched.iter().collect();
+    let grace = Duration::from_secs_f64(grace.max(0.0));
+    py.detach(|| crate::scheduler::pool::end_processes(&procs, grace));
 }
 
 /// The prefetch window: the most tasks in flight at once (the engine's

@@ -226,6 +226,11 @@ impl Loader {
         self.pool.close();
     }
 
+    /// The worker processes to end once closed (see [`super::pool::end_processes`]).
+    pub fn processes(&self) -> Vec<&crate::wire::transport::Watched> {
+        self.pool.processes()
+    }
+
     /// `_try_put_index`: if the prefetch window has room, draw the next
     /// indices and send them to the next worker in the cycle.
     pub fn put_task<E: From<Error>>(

@@ -103,6 +103,37 @@ pub struct WorkerPool {
     owner: u32,
 }
 
+/// Ends worker processes after [`WorkerPool::close`] told them to stop:
+/// `grace` for them to exit, then SIGTERM and a second, then SIGKILL
+/// (which a stopped or signal-ignoring worker cannot refuse) and up to
+/// five seconds for the kernel to end them. They are not reaped: their
+/// `multiprocessing` handles join them. The one place a worker's end is
+/// decided once the engine has its socket.
+pub fn end_processes(processes: &[&Watched], grace: Duration) {
+    let wait_all = |procs: &[&Watched], within: Duration| -> Vec<usize> {
+        let deadline = std::time::Instant::now() + within;
+        (0..procs.len())
+            .filter(|&i| !procs[i].wait_exit(deadline))
+            .collect()
+    };
+    let left = wait_all(processes, grace);
+    let stage = |left: Vec<usize>, sig: rustix::process::Signal, within: Duration| {
+        let procs: Vec<&Watched> = left.iter().map(|&i| processes[i]).collect();
+        for p in &procs {
+            p.signal(sig);
+        }
+        let still = wait_all(&procs, within);
+        still.into_iter().map(|j| left[j]).collect::<Vec<usize>>()
+    };
+    if left.is_empty() {
+        return;
+    }
+    let left = stage(left, rustix::process::Signal::TERM, Duration::from_secs(1));
+    if !left.is_empty() {
+        stage(left, rustix::process::Signal::KILL, Duration::from_secs(5));
+    }
+}
+
 impl WorkerPool {
     /// Takes over each worker's socket (`fd`, its `pid`): a mailbox is
     /// created for it and sent as the first frame.
@@ -173,6 +204,20 @@ impl WorkerPool {
 
     /// Stops every worker: a `Shutdown` frame, then the socket is closed so
     /// a worker that misses the frame still sees EOF. Idempotent.
+    /// The worker processes this pool's process started (none in a copy
+    /// of the pool in a forked process, nor for worker threads), for
+    /// [`end_processes`] once the pool is closed.
+    pub fn processes(&self) -> Vec<&Watched> {
+        if std::process::id() != self.owner {
+            return Vec::new();
+        }
+        self.links
+            .iter()
+            .map(|l| &l.process)
+            .filter(|p| !p.is_thread())
+            .collect()
+    }
+
     pub fn close(&mut self) {
         let owner = std::process::id() == self.owner;
         for w in 0..self.links.len() {
@@ -451,5 +496,63 @@ impl WorkerPool {
 impl Drop for WorkerPool {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+#[cfg(test)]
+mod end_tests {
+    use super::*;
+    use crate::wire::transport::Exit;
+    use std::process::Command;
+    use std::time::Instant;
+
+    fn spawn(script: &str) -> std::process::Child {
+        Command::new("sh").arg("-c").arg(script).spawn().unwrap()
+    }
+
+    #[test]
+    // Spawns processes and signals them: not emulated by Miri.
+    #[cfg_attr(miri, ignore)]
+    fn a_worker_that_exits_is_not_signalled_and_one_that_does_not_is_terminated() {
+        let mut quick = spawn("exit 3");
+        let mut slow = spawn("exec sleep 30");
+        let (q, s) = (
+            Watched::new(quick.id() as i32),
+            Watched::new(slow.id() as i32),
+        );
+        let t = Instant::now();
+        end_processes(&[&q, &s], Duration::from_millis(300));
+        assert_eq!(q.exit_status(), Some(Exit::Code(3)));
+        assert_eq!(
+            s.exit_status(),
+            Some(Exit::Signal(15)),
+            "SIGTERM after the grace"
+        );
+        assert!(t.elapsed() < Duration::from_secs(5));
+        // not reaped by the engine: the owner of the handle reaps it
+        assert!(quick.wait().is_ok() && slow.wait().is_ok());
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore)]
+    fn a_worker_that_ignores_sigterm_is_killed() {
+        // it says when its trap is set, so the signal cannot come first
+        let mut stubborn = Command::new("sh")
+            .arg("-c")
+            .arg("trap '' TERM; echo ready; while :; do sleep 0.05; done")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(stubborn.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line, "ready\n");
+        let w = Watched::new(stubborn.id() as i32);
+        end_processes(&[&w], Duration::ZERO);
+        assert_eq!(w.exit_status(), Some(Exit::Signal(9)));
+        assert!(stubborn.wait().is_ok());
     }
 }

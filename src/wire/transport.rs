@@ -451,6 +451,37 @@ impl Watched {
         self.pidfd.as_ref().map(|f| f.as_fd())
     }
 
+    /// Sends `sig` to the process (not reaped yet, so its pid cannot have
+    /// been reused). False if it could not be sent.
+    pub fn signal(&self, sig: rustix::process::Signal) -> bool {
+        match &self.pidfd {
+            Some(fd) => rustix::process::pidfd_send_signal(fd, sig).is_ok(),
+            None => Pid::from_raw(self.pid)
+                .is_some_and(|p| rustix::process::kill_process(p, sig).is_ok()),
+        }
+    }
+
+    /// Waits until the process has ended (without reaping it) or
+    /// `deadline` passes; true if it has ended.
+    pub fn wait_exit(&self, deadline: std::time::Instant) -> bool {
+        loop {
+            if self.exit_status().is_some() {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            match &self.pidfd {
+                // readable once the process has ended
+                Some(fd) => {
+                    let _ = wait_fd(fd.as_fd(), PollFlags::IN, Some(left));
+                }
+                None => std::thread::sleep(left.min(std::time::Duration::from_millis(10))),
+            }
+        }
+    }
+
     /// How the process ended, without reaping it (the `multiprocessing`
     /// `Process` object still joins it). `None` while it runs.
     pub fn exit_status(&self) -> Option<Exit> {
