@@ -266,6 +266,8 @@ class _IterSpec(TypedDict):
     lanes: Optional[ShardPlan]
     round_robin: Optional[tuple[int, list[bool]]]
     resumed: Optional[_Resumed]
+    # not the engine's: the Python subclass that pins on a thread reads it
+    pin_thread: Optional[tuple[Any, Any]]
 
 class _ReplicaState(TypedDict):
     """What a worker reads to send its replica's state with each batch:

@@ -1,13 +1,20 @@
-"""An epoch's record: the generators' states when the epoch began, and
-the position its iterator reports (the engine's, in the epoch's own
-numbering, also after a resume). ``ferroloader.state`` reads it for
-``state_dict()``; ``ferroloader._plan`` opens it."""
+"""An epoch: its record and its plan. The record keeps what a snapshot
+needs (the generators' states when the epoch began, a stateful sampler's
+recent batches, where a resumed epoch took up) and links to the iterator
+whose engine reports the position (``ferroloader.state`` reads them). The
+plan is built once when the epoch starts (:func:`build`): the record
+opened, the index stream (or a sharded epoch's lanes) advanced to a loaded
+state, the workers' base seed drawn where torch draws it, per-sample
+seeding, and what each worker resumes from. The engine takes it in one call
+(``_core.MultiProcessIter``)."""
 
 from __future__ import annotations
 
 import base64
+import itertools
 import pickle
 import weakref
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -15,6 +22,10 @@ import torch.utils.data.dataloader as _tdl
 import torch.utils.data.sampler as _ts
 
 from ferroloader import _core
+from ferroloader.errors import ConfigError, StateMismatchError
+from ferroloader.sampler import native_batch_iter, native_iter
+from ferroloader.seeds import epoch_seed
+from ferroloader.shards import ElasticBatchSampler, ShardEpoch
 
 
 def stateful(obj: Any) -> bool:
@@ -117,58 +128,6 @@ class Epoch:
         self.multiprocess = multiprocess
         iterator._epoch_record = self
 
-    def position(self) -> dict[str, Any]:
-        """Where the epoch stands: ``drawn``, ``pending`` (sequence numbers
-        in flight), ``ended``; for an iterable, ``exhausted`` (one process)
-        or ``workers`` and ``next_worker`` (several). Counted from the
-        epoch's start, also in a resumed epoch."""
-        it = self.iterator() if self.iterator is not None else None
-        if it is not None:
-            pos = self.read(it)
-        elif self.last is not None:
-            pos = self.last
-        else:
-            pos = {"drawn": 0, "pending": [], "ended": False}
-        return pos
-
-    def detach(self, iterator: Any) -> None:
-        """The iterator is going away: keep its last position."""
-        self.last = self.read(iterator)
-
-    def read(self, it: Any) -> dict[str, Any]:
-        if self.shards is not None:
-            ended = bool(it._position[2])
-            return {
-                "drawn": 0,
-                "pending": [],
-                "ended": ended,
-                "shards": self.shards.snapshot(it),
-            }
-        if not self.multiprocess:
-            # (an iterable's position is counted in batches handed over)
-            drawn, pending, ended, exhausted = it._position
-            return {
-                "drawn": int(drawn),
-                "pending": list(pending),
-                "ended": bool(ended),
-                "exhausted": bool(exhausted),
-            }
-        drawn, pending, ended = it._position
-        pos: dict[str, Any] = {"drawn": int(drawn), "pending": list(pending), "ended": bool(ended)}
-        if self.iterable or self.worker_states:
-            delivered, states, exhausted, next_worker, done = it._iterable_position
-            pos["workers"] = [
-                {
-                    "delivered": int(d),
-                    "state": None if s is None else pickle.loads(s),
-                    "exhausted": bool(e),
-                    "done": bool(f),
-                }
-                for d, s, e, f in zip(delivered, states, exhausted, done)
-            ]
-            pos["next_worker"] = int(next_worker)
-        return pos
-
 
 def _states(groups: list[tuple[list[str], torch.Generator]]) -> list[Any]:
     return [g.get_state() for _, g in groups]
@@ -185,3 +144,330 @@ def _tensor(raw: Any) -> torch.Tensor:
     if isinstance(raw, str):
         raw = base64.b64decode(raw.encode("ascii"), validate=True)
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+@dataclass
+class Plan:
+    """A multi-process epoch as the engine and the workers take it."""
+
+    rec: Epoch
+    # the workers' base seed (drawn, or the persistent workers')
+    base_seed: int
+    # the index stream (or a sharded epoch's shard addresses)
+    source: Any
+    shards: Optional[ShardEpoch]
+    # a resumed iterable: where the round-robin starts, workers that are done
+    round_robin: Optional[tuple[int, list[bool]]]
+    # what each worker does before its first batch (worker_resume)
+    worker_resume: list[Optional[dict[str, Any]]]
+    sample_seeds: Optional[tuple[int, int]]
+    shard_seeder: Optional[_core.SampleSeeder]
+    dataset_stateful: bool
+
+
+def build(loader: Any, reset_seed: Optional[int] = None) -> Plan:
+    """A multi-process epoch's plan; ``reset_seed``: the base seed of the
+    persistent workers it runs on (torch draws none for them)."""
+    rec, resume, now = open_epoch(loader)
+    if reset_seed is not None:
+        rec.reset, rec.base_seed = True, reset_seed
+    ep: Optional[ShardEpoch] = None
+    if loader._sharded():
+        if reset_seed is None:
+            base_seed(loader, rec, resume)
+        try:
+            ep = ShardEpoch(loader, rec.number, shard_resume(resume))
+        finally:
+            restore_generators(rec, now)
+        source: Any = ep.addresses
+        resume = None  # the lanes' plan carries the position
+    else:
+        source = index_source(loader)
+        if reset_seed is None:
+            base_seed(loader, rec, resume)
+            elastic = isinstance(loader._index_sampler, ElasticBatchSampler)
+            if not rec.reset and not elastic:
+                # An elastic sampler (a mixture's too) draws from no
+                # generator, and its first iteration took the resume position
+                source = loader._index_stream_after_seed(source)
+        source = resume_source(rec, source, resume, now, loader._window)
+    rec.shards = ep
+    assert rec.base_seed is not None
+    n = loader._workers
+    per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
+    round_robin = None
+    if resume is not None and "workers" in resume:
+        round_robin = (int(resume["next_worker"]), finished_workers(resume, n))
+    return Plan(
+        rec=rec,
+        base_seed=rec.base_seed,
+        source=source,
+        shards=ep,
+        round_robin=round_robin,
+        worker_resume=[worker_resume(loader, resume, i, per_batch) for i in range(n)],
+        sample_seeds=sample_seeds(loader, rec.number),
+        shard_seeder=shard_seeder(loader, rec.number),
+        dataset_stateful=stateful(loader.dataset),
+    )
+
+
+def index_source(loader: Any) -> Any:
+    """The epoch's index stream: a Rust iterator for samplers the engine
+    knows, else ``iter(index_sampler)`` as torch creates it."""
+    if loader._dataset_kind == _tdl._DatasetKind.Iterable:
+        return None
+    index_sampler = loader._index_sampler
+    auto = loader._auto_collation
+    if isinstance(index_sampler, ElasticBatchSampler) and not loader.in_order:
+        raise ConfigError(
+            "ElasticBatchSampler hands batches over in order (a snapshot counts a prefix of the "
+            "global sequence); in_order=False is not supported with it"
+        )
+    if getattr(index_sampler, "auto_epoch", False):
+        index_sampler.set_epoch(loader._epochs_started - 1)
+    if auto and type(index_sampler).__iter__ is ElasticBatchSampler.__iter__:
+        return index_sampler.native()
+    native = native_batch_iter(index_sampler) if auto else native_iter(index_sampler)
+    return native if native is not None else iter(index_sampler)
+
+
+def sample_seeds(loader: Any, epoch: int) -> Optional[tuple[int, int]]:
+    """``(seed, epoch)`` for per-sample seeding of a map-style dataset,
+    else ``None``."""
+    if not loader.per_sample_seed or loader._dataset_kind == _tdl._DatasetKind.Iterable:
+        return None
+    assert loader.seed is not None
+    return (loader.seed, epoch)
+
+
+def shard_seeder(loader: Any, epoch: int) -> Optional[_core.SampleSeeder]:
+    """Per-item seeding of a sharded dataset in ``epoch``, else ``None``."""
+    if not loader.per_sample_seed or not loader._sharded():
+        return None
+    assert loader.seed is not None
+    return _core.SampleSeeder(loader.seed, epoch)
+
+
+def _check_workers(loader: Any, resume: Optional[dict[str, Any]], extra: dict[str, Any]) -> None:
+    """A state that lives in the workers' replicas (an IterableDataset's
+    position, a dataset's own state) resumes only with as many workers;
+    torchdata refuses the same at ``iter()``."""
+    saved = loader._resume_workers
+    if saved == loader._workers:
+        return
+    sharded = resume is not None and "shards" in resume
+    iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
+    mid_epoch = resume is not None and not sharded and not resume.get("elastic")
+    if (mid_epoch and (iterable or stateful(loader.dataset))) or "worker_states" in extra:
+        kind = "an IterableDataset" if iterable else "a dataset with state_dict()"
+        raise StateMismatchError(
+            f"load_state_dict(): {kind} saved with num_workers={saved} resumes only with "
+            f"num_workers={saved} (each worker keeps its own replica of the dataset and its "
+            "state; threads inside worker processes count as workers, num_workers x "
+            f"worker_threads); this loader has {_describe_workers(loader)}. Resume with the "
+            "same num_workers, save at an epoch boundary without persistent workers, or make the "
+            "dataset a ferroloader.ShardedDataset (its position does not depend on num_workers)"
+        )
+
+
+def _describe_workers(loader: Any) -> str:
+    k = loader.worker_threads
+    if k == 1:
+        return f"num_workers={loader.num_workers}"
+    return f"{loader._workers} workers (num_workers={loader.num_workers} x worker_threads={k})"
+
+
+def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
+    """Starts an epoch's record. When a loaded state resumes this epoch,
+    returns it and the generators' current states, after setting the
+    generators to their states at the epoch's start."""
+    resume = loader._resume
+    extra = loader._resume_extra
+    if loader._pending_state is not None:
+        _check_workers(loader, resume, extra)
+    loader._pending_state = None
+    loader._resume = None
+    loader._resume_sampler_state = None
+    loader._resume_extra = {}
+    loader._next_base_seed = extra.get("base_seed")
+    loader._next_worker_states = extra.get("worker_states")
+    if "dataset_state" in extra and resume is None:
+        # between epochs: the dataset continues from its saved state
+        loader.dataset.load_state_dict(extra["dataset_state"])
+    if resume is None:
+        loader._epochs_started += 1
+        if loader._seeded_generator is not None:
+            loader._seeded_generator.manual_seed(
+                epoch_seed(loader.seed, loader._epochs_started - 1)
+            )
+        rec = Epoch(loader, loader._epochs_started - 1)
+        loader._epoch = rec
+        return rec, None, None
+    rec = Epoch(loader, loader._epochs_started - 1)
+    now = _states(rec.groups)
+    rec.start = [_tensor(s) for s in resume["generators_at_start"]]
+    _set(rec.groups, rec.start)
+    if rec.sampler is not None and "sampler_state" in resume:
+        rec.sampler.load_state_dict(resume["sampler_state"])
+    if "dataset_state" in extra:
+        # loaded once the generators are back where the snapshot left them
+        # (resume_source / resume_iterable): the dataset's own state, e.g.
+        # of the global RNG, has the last word
+        resume = dict(resume, dataset_state=extra["dataset_state"])
+    loader._epoch = rec
+    return rec, resume, now
+
+
+def base_seed(loader: Any, rec: Epoch, resume: Optional[dict[str, Any]]) -> int:
+    """The workers' base seed for an epoch on new workers: drawn where torch
+    draws it, unless the epoch (or, between epochs, the next one) began on
+    persistent workers, which draw none; then the seed they had."""
+    if resume is not None and resume.get("reset"):
+        seed = int(resume["base_seed"])
+        rec.reset = True
+    elif resume is None and loader._next_base_seed is not None:
+        seed = int(loader._next_base_seed)
+        rec.reset = True
+    else:
+        seed = draw_base_seed(loader)
+    loader._next_base_seed = None
+    rec.base_seed = seed
+    return seed
+
+
+def draw_base_seed(loader: Any) -> int:
+    """The loader's base seed, drawn where torch draws it (the generator
+    advances even when no worker needs it)."""
+    return int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
+
+
+def shard_resume(resume: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The sharded position a resumed epoch continues from."""
+    if resume is None:
+        return None
+    return resume.get("shards")
+
+
+def restore_generators(rec: Epoch, now: Any) -> None:
+    """Puts the generators back after a resumed epoch was opened."""
+    if now is not None:
+        _set(rec.groups, now)
+
+
+def _is_native(source: Any) -> bool:
+    if isinstance(source, _core.BatchSamplerIter):
+        return source.is_native
+    return isinstance(source, _core.SamplerIter)
+
+
+def resume_source(
+    rec: Epoch, source: Any, resume: Optional[dict[str, Any]], now: Any, window: int
+) -> Any:
+    """The epoch's index stream, advanced to the snapshot when resuming;
+    puts the generators back to ``now`` afterwards."""
+    if resume is None:
+        if rec.sampler is not None:
+            rec.recorder = _core.Recorder(source, _keep(window))
+            return rec.recorder
+        return source
+    try:
+        if rec.iterable:
+            # each worker resumes its replica (worker_resume)
+            # its tasks are numbered on from the batches handed over
+            in_flight = list(resume["pending"])
+            handed = min(in_flight) if in_flight else int(resume["drawn"])
+            workers = [
+                (int(w["delivered"]), None if w["state"] is None else pickle.dumps(w["state"]))
+                for w in resume.get("workers") or []
+            ]
+            rec.resumed = (handed, [], workers)
+            return source
+        if resume.get("elastic"):
+            # the sampler starts at the saved global position itself
+            return source
+        pending: list[int] = list(resume["pending"])
+        drawn = int(resume["drawn"])
+        if "generators_at_first_draw" in resume:
+            # the generators as the sampler found them at its first draw
+            rec.first_draw = [_tensor(s) for s in resume["generators_at_first_draw"]]
+            _set(rec.groups, rec.first_draw)
+        if rec.sampler is not None:
+            # The sampler resumed itself at `drawn`; re-send what was in flight.
+            kept = list(resume.get("pending_batches", []))
+            rec.resumed = (drawn, pending if kept else [], [])
+            rec.loaded_sampler_state = resume.get("sampler_state")
+            rec.recorder = _core.Recorder(source, _keep(window), drawn, list(zip(pending, kept)))
+            return rec.recorder
+        first = pending[0] if pending else drawn
+        if isinstance(source, (_core.BatchSamplerIter, _core.SamplerIter)):
+            got = source._skip(first)
+        else:
+            got = sum(1 for _ in itertools.islice(source, first))
+        if got < first:
+            raise _past_end(drawn, got)
+        wanted = set(pending)
+        kept = []
+        for seq in range(first, drawn):
+            try:
+                item = next(source)
+            except StopIteration:
+                # (the batches in flight at the snapshot are re-drawn here:
+                # a bare StopIteration would end iter() as an empty epoch)
+                raise _past_end(drawn, seq) from None
+            if seq in wanted:
+                kept.append(item)
+        rec.resumed = (drawn, [s for s in range(first, drawn) if s in wanted], [])
+        if not kept:
+            return source
+        if _is_native(source):
+            source._prepend(kept)
+            return source
+        return itertools.chain(kept, source)
+    finally:
+        _set(rec.groups, now)
+        if "dataset_state" in resume:
+            rec.dataset.load_state_dict(resume["dataset_state"])
+
+
+def _keep(window: int) -> int:
+    """How many recent batches of a stateful sampler the engine keeps: more
+    than can be in flight (the window, batches being reordered)."""
+    return 8 * window + 64
+
+
+def _past_end(drawn: int, batches: int) -> ConfigError:
+    return ConfigError(
+        f"load_state_dict(): the state is {drawn} batches into the epoch, but this "
+        f"loader's epoch has {batches}"
+    )
+
+
+def worker_resume(
+    loader: Any, resume: Optional[dict[str, Any]], worker_id: int, per_batch: int
+) -> Optional[dict[str, Any]]:
+    """What worker ``worker_id`` does before its first batch: load its
+    replica's state, or skip the batches it had handed over (an iterable
+    without state methods). ``None``: start from the beginning. Between
+    epochs, persistent workers' replicas continue from their saved states."""
+    if resume is None or "workers" not in resume:
+        states = loader._next_worker_states
+        if resume is None and states is not None and worker_id < len(states):
+            s = states[worker_id]
+            return None if s is None else {"state": s, "between": True}
+        return None
+    w = resume["workers"][worker_id]
+    if w["state"] is not None:
+        # before its first batch, a persistent replica's state is the one
+        # it ended the previous epoch in
+        return {"state": w["state"], "between": int(w["delivered"]) == 0}
+    if loader._dataset_kind != _tdl._DatasetKind.Iterable:
+        return None
+    return {"skip_samples": int(w["delivered"]) * per_batch}
+
+
+def finished_workers(resume: Optional[dict[str, Any]], n: int) -> list[bool]:
+    """Workers of a resumed epoch whose replica had run out with every
+    batch handed over: they get no task."""
+    if resume is None or "workers" not in resume:
+        return [False] * n
+    return [bool(w.get("done", False)) for w in resume["workers"]][:n]

@@ -6,6 +6,7 @@ resetting one on persistent workers."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import (
     Any,
@@ -15,7 +16,7 @@ from typing import (
 
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _core, _epoch, _plan, pinning
+from ferroloader import _core, _epoch, forkserver, pinning, state
 from ferroloader._fetch import fetch_plan
 from ferroloader._launch import _join, _stop_processes, start_workers
 from ferroloader.shards import ShardEpoch
@@ -40,19 +41,19 @@ def _single_process_iter(loader: _Loader) -> Any:
         return _tdl._SingleProcessDataLoaderIter(loader)
     pin = pinning.settings(loader)
     iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
-    rec, resume, now = _plan.open_epoch(loader)
+    rec, resume, now = _epoch.open_epoch(loader)
     if loader._sharded():
         return _single_process_sharded(loader, rec, resume, now, pin)
-    source = _plan.index_source(loader)
-    _plan.draw_base_seed(loader)
+    source = _epoch.index_source(loader)
+    _epoch.draw_base_seed(loader)
     if loader.timeout != 0:
         raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
     if iterable:
         per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
-        source = _plan.resume_iterable(rec, dataset, resume, now, per_batch)
+        source = _resume_iterable(rec, dataset, resume, now, per_batch)
     else:
-        source = _plan.resume_source(rec, source, resume, now, window=1)
-    seeds = _plan.sample_seeds(loader, rec.number)
+        source = _epoch.resume_source(rec, source, resume, now, window=1)
+    seeds = _epoch.sample_seeds(loader, rec.number)
     guard = None if seeds is None else _core.SampleSeeder(seeds[0], seeds[1], dataset)
     if guard is not None:
         dataset = guard
@@ -97,14 +98,14 @@ def _single_process_sharded(
 ) -> Any:
     """A sharded epoch in this process: the engine's lanes (or address
     batches) over ``iter_shard``."""
-    _plan.draw_base_seed(loader)
+    _epoch.draw_base_seed(loader)
     if loader.timeout != 0:
         raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
     try:
-        ep = ShardEpoch(loader, rec.number, _plan.shard_resume(resume))
+        ep = ShardEpoch(loader, rec.number, _epoch.shard_resume(resume))
     finally:
-        _plan.restore_generators(rec, now)
-    seeder = _plan.shard_seeder(loader, rec.number)
+        _epoch.restore_generators(rec, now)
+    seeder = _epoch.shard_seeder(loader, rec.number)
     spec = _single_spec(loader, pin, seeder)
     spec["iterable"], spec["sharded"] = True, ep.source(seeder)
     spec["plan"], spec["block"] = ep.plan, ep.sharding.shuffle_block
@@ -124,6 +125,41 @@ def _harvest_stats(it: Any) -> None:
     box[0] = box[0] + of_iterator(it)
 
 
+def _resume_iterable(
+    rec: _epoch.Epoch, dataset: Any, resume: Optional[dict[str, Any]], now: Any, per_batch: int
+) -> Any:
+    """An ``IterableDataset``'s iterator (``num_workers=0``), resumed in
+    torchdata's order: the dataset's state, then ``iter(dataset)``, then
+    the iterator's state; without either, by skipping the samples already
+    used."""
+    if resume is None:
+        rec.dataset_iter = iter(dataset)
+        return rec.dataset_iter
+    rec.resumed = (int(resume["drawn"]), [], [])
+    restored = False
+    try:
+        if "dataset_state" in resume:
+            _epoch._set(rec.groups, now)
+            restored = True
+            dataset.load_state_dict(resume["dataset_state"])
+        it = rec.dataset_iter = iter(dataset)
+        if resume.get("exhausted"):
+            # the epoch's last batch was handed over: nothing is left of it
+            return iter(())
+        if "iterator_state" in resume and _epoch.stateful(it):
+            if not restored:
+                _epoch._set(rec.groups, now)
+                restored = True
+            it.load_state_dict(resume["iterator_state"])
+        elif "dataset_state" not in resume:
+            for _ in itertools.islice(it, resume["drawn"] * per_batch):
+                pass
+        return it
+    finally:
+        if not restored:
+            _epoch._set(rec.groups, now)
+
+
 class _SingleProcessIter(_core.SingleProcessIter):
     """``_SingleProcessDataLoaderIter``; tells its epoch record its last
     position when it goes away (for ``state_dict()``), and its loader its
@@ -135,7 +171,7 @@ class _SingleProcessIter(_core.SingleProcessIter):
     def __del__(self) -> None:
         rec = getattr(self, "_epoch_record", None)
         if rec is not None:
-            rec.detach(self)
+            state.detach(rec, self)
         _harvest_stats(self)
 
 
@@ -154,7 +190,9 @@ class _MultiProcessIter(_core.MultiProcessIter):
         started with it, and the engine takes it in one call."""
         pin = pinning.settings(loader)
         arena, pin_thread = pinning.plan(loader, pin)
-        plan = _plan.build(loader)
+        plan = _epoch.build(loader)
+        if loader.worker_method != "thread":
+            forkserver.warm(loader)  # a context set after construction
         workers, procs = start_workers(loader, plan, trim=arena is None)
         # torch sets prefetch_factor to 2 when num_workers > 0 and none was given.
         assert loader.prefetch_factor is not None
@@ -176,6 +214,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
             "lanes": None if ep is None else ep.plan,
             "round_robin": plan.round_robin,
             "resumed": plan.rec.resumed,
+            "pin_thread": pin if pin_thread else None,
         }
         kind = _PinnedMultiProcessIter if pin_thread else cls
         try:
@@ -184,9 +223,6 @@ class _MultiProcessIter(_core.MultiProcessIter):
         except BaseException:
             _stop_processes(procs, grace=1.0)
             raise
-        if isinstance(it, _PinnedMultiProcessIter):
-            assert pin is not None
-            it._pin_setup(pin, arena, loader._index_sampler)
         it._procs = procs
         it._owner_pid = os.getpid()
         it._stats_box = loader._stats_box
@@ -200,7 +236,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
 
     def _reset(self, loader: _Loader, first_iter: bool = False) -> None:
         """A new epoch on persistent workers (``DataLoader.__iter__``)."""
-        plan = _plan.build(loader, reset_seed=self._base_seed_value)
+        plan = _epoch.build(loader, reset_seed=self._base_seed_value)
         plan.rec.attach(self, multiprocess=True)
         ep = plan.shards
         if ep is not None:
@@ -213,7 +249,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
     def _shutdown_workers(self) -> None:
         rec = getattr(self, "_epoch_record", None)
         if rec is not None:
-            rec.detach(self)
+            state.detach(rec, self)
         _harvest_stats(self)
         # after a timeout a worker is stuck in user code: no grace for it (the
         # iterator often goes away while its timeout error is raised)
@@ -248,10 +284,14 @@ class _PinnedMultiProcessIter(_MultiProcessIter):
 
     _pinner: pinning.PinThread
 
-    def _pin_setup(self, pin: Any, arena: Optional[_core.PinArena], index_sampler: Any) -> None:
+    def __init__(self, workers: Any, source: Any, dataset: Any, spec: _core._IterSpec) -> None:
+        # (the engine's constructor took the same arguments and started the
+        # epoch): the pin thread starts taking its batches
+        pin = spec["pin_thread"]
+        assert pin is not None
         self._pin = pin
-        self._arena = arena
-        self._index_sampler_ref = index_sampler
+        self._arena = spec["pin_arena"]
+        self._index_sampler_ref = spec["index_sampler"]
         self._pinner = pinning.PinThread(self, *pin)
 
     def __next__(self) -> Any:

@@ -23,9 +23,9 @@ from typing import (
 import torch
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _core, _worker, forkserver
+from ferroloader import _core, _worker
 from ferroloader._env import _INITIAL_ARENA, shm_limit
-from ferroloader._plan import Plan
+from ferroloader._epoch import Plan
 from ferroloader.errors import ConfigError, ThreadSafetyWarning
 from ferroloader.worker import thread_aware
 
@@ -73,8 +73,6 @@ def start_workers(
     far are ended."""
     threads = loader.worker_method == "thread"
     _check_thread_workers(loader, plan.dataset_stateful)
-    if not threads:
-        forkserver.warm(loader)  # a context set after construction
     jobs = _worker_jobs(loader, plan, trim)
     _check_fd_headroom(len(jobs))
     socks: list[socket.socket] = []

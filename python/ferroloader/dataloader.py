@@ -318,7 +318,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         if not self._sharded():
             return super().__len__()
         epoch = self._epochs_started
-        if self._epoch is not None and not self._epoch.position()["ended"]:
+        if self._epoch is not None and not state.position(self._epoch)["ended"]:
             epoch = self._epoch.number
         batches = ShardEpoch(self, epoch, None).batches()
         if batches is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import pickle
 from typing import Any, Optional
 
 import torch
@@ -44,6 +45,60 @@ from ferroloader._state_check import _KEY, FORMAT, _fingerprint, validate
 from ferroloader.errors import ConfigError
 from ferroloader.mixture import MixtureBatchSampler
 from ferroloader.shards import ElasticBatchSampler
+
+
+def position(rec: Epoch) -> dict[str, Any]:
+    """Where epoch ``rec`` stands: ``drawn``, ``pending`` (sequence numbers
+    in flight), ``ended``; for an iterable, ``exhausted`` (one process)
+    or ``workers`` and ``next_worker`` (several). Counted from the
+    epoch's start, also in a resumed epoch."""
+    it = rec.iterator() if rec.iterator is not None else None
+    if it is not None:
+        pos = _read(rec, it)
+    elif rec.last is not None:
+        pos = rec.last
+    else:
+        pos = {"drawn": 0, "pending": [], "ended": False}
+    return pos
+
+def detach(rec: Epoch, iterator: Any) -> None:
+    """The iterator is going away: keep its last position."""
+    rec.last = _read(rec, iterator)
+
+def _read(rec: Epoch, it: Any) -> dict[str, Any]:
+    """The position the engine reports, as the state keeps it."""
+    if rec.shards is not None:
+        ended = bool(it._position[2])
+        return {
+            "drawn": 0,
+            "pending": [],
+            "ended": ended,
+            "shards": rec.shards.snapshot(it),
+        }
+    if not rec.multiprocess:
+        # (an iterable's position is counted in batches handed over)
+        drawn, pending, ended, exhausted = it._position
+        return {
+            "drawn": int(drawn),
+            "pending": list(pending),
+            "ended": bool(ended),
+            "exhausted": bool(exhausted),
+        }
+    drawn, pending, ended = it._position
+    pos: dict[str, Any] = {"drawn": int(drawn), "pending": list(pending), "ended": bool(ended)}
+    if rec.iterable or rec.worker_states:
+        delivered, states, exhausted, next_worker, done = it._iterable_position
+        pos["workers"] = [
+            {
+                "delivered": int(d),
+                "state": None if s is None else pickle.loads(s),
+                "exhausted": bool(e),
+                "done": bool(f),
+            }
+            for d, s, e, f in zip(delivered, states, exhausted, done)
+        ]
+        pos["next_worker"] = int(next_worker)
+    return pos
 
 
 def _encode(g: torch.Tensor) -> str:
@@ -87,7 +142,7 @@ def snapshot(loader: Any) -> dict[str, Any]:
             state["dataset_state"] = dataset.state_dict()
     if rec is None:
         return state
-    pos = rec.position()
+    pos = position(rec)
     if pos["ended"]:
         _between_epochs(loader, rec, pos, state)
         return state

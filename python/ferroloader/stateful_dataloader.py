@@ -21,7 +21,7 @@ import torch
 import torch.utils.data as _tud
 
 from ferroloader import _core
-from ferroloader._plan import index_source
+from ferroloader._epoch import index_source
 from ferroloader.dataloader import DataLoader
 from ferroloader.patch import register_loader
 from ferroloader.sampler import register_native
