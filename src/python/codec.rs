@@ -201,6 +201,7 @@ fn write_leaf(
     range: std::ops::Range<usize>,
 ) -> PyResult<()> {
     let dst = &mut records.payload_mut(record)[range];
+    let from_dlpack = torch(py)?.from_dlpack.bind(py);
     match &c.data {
         CollectedData::Pending(p) => match &p.get().data {
             Pending::Bytes(b) => {
@@ -225,17 +226,13 @@ fn write_leaf(
                 }
                 Ok(())
             }
-            Pending::Table {
-                table,
-                column,
-                rows,
-            } => {
-                if !table.get().write_leaf(*column, rows, dst) {
+            Pending::Column(rows) => {
+                if !rows.write_rows(dst) {
                     return Err(Class::Internal.err("a table column changed under a batch"));
                 }
                 Ok(())
             }
-            Pending::Stack(batch) => with_tensor_over(py, dst, &c.shape, c.dtype, |out| {
+            Pending::Stack(batch) => with_tensor_over(from_dlpack, dst, &c.shape, c.dtype, |out| {
                 let kwargs = PyDict::new(py);
                 kwargs.set_item("out", out)?;
                 torch(py)?
@@ -245,7 +242,7 @@ fn write_leaf(
                 Ok(())
             }),
         },
-        CollectedData::Copy(src) => with_tensor_over(py, dst, &c.shape, c.dtype, |out| {
+        CollectedData::Copy(src) => with_tensor_over(from_dlpack, dst, &c.shape, c.dtype, |out| {
             out.call_method1(pyo3::intern!(py, "copy_"), (src.bind(py),))?;
             Ok(())
         }),

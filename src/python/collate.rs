@@ -514,12 +514,14 @@ pub enum Pending {
         source: Py<PyAny>,
         indices: Vec<i64>,
     },
-    /// Rows of a column of a table (`TableDataset`).
-    Table {
-        table: Py<super::table::ArrowTable>,
-        column: usize,
-        rows: Vec<i64>,
-    },
+    /// Rows of a column of a table (`TableDataset`), which writes them.
+    Column(Box<dyn WriteRows>),
+}
+
+/// A leaf's source that writes its bytes itself (a table's column rows):
+/// false if it no longer can (the table changed under the batch).
+pub trait WriteRows: Send + Sync {
+    fn write_rows(&self, dst: &mut [u8]) -> bool;
 }
 
 /// A batch leaf the worker will write into the arena record: its dtype and

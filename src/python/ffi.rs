@@ -278,14 +278,15 @@ pub fn record_leaf_capsule<'py>(
 }
 
 /// Runs `f` with a CPU tensor of `shape` and `dtype` over `dst` (part of a
-/// record being written), for torch to write into (`copy_`, `stack(out=)`).
+/// record being written), for torch to write into (`copy_`, `stack(out=)`);
+/// `from_dlpack` is torch's.
 ///
 /// The tensor must not outlive `f`: once `f` returns and the tensor is
 /// dropped, its storage must be gone. If torch kept it (nothing in this
 /// crate's callers does), the process aborts rather than leave a tensor
 /// over memory the arena will hand to the main process and reuse.
 pub fn with_tensor_over<'py, R>(
-    py: Python<'py>,
+    from_dlpack: &Bound<'py, PyAny>,
     dst: &mut [u8],
     shape: &[i64],
     dtype: DlDtype,
@@ -299,15 +300,13 @@ pub fn with_tensor_over<'py, R>(
     }
     let alive = Arc::new(());
     let owner: Box<dyn Send> = Box::new(Arc::clone(&alive));
+    let py = from_dlpack.py();
     let out = {
         // SAFETY: `dst` holds exactly `shape` of `dtype` (checked above) and
         // is exclusively borrowed for this call; the storage's life is
         // checked through `alive` below before the borrow ends.
         let capsule = unsafe { export_capsule(py, dst.as_mut_ptr(), shape, dtype, owner) }?;
-        let tensor = super::torch::torch(py)?
-            .from_dlpack
-            .bind(py)
-            .call1((&capsule,))?;
+        let tensor = from_dlpack.call1((&capsule,))?;
         f(&tensor)
     };
     if Arc::strong_count(&alive) != 1 {

@@ -23,7 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCapsule, PyDict, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::collate::{Collator, Pending, PendingLeaf, Sink};
+use super::collate::{Collator, Pending, PendingLeaf, Sink, WriteRows};
 use super::error::Class;
 use super::ffi::{import_arrow_array, import_arrow_stream, DlDtype, FreshTensor};
 use super::torch::torch;
@@ -371,6 +371,19 @@ const BOOL: DlDtype = DlDtype {
     lanes: 1,
 };
 
+/// Rows of one column, written into a record by the worker once it exists.
+struct ColumnRows {
+    table: Py<ArrowTable>,
+    column: usize,
+    rows: Vec<i64>,
+}
+
+impl WriteRows for ColumnRows {
+    fn write_rows(&self, dst: &mut [u8]) -> bool {
+        self.table.get().write_leaf(self.column, &self.rows, dst)
+    }
+}
+
 /// The columns of a table, ready to read by row.
 #[pyclass(module = "ferroloader._core", frozen)]
 pub struct ArrowTable {
@@ -501,11 +514,11 @@ impl ArrowTable {
             let pending = PendingLeaf {
                 dtype,
                 shape,
-                data: Pending::Table {
+                data: Pending::Column(Box::new(ColumnRows {
                     table: slf.clone().unbind(),
                     column: c_index,
                     rows: rows.to_vec(),
-                },
+                })),
             };
             Ok(Some(Bound::new(py, pending)?.into_any()))
         };
