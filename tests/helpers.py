@@ -35,6 +35,17 @@ ferro_only = pytest.mark.skipif(
 )
 
 
+def needs_test_doubles() -> None:
+    """Skips a test that needs the module's test doubles (the fake CUDA
+    runtime, the deliberate panic) where it was built without them (the
+    wheel, or `scripts/bench`'s build); `scripts/test` builds them in."""
+    from ferroloader import _core
+
+    if not hasattr(_core, "_FakeCudaRuntime"):
+        pytest.skip("ferroloader._core was built without the test-doubles cargo feature "
+                    "(scripts/test builds it with them)")
+
+
 def time_limit(seconds: int) -> pytest.MarkDecorator:
     """Fail the test after `seconds`. The signal method fails that test and
     the run goes on (the thread method ends the whole run); the engine's

@@ -12,6 +12,7 @@ import ferroloader
 import pytest
 import torch
 from ferroloader import errors
+from helpers import needs_test_doubles
 
 # Every class ferroloader raises itself, with the exception torch raises in
 # the same place (the class must also subclass it).
@@ -188,6 +189,8 @@ def test_a_panic_at_the_boundary_is_an_internal_error():
     Exception (PyO3's own PanicException is a BaseException that `except
     Exception` misses), naming where it happened."""
     from ferroloader import _core
+
+    needs_test_doubles()
 
     with pytest.raises(errors.InternalError, match="a deliberate test failed") as e:
         _core._panic_in_guard()

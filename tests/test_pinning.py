@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.utils.data as tud
 from ferroloader import _core, pinning
-from helpers import FERRO, TORCH, assert_same, ferro_only, time_limit
+from helpers import FERRO, TORCH, assert_same, ferro_only, needs_test_doubles, time_limit
 
 PIN_THREAD = "pt_data_pin"
 
@@ -92,6 +92,7 @@ def fake_accelerator(monkeypatch):
 @pytest.fixture
 def fake_cuda(fake_accelerator, monkeypatch):
     """Pinned arenas over the fake CUDA runtime; yields ``(runtime, log)``."""
+    needs_test_doubles()
     rt = _core._FakeCudaRuntime()
     fake_accelerator.runtime = rt
     arena = lambda device: _checked(_core._fake_pin_arena(rt, _current(rt)))  # noqa: E731
