@@ -39,6 +39,7 @@ __all__ = [
     "prefetch_window",
     "ragged",
     "randperm",
+    "resume_stream",
     "sample_seed",
     "seed_everything",
     "shard_item_index",
@@ -446,6 +447,11 @@ def mixture_indices(args: _MixtureArgs) -> tuple[int, list[int]]:
 def end_processes(pids: list[int], grace: float) -> None:
     """Ends worker processes (``grace`` to exit, then SIGTERM, then SIGKILL),
     without reaping them."""
+
+def resume_stream(source: Any, drawn: int, pending: list[int]) -> tuple[Any, list[int]]:
+    """The index stream resumed at a snapshot ``drawn`` batches in: those
+    handed over skipped, those in flight (``pending``) first; and their
+    sequence numbers."""
 
 def prefetch_window(prefetch_factor: int, num_workers: int) -> int:
     """The most tasks in flight at once (``prefetch_factor * num_workers``)."""

@@ -11,7 +11,6 @@ seeding, and what each worker resumes from. The engine takes it in one call
 from __future__ import annotations
 
 import base64
-import itertools
 import pickle
 import weakref
 from dataclasses import dataclass
@@ -354,12 +353,6 @@ def restore_generators(rec: Epoch, now: Any) -> None:
         _set(rec.groups, now)
 
 
-def _is_native(source: Any) -> bool:
-    if isinstance(source, _core.BatchSamplerIter):
-        return source.is_native
-    return isinstance(source, _core.SamplerIter)
-
-
 def resume_source(
     rec: Epoch, source: Any, resume: Optional[dict[str, Any]], now: Any, window: int
 ) -> Any:
@@ -398,31 +391,10 @@ def resume_source(
             rec.loaded_sampler_state = resume.get("sampler_state")
             rec.recorder = _core.Recorder(source, _keep(window), drawn, list(zip(pending, kept)))
             return rec.recorder
-        first = pending[0] if pending else drawn
-        if isinstance(source, (_core.BatchSamplerIter, _core.SamplerIter)):
-            got = source._skip(first)
-        else:
-            got = sum(1 for _ in itertools.islice(source, first))
-        if got < first:
-            raise _past_end(drawn, got)
-        wanted = set(pending)
-        kept = []
-        for seq in range(first, drawn):
-            try:
-                item = next(source)
-            except StopIteration:
-                # (the batches in flight at the snapshot are re-drawn here:
-                # a bare StopIteration would end iter() as an empty epoch)
-                raise _past_end(drawn, seq) from None
-            if seq in wanted:
-                kept.append(item)
-        rec.resumed = (drawn, [s for s in range(first, drawn) if s in wanted], [])
-        if not kept:
-            return source
-        if _is_native(source):
-            source._prepend(kept)
-            return source
-        return itertools.chain(kept, source)
+        # skips the batches handed over, re-sends those in flight first
+        source, kept = _core.resume_stream(source, drawn, pending)
+        rec.resumed = (drawn, kept, [])
+        return source
     finally:
         _set(rec.groups, now)
         if "dataset_state" in resume:
@@ -433,13 +405,6 @@ def _keep(window: int) -> int:
     """How many recent batches of a stateful sampler the engine keeps: more
     than can be in flight (the window, batches being reordered)."""
     return 8 * window + 64
-
-
-def _past_end(drawn: int, batches: int) -> ConfigError:
-    return ConfigError(
-        f"load_state_dict(): the state is {drawn} batches into the epoch, but this "
-        f"loader's epoch has {batches}"
-    )
 
 
 def worker_resume(

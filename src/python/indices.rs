@@ -3,7 +3,7 @@
 //! iterator (a user's sampler or batch sampler), recorded when the sampler
 //! saves its own state.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
 use pyo3::prelude::*;
@@ -197,4 +197,74 @@ impl Recorder {
         }
         Ok(())
     }
+}
+
+/// An epoch's index stream resumed at a snapshot taken `drawn` batches in,
+/// with the batches numbered `pending` then in flight: those handed over
+/// are drawn and dropped (natively for the built-in samplers, without
+/// building them), those in flight are drawn again and come first. Returns
+/// the stream and the sequence numbers it re-sends, in order.
+#[pyfunction]
+pub fn resume_stream<'py>(
+    source: Bound<'py, PyAny>,
+    drawn: u64,
+    pending: Vec<u64>,
+) -> PyResult<(Bound<'py, PyAny>, Vec<u64>)> {
+    let py = source.py();
+    let first = pending.iter().copied().min().unwrap_or(drawn);
+    let builtin =
+        source.is_instance_of::<BatchSamplerIter>() || source.is_instance_of::<SamplerIter>();
+    let skipped: u64 = if builtin {
+        source
+            .call_method1(pyo3::intern!(py, "_skip"), (first,))?
+            .extract()?
+    } else {
+        let mut n = 0;
+        while n < first && next(&source)?.is_some() {
+            n += 1;
+        }
+        n
+    };
+    if skipped < first {
+        return Err(past_end(drawn, skipped));
+    }
+    let wanted: HashSet<u64> = pending.into_iter().collect();
+    let (mut seqs, mut kept) = (Vec::new(), Vec::new());
+    for seq in first..drawn {
+        // (a bare StopIteration here would end iter() as an empty epoch)
+        let Some(item) = next(&source)? else {
+            return Err(past_end(drawn, seq));
+        };
+        if wanted.contains(&seq) {
+            seqs.push(seq);
+            kept.push(item);
+        }
+    }
+    if kept.is_empty() {
+        return Ok((source, seqs));
+    }
+    let prepends = match source.cast::<BatchSamplerIter>() {
+        Ok(b) => b.borrow().is_native_batches(),
+        Err(_) => source.is_instance_of::<SamplerIter>(),
+    };
+    if prepends {
+        let kept = pyo3::types::PyList::new(py, kept)?;
+        source.call_method1(pyo3::intern!(py, "_prepend"), (kept,))?;
+        return Ok((source, seqs));
+    }
+    // any other stream: the re-drawn batches first, then the stream's own
+    let pairs = seqs
+        .iter()
+        .copied()
+        .zip(kept.into_iter().map(Bound::unbind));
+    let front = Recorder::new(py, source.unbind(), 0, 0, pairs.collect());
+    Ok((Bound::new(py, front)?.into_any(), seqs))
+}
+
+/// A loaded state past the end of this loader's epoch.
+fn past_end(drawn: u64, batches: u64) -> PyErr {
+    super::error::Class::Config.err(format!(
+        "load_state_dict(): the state is {drawn} batches into the epoch, but this \
+         loader's epoch has {batches}"
+    ))
 }

@@ -47,6 +47,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wrap_pyfunction!(seeds::shard_item_index, m)?,
         wrap_pyfunction!(seeds::seed_everything, m)?,
         wrap_pyfunction!(multiproc::prefetch_window, m)?,
+        wrap_pyfunction!(indices::resume_stream, m)?,
         wrap_pyfunction!(multiproc::end_processes, m)?,
         wrap_pyfunction!(settings::check_settings, m)?,
         wrap_pyfunction!(settings::shm_limit_setting, m)?,
