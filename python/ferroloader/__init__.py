@@ -54,13 +54,14 @@ from ferroloader.packing import PackedLoader, Packing
 from ferroloader.patch import Patch, patch
 from ferroloader.sampler import (
     BatchSampler,
+    ElasticBatchSampler,
     RandomSampler,
     Sampler,
     SequentialSampler,
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
-from ferroloader.shards import ElasticBatchSampler, FileShards, ShardedDataset, Sharding
+from ferroloader.shards import FileShards, ShardedDataset, Sharding
 from ferroloader.stateful_dataloader import Stateful, StatefulDataLoader
 from ferroloader.stats import LoaderStats, WorkerStats
 from ferroloader.table import TableDataset, TableShards

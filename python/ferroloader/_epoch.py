@@ -21,10 +21,10 @@ import torch.utils.data.dataloader as _tdl
 import torch.utils.data.sampler as _ts
 
 from ferroloader import _core
-from ferroloader.errors import ConfigError, StateMismatchError
-from ferroloader.sampler import native_batch_iter, native_iter
+from ferroloader.errors import StateMismatchError
+from ferroloader.sampler import ElasticBatchSampler, index_source
 from ferroloader.seeds import epoch_seed
-from ferroloader.shards import ElasticBatchSampler, ShardEpoch
+from ferroloader.shards import ShardEpoch
 
 
 def stateful(obj: Any) -> bool:
@@ -174,10 +174,10 @@ def build(loader: Any, reset_seed: Optional[int] = None) -> Plan:
     if loader._sharded():
         if reset_seed is None:
             base_seed(loader, rec, resume)
-        try:
-            ep = ShardEpoch(loader, rec.number, shard_resume(resume))
-        finally:
-            restore_generators(rec, now)
+        # a sharded epoch draws nothing from the generators (its shard
+        # list was read when the state was loaded: checked against it)
+        restore_generators(rec, now)
+        ep = ShardEpoch(loader, rec.number, shard_resume(resume))
         source: Any = ep.addresses
         resume = None  # the lanes' plan carries the position
     else:
@@ -208,26 +208,6 @@ def build(loader: Any, reset_seed: Optional[int] = None) -> Plan:
         shard_seeder=shard_seeder(loader, rec.number),
         dataset_stateful=stateful(loader.dataset),
     )
-
-
-def index_source(loader: Any) -> Any:
-    """The epoch's index stream: a Rust iterator for samplers the engine
-    knows, else ``iter(index_sampler)`` as torch creates it."""
-    if loader._dataset_kind == _tdl._DatasetKind.Iterable:
-        return None
-    index_sampler = loader._index_sampler
-    auto = loader._auto_collation
-    if isinstance(index_sampler, ElasticBatchSampler) and not loader.in_order:
-        raise ConfigError(
-            "ElasticBatchSampler hands batches over in order (a snapshot counts a prefix of the "
-            "global sequence); in_order=False is not supported with it"
-        )
-    if getattr(index_sampler, "auto_epoch", False):
-        index_sampler.set_epoch(loader._epochs_started - 1)
-    if auto and type(index_sampler).__iter__ is ElasticBatchSampler.__iter__:
-        return index_sampler.native()
-    native = native_batch_iter(index_sampler) if auto else native_iter(index_sampler)
-    return native if native is not None else iter(index_sampler)
 
 
 def sample_seeds(loader: Any, epoch: int) -> Optional[tuple[int, int]]:

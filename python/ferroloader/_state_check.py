@@ -17,7 +17,7 @@ import torch.utils.data.dataloader as _tdl
 from ferroloader._epoch import _generators
 from ferroloader.errors import ConfigError
 from ferroloader.mixture import MixtureBatchSampler
-from ferroloader.shards import ElasticBatchSampler
+from ferroloader.sampler import ElasticBatchSampler
 
 FORMAT = 2
 """Version of the state's layout; a state of another version is refused.

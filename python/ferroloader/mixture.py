@@ -31,8 +31,9 @@ from torch.utils.data import Dataset, IterableDataset
 
 from ferroloader import _core
 from ferroloader.errors import ConfigError
+from ferroloader.sampler import ElasticBatchSampler, _tail
 from ferroloader.seeds import epoch_seed
-from ferroloader.shards import ElasticBatchSampler, ShardedDataset, _tail
+from ferroloader.shards import ShardedDataset
 
 EXHAUSTED = ("stop_first", "drop", "cycle")
 # torchdata's StopCriteria names (torchdata.nodes.MultiNodeWeightedSampler)

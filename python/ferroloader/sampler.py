@@ -22,9 +22,13 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
+import torch.utils.data.dataloader as _tdl
 import torch.utils.data.sampler as _ts
 
 from ferroloader import _core
+from ferroloader.errors import ConfigError
+from ferroloader.seeds import epoch_seed
+from ferroloader.shards import Sharding
 
 Sampler = _ts.Sampler
 
@@ -143,8 +147,147 @@ def register_native(iter_fn: Any, build: Callable[[Any], Optional[_core.SamplerI
     _NATIVE[iter_fn] = build
 
 
+def _tail(drop_last: bool, even: bool) -> str:
+    return "split" if not even else ("drop" if drop_last else "pad")
+
+
+class ElasticBatchSampler(_ts.Sampler[list[int]]):
+    """A batch sampler for map-style data that splits each *global* batch
+    across ranks: the epoch's global sequence (``torch.randperm(n,
+    generator=torch.Generator().manual_seed(epoch_seed(seed, epoch)))`` with
+    ``shuffle=True``, else ``range(n)``) is cut into global batches of
+    ``batch_size * world_size`` indices, and rank ``r`` takes indices
+    ``[r * batch_size, (r + 1) * batch_size)`` of each. The sequence depends
+    only on (seed, epoch), so a job saved on N ranks resumes on M ranks with
+    exactly the rest of it (the loader's ``state_dict()`` records the
+    global position).
+
+    ``drop_last=False`` pads the last global batch by wrapping around (as
+    ``DistributedSampler`` does), ``True`` drops it; ``even=False`` splits it
+    as it falls (every index once, the last batches shorter or missing on
+    some ranks). Call ``set_epoch(epoch)`` before each epoch, as with
+    ``DistributedSampler``.
+
+    >>> import torch, ferroloader
+    >>> ranks = [ferroloader.ElasticBatchSampler(10, 2, seed=0, rank=r, world_size=2)
+    ...          for r in range(2)]
+    >>> first = [next(iter(s)) for s in ranks]  # rank 0 and rank 1's first batches
+    >>> sorted(first[0] + first[1]) == sorted(torch.randperm(
+    ...     10, generator=torch.Generator().manual_seed(ferroloader.seeds.epoch_seed(0, 0))
+    ... )[:4].tolist())
+    True
+    """
+
+    def __init__(
+        self,
+        data_source: Union[int, Any],
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        even: bool = True,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(
+                f"batch_size should be a positive integer value, but got batch_size={batch_size}"
+            )
+        self.n = data_source if isinstance(data_source, int) else len(data_source)
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.even = bool(even)
+        given = Sharding(rank=rank, world_size=world_size)
+        self.rank, self.world_size = given.ranks()
+        self.epoch = 0
+        self._start = 0
+        self._resume: Optional[tuple[int, int]] = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def indices(self) -> list[int]:
+        """This rank's indices of the epoch (from a resumed position once)."""
+        start = 0
+        if self._resume is not None and self._resume[0] == self.epoch:
+            start = self._resume[1]
+        self._resume = None
+        self._start = start
+        return _core.elastic_indices(
+            self.n,
+            start=start,
+            batch=self.batch_size,
+            world=self.world_size,
+            rank=self.rank,
+            tail=_tail(self.drop_last, self.even),
+            seed=epoch_seed(self.seed, self.epoch) if self.shuffle else None,
+        )
+
+    def __iter__(self) -> Iterator[list[int]]:
+        idx = self.indices()
+        for i in range(0, len(idx), self.batch_size):
+            yield idx[i : i + self.batch_size]
+
+    def __len__(self) -> int:
+        return self._batches(self.n, self._start_for_len())
+
+    def _batches(self, n: int, start: int) -> int:
+        """This rank's batches of a global sequence of ``n`` from ``start``."""
+        step = self.batch_size * self.world_size
+        left = max(n - start, 0)
+        full, rest = divmod(left, step)
+        if rest == 0 or (self.even and self.drop_last):
+            return full
+        if self.even:
+            return full + 1
+        return full + (1 if rest > self.rank * self.batch_size else 0)
+
+    def _start_for_len(self) -> int:
+        if self._resume is not None and self._resume[0] == self.epoch:
+            return self._resume[1]
+        return 0
+
+    def native(self) -> Any:
+        """The epoch's batches as the engine's batch iterator."""
+        source = _core.SamplerIter.from_list(self.indices())
+        return _core.BatchSamplerIter(source, self.batch_size, False)
+
+    def consumed(self, handed: int) -> int:
+        """The global position after ``handed`` of this epoch's batches."""
+        return min(self.n, self._start + handed * self.batch_size * self.world_size)
+
+    def resume_at(self, epoch: int, consumed: int) -> None:
+        """The next iteration of ``epoch`` starts at global position
+        ``consumed``."""
+        self._resume = (int(epoch), int(consumed))
+
+
+def index_source(loader: Any) -> Any:
+    """The epoch's index stream: a Rust iterator for samplers the engine
+    knows, else ``iter(index_sampler)`` as torch creates it."""
+    if loader._dataset_kind == _tdl._DatasetKind.Iterable:
+        return None
+    index_sampler = loader._index_sampler
+    auto = loader._auto_collation
+    if isinstance(index_sampler, ElasticBatchSampler) and not loader.in_order:
+        raise ConfigError(
+            "ElasticBatchSampler hands batches over in order (a snapshot counts a prefix of the "
+            "global sequence); in_order=False is not supported with it"
+        )
+    if getattr(index_sampler, "auto_epoch", False):
+        index_sampler.set_epoch(loader._epochs_started - 1)
+    if auto and type(index_sampler).__iter__ is ElasticBatchSampler.__iter__:
+        return index_sampler.native()
+    native = native_batch_iter(index_sampler) if auto else native_iter(index_sampler)
+    return native if native is not None else iter(index_sampler)
+
+
 __all__ = [
     "BatchSampler",
+    "ElasticBatchSampler",
     "RandomSampler",
     "Sampler",
     "SequentialSampler",

@@ -44,7 +44,7 @@ from ferroloader._epoch import (
 from ferroloader._state_check import _KEY, FORMAT, _fingerprint, validate
 from ferroloader.errors import ConfigError
 from ferroloader.mixture import MixtureBatchSampler
-from ferroloader.shards import ElasticBatchSampler
+from ferroloader.sampler import ElasticBatchSampler
 
 
 def position(rec: Epoch) -> dict[str, Any]:

@@ -21,10 +21,9 @@ import torch
 import torch.utils.data as _tud
 
 from ferroloader import _core
-from ferroloader._epoch import index_source
 from ferroloader.dataloader import DataLoader
 from ferroloader.patch import register_loader
-from ferroloader.sampler import register_native
+from ferroloader.sampler import index_source, register_native
 
 _T_co = TypeVar("_T_co", covariant=True)
 
