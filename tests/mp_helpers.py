@@ -306,6 +306,26 @@ class SlowDataset(tud.Dataset):
         return i
 
 
+class SharedCountDataset(tud.Dataset):
+    """Holds a multiprocessing Value (and its lock), as a dataset counting
+    the samples its workers read does: it may travel to a spawned worker
+    only while the process starts."""
+
+    def __init__(self, n: int, method: str) -> None:
+        import multiprocessing
+
+        self.n = n
+        self.count = multiprocessing.get_context(method).Value("i", 0)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        with self.count.get_lock():
+            self.count.value += 1
+        return i
+
+
 class TensorDataset(tud.Dataset):
     """Samples are float32 tensors of `numel` elements filled with the index."""
 

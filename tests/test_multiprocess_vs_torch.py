@@ -719,6 +719,21 @@ def test_multiprocessing_context_object(method, monkeypatch, tmp_path):
         assert b["pid"] != os.getpid(), "collate_fn ran in the main process"
 
 
+@processes_only("a multiprocessing context starts processes")
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_dataset_holding_a_shared_value_reaches_spawned_workers(method):
+    """A dataset holding a multiprocessing Value (with its lock) reaches a
+    spawned worker, as with torch (it may be pickled only while the process
+    starts), and the worker's reads count in the shared value."""
+    got = {}
+    for lib in (TORCH, FERRO):
+        ds = mh.SharedCountDataset(6, method)
+        loader = lib.DataLoader(ds, batch_size=2, num_workers=1, multiprocessing_context=method)
+        got[lib.__name__] = ([b.tolist() for b in loader], ds.count.value)
+    assert got[FERRO.__name__] == got[TORCH.__name__] == ([[0, 1], [2, 3], [4, 5]], 6)
+
+
 # --------------------------------------------------------------------------- #
 # pin_memory
 # --------------------------------------------------------------------------- #

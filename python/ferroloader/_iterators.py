@@ -234,6 +234,11 @@ class _MultiProcessIter(_core.MultiProcessIter):
     def __iter__(self) -> _MultiProcessIter:
         return self  # without borrowing the engine, which next() may hold
 
+    @property
+    def _workers(self) -> list[Any]:
+        """The worker processes (or threads), by torch's name for them."""
+        return getattr(self, "_procs", [])
+
     def _reset(self, loader: _Loader, first_iter: bool = False) -> None:
         """A new epoch on persistent workers (``DataLoader.__iter__``)."""
         plan = _epoch.build(loader, reset_seed=self._base_seed_value)

@@ -146,10 +146,8 @@ def _start_processes(
             # process: a tensor's shared storage is handed over once per pickle.
             dataset: Any = loader.dataset
             if not fork:
-                with _pickle_hint():
-                    dataset = _worker.Unpickled(
-                        dataset, group[0]["collate_fn"], group[0]["init_fn"]
-                    )
+                # pickled by w.start() below (with torch's hint on failure)
+                dataset = _worker.Unpickled(dataset, group[0]["collate_fn"], group[0]["init_fn"])
                 group = [{**job, "collate_fn": None, "init_fn": None} for job in group]
             pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in group]
             mine = [pair[0] for pair in pairs]

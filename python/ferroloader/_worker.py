@@ -42,16 +42,25 @@ def _wrapper(where: str) -> Callable[[BaseException], bytes]:
 
 class Unpickled:
     """The user's objects a worker needs (dataset, ``collate_fn``,
-    ``worker_init_fn``), pickled by the main process for a worker that does
-    not fork, and unpickled inside the worker's set-up: an
-    error there (a file gone, a module the worker cannot import) reaches the
-    loop as the worker's exception, with its traceback, instead of a worker
-    that dies before it runs."""
+    ``worker_init_fn``) for a worker that does not fork: pickled when its
+    process starts (``Process.start()`` pickles its arguments, which is
+    where multiprocessing lets a lock or a shared value travel, as with
+    torch), and unpickled inside the worker's set-up: an error there (a
+    file gone, a module the worker cannot import) reaches the loop as the
+    worker's exception, with its traceback, instead of a worker that dies
+    before it runs."""
 
     def __init__(self, dataset: Any, collate_fn: Any, init_fn: Any) -> None:
+        self.objects: Optional[tuple[Any, Any, Any]] = (dataset, collate_fn, init_fn)
+        self.blob = b""
+
+    def __getstate__(self) -> bytes:
         from multiprocessing.reduction import ForkingPickler
 
-        self.blob = bytes(ForkingPickler.dumps((dataset, collate_fn, init_fn)))
+        return bytes(ForkingPickler.dumps(self.objects))
+
+    def __setstate__(self, blob: bytes) -> None:
+        self.objects, self.blob = None, blob
 
     def load(self) -> tuple[Any, Any, Any]:
         loaded: tuple[Any, Any, Any] = pickle.loads(self.blob)
