@@ -1,0 +1,70 @@
+"""Runs torch's own DataLoader suite (pytorch/pytorch's
+``test/test_dataloader.py``) twice: as written, and with ferroloader in
+torch's place (``import ferroloader; ferroloader.patch()`` inserted after
+the file's imports: every ``DataLoader`` it builds, by any name, is then
+ferroloader's), and compares the outcomes test by test.
+
+Usage: scripts/torch-suite PATH [pytest args...]
+
+PATH is a checkout of the pytorch/pytorch repository, or its
+``test/test_dataloader.py`` (the file is not in torch's wheel; it needs
+the ``torch.testing._internal`` helpers the wheel does ship, so use the
+file of the installed torch's version). Exits 1 when a test that passes
+with torch fails with ferroloader, other than those in EXCEPTIONS (each
+with its reason, also in docs/development.md).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from torchdata_suite import _outcomes
+
+# The line after which ferroloader takes torch's place: the last of the
+# file's imports before its first test helper.
+ANCHOR = "import operator\n"
+SWAP = "import ferroloader\n\nferroloader.patch()\n"
+
+# Tests that read what is private to torch's iterator.
+EXCEPTIONS: dict[str, str] = {}
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    if not args:
+        print(__doc__, file=sys.stderr)
+        return 2
+    src = Path(args[0])
+    if src.is_dir():
+        src = src / "test" / "test_dataloader.py"
+    text = src.read_text()
+    if text.count(ANCHOR) != 1:
+        print(f"{src}: the line {ANCHOR.strip()!r} was not found once", file=sys.stderr)
+        return 2
+    extra = args[1:]
+    with tempfile.TemporaryDirectory() as d:
+        theirs = Path(d) / "theirs" / "test_dataloader.py"
+        ours = Path(d) / "ours" / "test_dataloader.py"
+        for path, body in ((theirs, text), (ours, text.replace(ANCHOR, ANCHOR + SWAP))):
+            path.parent.mkdir()
+            path.write_text(body)
+        ref = _outcomes(theirs, extra)
+        got = _outcomes(ours, extra)
+    passing = sorted(t for t, o in ref.items() if o == "passed")
+    regressions = [t for t in passing if got.get(t) != "passed" and t not in EXCEPTIONS]
+    excepted = [t for t in passing if got.get(t) != "passed" and t in EXCEPTIONS]
+    both = [t for t in passing if got.get(t) == "passed"]
+    print(f"\ntorch passes {len(passing)} of {len(ref)} tests")
+    print(f"ferroloader in its place passes {len(both)} of those")
+    for t in excepted:
+        print(f"  excepted: {t}: {EXCEPTIONS[t]}")
+    for t in regressions:
+        print(f"  FAILS: {t}")
+    print(f"{len(both)} passed, {len(regressions)} failed, {len(excepted)} skipped")
+    return 1 if regressions else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
