@@ -17,10 +17,9 @@ with its reason, also in docs/development.md).
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
-from torchdata_suite import _outcomes
+from torchdata_suite import compare, run_both
 
 # The line after which ferroloader takes torch's place: the last of the
 # file's imports before its first test helper.
@@ -43,27 +42,8 @@ def main() -> int:
     if text.count(ANCHOR) != 1:
         print(f"{src}: the line {ANCHOR.strip()!r} was not found once", file=sys.stderr)
         return 2
-    extra = args[1:]
-    with tempfile.TemporaryDirectory() as d:
-        theirs = Path(d) / "theirs" / "test_dataloader.py"
-        ours = Path(d) / "ours" / "test_dataloader.py"
-        for path, body in ((theirs, text), (ours, text.replace(ANCHOR, ANCHOR + SWAP))):
-            path.parent.mkdir()
-            path.write_text(body)
-        ref = _outcomes(theirs, extra)
-        got = _outcomes(ours, extra)
-    passing = sorted(t for t, o in ref.items() if o == "passed")
-    regressions = [t for t in passing if got.get(t) != "passed" and t not in EXCEPTIONS]
-    excepted = [t for t in passing if got.get(t) != "passed" and t in EXCEPTIONS]
-    both = [t for t in passing if got.get(t) == "passed"]
-    print(f"\ntorch passes {len(passing)} of {len(ref)} tests")
-    print(f"ferroloader in its place passes {len(both)} of those")
-    for t in excepted:
-        print(f"  excepted: {t}: {EXCEPTIONS[t]}")
-    for t in regressions:
-        print(f"  FAILS: {t}")
-    print(f"{len(both)} passed, {len(regressions)} failed, {len(excepted)} skipped")
-    return 1 if regressions else 0
+    ref, got = run_both(src.name, text, text.replace(ANCHOR, ANCHOR + SWAP), args[1:])
+    return compare(ref, got, EXCEPTIONS, "torch", "ferroloader")
 
 
 if __name__ == "__main__":

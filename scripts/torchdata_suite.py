@@ -107,21 +107,37 @@ def main() -> int:
         print(f"{src}: the StatefulDataLoader import line was not found once", file=sys.stderr)
         return 2
     extra = args[1:]
+    ref, got = run_both(src.name, text, text.replace(IMPORT, swapped), extra)
+    name = "ferroloader.DataLoader" if plain else "ferroloader's StatefulDataLoader"
+    return compare(ref, got, exceptions, "torchdata", name)
+
+
+def run_both(
+    name: str, theirs: str, ours: str, extra: list[str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Each outcome of test file ``name`` as written (``theirs``) and as
+    swapped (``ours``), each run in a directory of its own."""
     with tempfile.TemporaryDirectory() as d:
-        theirs = Path(d) / "theirs" / "test_state_dict.py"
-        ours = Path(d) / "ours" / "test_state_dict.py"
-        for path, body in ((theirs, text), (ours, text.replace(IMPORT, swapped))):
+        outcomes = []
+        for side, body in (("theirs", theirs), ("ours", ours)):
+            path = Path(d) / side / name
             path.parent.mkdir()
             path.write_text(body)
-        ref = _outcomes(theirs, extra)
-        got = _outcomes(ours, extra)
+            outcomes.append(_outcomes(path, extra))
+    return outcomes[0], outcomes[1]
+
+
+def compare(
+    ref: dict[str, str], got: dict[str, str], exceptions: dict[str, str], theirs: str, ours: str
+) -> int:
+    """Prints how the tests that pass with ``theirs`` fare with ``ours`` in
+    its place; 1 if one fails that is not excepted."""
     passing = sorted(t for t, o in ref.items() if o == "passed")
     regressions = [t for t in passing if got.get(t) != "passed" and t not in exceptions]
     excepted = [t for t in passing if got.get(t) != "passed" and t in exceptions]
     both = [t for t in passing if got.get(t) == "passed"]
-    print(f"\ntorchdata passes {len(passing)} of {len(ref)} tests")
-    name = "ferroloader.DataLoader" if plain else "ferroloader's StatefulDataLoader"
-    print(f"{name} in its place passes {len(both)} of those")
+    print(f"\n{theirs} passes {len(passing)} of {len(ref)} tests")
+    print(f"{ours} in its place passes {len(both)} of those")
     for t in excepted:
         print(f"  excepted: {t}: {exceptions[t]}")
     for t in regressions:
