@@ -150,8 +150,6 @@ class Plan:
     """A multi-process epoch as the engine and the workers take it."""
 
     rec: Epoch
-    # the workers' base seed (drawn, or the persistent workers')
-    base_seed: int
     # the index stream (or a sharded epoch's shard addresses)
     source: Any
     shards: Optional[ShardEpoch]
@@ -162,6 +160,12 @@ class Plan:
     sample_seeds: Optional[tuple[int, int]]
     shard_seeder: Optional[_core.SampleSeeder]
     dataset_stateful: bool
+
+    @property
+    def base_seed(self) -> int:
+        """The workers' base seed (drawn, or the persistent workers')."""
+        assert self.rec.base_seed is not None
+        return self.rec.base_seed
 
 
 def build(loader: Any, reset_seed: Optional[int] = None) -> Plan:
@@ -191,7 +195,6 @@ def build(loader: Any, reset_seed: Optional[int] = None) -> Plan:
                 source = loader._index_stream_after_seed(source)
         source = resume_source(rec, source, resume, now, loader._window)
     rec.shards = ep
-    assert rec.base_seed is not None
     n = loader._workers
     per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
     round_robin = None
@@ -199,7 +202,6 @@ def build(loader: Any, reset_seed: Optional[int] = None) -> Plan:
         round_robin = (int(resume["next_worker"]), finished_workers(resume, n))
     return Plan(
         rec=rec,
-        base_seed=rec.base_seed,
         source=source,
         shards=ep,
         round_robin=round_robin,

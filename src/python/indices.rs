@@ -103,10 +103,13 @@ impl Recorder {
     }
 
     fn draw<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        if let Some(first) = self.book().front.pop_front() {
-            return Ok(Some(first.into_bound(py)));
+        {
+            let mut book = self.book();
+            if let Some(first) = book.front.pop_front() {
+                return Ok(Some(first.into_bound(py)));
+            }
+            book.pulled = true;
         }
-        self.book().pulled = true;
         let Some(item) = next(self.source.bind(py))? else {
             return Ok(None);
         };

@@ -62,8 +62,6 @@ pub struct SingleProcessIter {
     /// Called once, just before the epoch's first index is drawn (the
     /// sampler draws its randomness then, as torch's does).
     first_draw: Option<Py<PyAny>>,
-    /// An iterable's position is counted in batches handed over.
-    counts_yielded: bool,
     /// Where a resumed epoch took up (the default: the epoch's start).
     resumed: Resumed,
     times: MainTimes,
@@ -171,7 +169,6 @@ impl SingleProcessIter {
             ended: false,
             rng_guard,
             first_draw: None,
-            counts_yielded: iterable,
             resumed: resumed.map(resumed_from).unwrap_or_default(),
             times: MainTimes::default(),
             local: StageTimes::default(),
@@ -259,10 +256,10 @@ impl SingleProcessIter {
     #[getter]
     fn _position(&self) -> (u64, Vec<u64>, bool, bool) {
         let exhausted = matches!(self.source, Source::Iterable { ended: true, .. });
-        let n = if self.counts_yielded {
-            self.num_yielded
-        } else {
-            self.num_drawn
+        // an iterable's (a sharded one's too) is counted in batches handed over
+        let n = match self.source {
+            Source::Indices(_) => self.num_drawn,
+            _ => self.num_yielded,
         };
         let (drawn, pending) = self.resumed.position(n as u64, &[]);
         (drawn, pending, self.ended, exhausted)

@@ -96,6 +96,14 @@ fn rngs(py: Python<'_>) -> PyResult<&'static Rngs> {
 /// for other keys (a sampler may yield any hashable) the CRC-32 of their
 /// `repr`, the same in every process.
 fn index_key(py: Python<'_>, index: &Bound<'_, PyAny>) -> PyResult<u64> {
+    // the common case, an int that fits 64 bits, without calls into Python
+    if let Some(i) = index
+        .cast::<pyo3::types::PyInt>()
+        .ok()
+        .and_then(|i| i.extract::<i64>().ok())
+    {
+        return Ok(i as u64);
+    }
     let r = rngs(py)?;
     let int = match r.index.bind(py).call1((index,)) {
         Ok(i) => i,
