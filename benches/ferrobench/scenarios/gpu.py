@@ -34,23 +34,18 @@ def gpu_step_fn(ms: float) -> Tuple[Callable[[torch.Tensor], None], float]:
 
         return step
 
-    one = make(1)
-    one(torch.empty(1, device="cuda"))
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(20):
-        one(torch.empty(1, device="cuda"))
-    torch.cuda.synchronize()
-    per = (time.perf_counter() - t0) / 20 * 1e3
-    k = max(1, round(ms / per))
+    def ms_per_call(f: Any, reps: int) -> float:
+        f(torch.empty(1, device="cuda"))  # warm-up
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            f(torch.empty(1, device="cuda"))
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / reps * 1e3
+
+    k = max(1, round(ms / ms_per_call(make(1), 20)))
     step = make(k)
-    step(torch.empty(1, device="cuda"))
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(10):
-        step(torch.empty(1, device="cuda"))
-    torch.cuda.synchronize()
-    return step, (time.perf_counter() - t0) / 10 * 1e3
+    return step, ms_per_call(step, 10)
 
 
 def sc_gpu(st: Settings, fl: Any) -> List[Check]:
