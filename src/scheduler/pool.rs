@@ -110,27 +110,24 @@ pub struct WorkerPool {
 /// `multiprocessing` handles join them. The one place a worker's end is
 /// decided once the engine has its socket.
 pub fn end_processes(processes: &[&Watched], grace: Duration) {
-    let wait_all = |procs: &[&Watched], within: Duration| -> Vec<usize> {
-        let deadline = std::time::Instant::now() + within;
-        (0..procs.len())
-            .filter(|&i| !procs[i].wait_exit(deadline))
-            .collect()
-    };
-    let left = wait_all(processes, grace);
-    let stage = |left: Vec<usize>, sig: rustix::process::Signal, within: Duration| {
-        let procs: Vec<&Watched> = left.iter().map(|&i| processes[i]).collect();
-        for p in &procs {
-            p.signal(sig);
+    use rustix::process::Signal;
+    let stages = [
+        (None, grace),
+        (Some(Signal::TERM), Duration::from_secs(1)),
+        (Some(Signal::KILL), Duration::from_secs(5)),
+    ];
+    let mut left = processes.to_vec();
+    for (signal, within) in stages {
+        if left.is_empty() {
+            return;
         }
-        let still = wait_all(&procs, within);
-        still.into_iter().map(|j| left[j]).collect::<Vec<usize>>()
-    };
-    if left.is_empty() {
-        return;
-    }
-    let left = stage(left, rustix::process::Signal::TERM, Duration::from_secs(1));
-    if !left.is_empty() {
-        stage(left, rustix::process::Signal::KILL, Duration::from_secs(5));
+        if let Some(sig) = signal {
+            for p in &left {
+                p.signal(sig);
+            }
+        }
+        let deadline = std::time::Instant::now() + within;
+        left.retain(|p| !p.wait_exit(deadline));
     }
 }
 
