@@ -532,6 +532,19 @@ mod end_tests {
 
     #[test]
     #[cfg_attr(miri, ignore)]
+    fn ending_a_worker_already_reaped_returns_at_once() {
+        // (a second shutdown, after multiprocessing joined the process: its
+        // pidfd stays readable and waitid says ECHILD)
+        let mut gone = spawn("exit 0");
+        let w = Watched::new(gone.id() as i32);
+        assert!(gone.wait().is_ok());
+        let t = Instant::now();
+        end_processes(&[&w], Duration::from_secs(3));
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore)]
     fn a_worker_that_ignores_sigterm_is_killed() {
         // it says when its trap is set, so the signal cannot come first
         let mut stubborn = Command::new("sh")

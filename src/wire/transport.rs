@@ -465,7 +465,7 @@ impl Watched {
     /// `deadline` passes; true if it has ended.
     pub fn wait_exit(&self, deadline: std::time::Instant) -> bool {
         loop {
-            if self.exit_status().is_some() {
+            if self.exit_status().is_some() || self.reaped() {
                 return true;
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -480,6 +480,26 @@ impl Watched {
                 None => std::thread::sleep(left.min(std::time::Duration::from_millis(10))),
             }
         }
+    }
+
+    /// The process was reaped already (its `multiprocessing` handle joined
+    /// it): it has ended, though how is no longer known. (Its pidfd stays
+    /// readable, so a wait would otherwise spin to its deadline.)
+    fn reaped(&self) -> bool {
+        let got = match &self.pidfd {
+            Some(fd) => rustix::process::waitid(
+                rustix::process::WaitId::PidFd(fd.as_fd()),
+                WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
+            ),
+            None => match Pid::from_raw(self.pid) {
+                Some(p) => rustix::process::waitid(
+                    rustix::process::WaitId::Pid(p),
+                    WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
+                ),
+                None => return false,
+            },
+        };
+        matches!(got, Err(rustix::io::Errno::CHILD))
     }
 
     /// How the process ended, without reaping it (the `multiprocessing`
