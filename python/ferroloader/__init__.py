@@ -5,6 +5,7 @@ Change ``from torch.utils.data import DataLoader`` to
 """
 
 from ferroloader._core import __version__
+from ferroloader.autotune import Autotune
 from ferroloader.collate import (
     collate,
     default_collate,
@@ -68,6 +69,7 @@ from ferroloader.table import TableDataset, TableShards
 from ferroloader.worker import get_worker_info
 
 __all__ = [
+    "Autotune",
     "BatchSampler",
     "ChainDataset",
     "ConcatDataset",

@@ -202,6 +202,15 @@ class MultiProcessIter(Iterator[Any]):
     ) -> tuple[list[int], list[Optional[bytes]], list[bool], int, list[bool]]:
         """``(delivered, states, exhausted, next_worker, done)`` per worker."""
     def _await_setup(self) -> None: ...
+    def _hold(self, held: bool) -> None:
+        """Holds back new tasks so the epoch drains (``next()`` then stops
+        without ending it); ``False`` lets them go out again."""
+    @property
+    def _held(self) -> bool: ...
+    @property
+    def _in_flight(self) -> int:
+        """Answers not yet handed over."""
+    def _set_prefetch_factor(self, prefetch_factor: int) -> None: ...
     @property
     def _timed_out(self) -> bool: ...
     @property

@@ -258,16 +258,16 @@ class _MultiProcessIter(_core.MultiProcessIter):
         _harvest_stats(self)
         # after a timeout a worker is stuck in user code: no grace for it (the
         # iterator often goes away while its timeout error is raised)
-        # after a timeout a worker is stuck in user code: no grace for it (the
-        # iterator often goes away while its timeout error is raised)
         grace = 0.0 if self._timed_out else 5.0
         # the engine ends its worker processes; here they are reaped, and
         # worker threads joined
         self._close(grace)
         _join(getattr(self, "_procs", ()), grace)
 
-    def __del__(self) -> None:
-        if getattr(self, "_owner_pid", None) != os.getpid():
+    def __del__(self, _getpid: Any = os.getpid) -> None:
+        # (os.getpid bound here: at interpreter exit the module's globals
+        # may already be None when a global iterator goes)
+        if getattr(self, "_owner_pid", None) != _getpid():
             # a copy inherited by a forked process (a worker of another
             # loader collecting the garbage it inherited): the workers are
             # not its children, and shutting them down is the owner's job
@@ -278,7 +278,8 @@ class _MultiProcessIter(_core.MultiProcessIter):
             # e.g. Ctrl-C while joining: nothing can be raised from __del__
             # (Python would print "Exception ignored"); end the workers now.
             self._close(0.0)
-            _join(getattr(self, "_procs", ()), 0.0)
+            if _join is not None:  # (None at interpreter exit)
+                _join(getattr(self, "_procs", ()), 0.0)
 
 
 class _PinnedMultiProcessIter(_MultiProcessIter):

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable, Iterable, Optional, TypeVar, Union
+from typing import Any, Callable, Iterable, Optional, TypeVar, Union, cast
 
 import torch
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _core, _epoch, forkserver, state
+from ferroloader import _core, _epoch, autotune, forkserver, state
 from ferroloader._env import check_environment
 from ferroloader._iterators import _is_datapipe, _MultiProcessIter, _single_process_iter
 from ferroloader.errors import ConfigError
@@ -40,6 +40,12 @@ _ADDED_DOC = """
     meaning, checks and messages, and gives the same batches. It adds:
 
     Args:
+        num_workers (int, "auto" or Autotune): also ``"auto"``: the loader
+            picks its layout (workers, processes or threads, threads inside
+            processes, prefetch depth) and changes it while it runs, between
+            batches, without changing one; ``ferroloader.Autotune(...)``
+            bounds it. ``loader.num_workers`` then reads the layout in
+            force, ``loader.stats().autotune`` its changes and why.
         seed (int, optional): the loader's own seed. The order of epoch
             ``e`` and the workers' base seed come from a private generator
             seeded with ``ferroloader.seeds.epoch_seed(seed, e)``; the
@@ -109,7 +115,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         shuffle: Optional[bool] = None,
         sampler: Union[Any, Iterable[Any], None] = None,
         batch_sampler: Union[Any, Iterable[list[Any]], None] = None,
-        num_workers: int = 0,
+        num_workers: Union[int, str, autotune.Autotune] = 0,
         collate_fn: Optional[Callable[[list[Any]], Any]] = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -129,12 +135,23 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         worker_method: str = "multiprocessing",
         worker_threads: int = 1,
     ) -> None:
+        bounds = autotune.of(num_workers)
+        if bounds is not None:
+            if worker_method != "multiprocessing" or worker_threads != 1:
+                raise ConfigError(
+                    "num_workers='auto' picks worker_method and worker_threads itself; bound "
+                    "its choice with num_workers=ferroloader.Autotune(methods=...)"
+                )
+            # torch's checks see a multi-process loader (prefetch_factor,
+            # persistent_workers, multiprocessing_context are then allowed);
+            # the tuner sets the layout at each iter()
+        nw: int = 1 if bounds is not None else cast(int, num_workers)
         if worker_method not in WORKER_METHODS:
             raise ValueError(
                 "worker_method option should be 'multiprocessing' or 'thread', but got "
                 f"worker_method={worker_method!r}"
             )
-        _check_worker_threads(worker_threads, worker_method, num_workers)
+        _check_worker_threads(worker_threads, worker_method, nw)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"seed should be an int or None, but got seed={seed!r}")
         if per_sample_seed and seed is None:
@@ -190,7 +207,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             None if sharded else shuffle,
             sampler,
             batch_sampler,
-            num_workers,
+            nw,
             collate_fn,
             pin_memory,
             drop_last,
@@ -236,6 +253,14 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         self._shards_read: Optional[tuple[list[Any], Optional[list[int]]]] = None
         # the stats of the iterators that have ended (a box shared with them)
         self._stats_box: list[LoaderStats] = [LoaderStats()]
+        # num_workers="auto": the bounds, the tuner (made at the first
+        # iter(), it outlives epochs) and the layout it last chose
+        self.autotune: Optional[autotune.Autotune] = bounds
+        self._tuner: Optional[autotune.Tuner] = None
+        self._tuned_layout: Optional[autotune.Layout] = None
+        if bounds is not None:
+            self._tuned_layout = autotune.Layout(prefetch_factor=prefetch_factor or 2)
+            autotune.apply(self, self._tuned_layout)
         # forkserver: workers fork from a server that has imported torch
         # (started now, so that its imports overlap the user's set-up)
         forkserver.warm(self)
@@ -264,6 +289,8 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         live = rec.iterator() if rec is not None and rec.iterator is not None else None
         if live is not None and not getattr(live, "_stats_harvested", False):
             total = total + of_iterator(live)
+        if self._tuner is not None:
+            total.autotune = self._tuner.report()
         return total
 
     def __getstate__(self) -> dict[str, Any]:
@@ -333,15 +360,28 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         batches (mid-epoch too, with workers running, without pausing them).
         A loader built the same way continues from it after
         ``load_state_dict``; see ``ferroloader.state``."""
-        return state.snapshot(self)
+        snap = state.snapshot(self)
+        if self._tuned_layout is not None:
+            # a resume starts where the tuning ended
+            snap["autotune"] = self._tuned_layout.as_dict()
+        return snap
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from ``state_dict()``'s result: the next ``iter()``
         continues the saved epoch with the batches that would have come
         next. Raises ``ValueError`` naming what does not match."""
         state.load(self, state_dict)
+        tuned = state_dict.get("autotune")
+        if self.autotune is not None and isinstance(tuned, dict):
+            self._tuned_layout = autotune.Layout(**tuned)
 
     def __iter__(self) -> Any:
+        if self.autotune is not None:
+            return autotune.AutoIter(self, self._fixed_iter)
+        return self._fixed_iter()
+
+    def _fixed_iter(self) -> Any:
+        """``iter()`` on the layout the attributes say."""
         it: Any = self._iterator
         if it is not None and getattr(it, "_closed", False):
             # Persistent workers that failed (a worker died, a corrupt
@@ -395,7 +435,9 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         check_environment()
         if self.num_workers == 0:
             return _single_process_iter(self)
-        self.check_worker_number_rationality()
+        if self.autotune is None:
+            # (the tuner keeps to its own bounds, beyond the cores for I/O)
+            self.check_worker_number_rationality()
         if _is_datapipe(self.dataset):
             # DataPipes (deprecated in torch) need torch's sharding and seeding.
             return _tdl._MultiProcessingDataLoaderIter(self)

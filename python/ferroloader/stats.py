@@ -73,6 +73,9 @@ class LoaderStats:
     pin: float = 0.0
     loop: float = 0.0
     workers: list[WorkerStats] = field(default_factory=list)
+    # num_workers="auto": the layout, its changes and why (see
+    # ferroloader.autotune); set by DataLoader.stats(), not summed
+    autotune: Any = None
 
     @property
     def fetch(self) -> float:
@@ -147,6 +150,8 @@ class LoaderStats:
             f"work: collate  {self.collate:9.3f}   {ms(self.collate, done)}",
             f"work: transfer {self.transfer:9.3f}   {ms(self.transfer, done)}",
         ]
+        if self.autotune is not None:
+            lines.append(str(self.autotune))
         return "\n".join(lines)
 
 

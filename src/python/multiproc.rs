@@ -380,6 +380,46 @@ impl MultiProcessIter {
         self.core.is_closed()
     }
 
+    /// Holds back new tasks (`True`) so that the epoch drains: what is in
+    /// flight is handed over, then `next()` stops without ending the epoch
+    /// (`_held` stays true, `_position` says not ended). `False` lets tasks
+    /// go out again and fills the window. Between batches only.
+    fn _hold(&mut self, py: Python<'_>, held: bool) -> PyResult<()> {
+        self.core.hold(held);
+        if held {
+            Ok(())
+        } else {
+            self.prime(py)
+        }
+    }
+
+    #[getter]
+    fn _held(&self) -> bool {
+        self.core.is_held()
+    }
+
+    /// Answers not yet handed over (in flight or waiting their turn).
+    #[getter]
+    fn _in_flight(&self) -> usize {
+        self.core.in_flight()
+    }
+
+    /// A new `prefetch_factor` from the next batch on: a deeper window is
+    /// filled at once, a shallower one as batches are handed over.
+    fn _set_prefetch_factor(&mut self, py: Python<'_>, prefetch_factor: usize) -> PyResult<()> {
+        if prefetch_factor == 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "prefetch_factor must be positive",
+            ));
+        }
+        self.core.set_prefetch_factor(prefetch_factor);
+        if self.core.is_held() {
+            Ok(())
+        } else {
+            self.prime(py)
+        }
+    }
+
     /// The last wait for a batch ran past the loader's `timeout`.
     #[getter]
     fn _timed_out(&self) -> bool {
@@ -494,7 +534,8 @@ impl MultiProcessIter {
             match self.core.step() {
                 Next::Yield { worker, data } => break (worker, data),
                 Next::Stop => {
-                    self.ended = true;
+                    // a held epoch is drained, not over
+                    self.ended = !self.core.is_held();
                     return Ok(None);
                 }
                 Next::Wait => self.wait(py, stop)?,

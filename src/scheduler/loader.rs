@@ -69,6 +69,9 @@ pub struct Loader {
     started: Vec<bool>,
     /// The first error a worker's setup raised this epoch, as it came.
     setup_error: Option<Vec<u8>>,
+    /// No task goes out: the epoch is being drained, to end between two
+    /// batches with nothing in flight (a layout change).
+    held: bool,
 }
 
 /// A sharded epoch as the loader drives it.
@@ -129,7 +132,32 @@ impl Loader {
             acked: vec![true; n],
             started: vec![false; n],
             setup_error: None,
+            held: false,
         }
+    }
+
+    /// Holds back (or lets go) new tasks. A held loader hands over what is
+    /// in flight and then answers `Stop` without closing: the epoch is not
+    /// over, only drained, and a snapshot then has nothing pending.
+    pub fn hold(&mut self, held: bool) {
+        self.held = held;
+    }
+
+    pub fn is_held(&self) -> bool {
+        self.held
+    }
+
+    /// A new prefetch depth for the rest of the epoch (and the next ones).
+    pub fn set_prefetch_factor(&mut self, prefetch_factor: usize) {
+        self.prefetch_factor = prefetch_factor;
+        self.sched
+            .set_max_tasks(super::window(prefetch_factor, self.pool.len()));
+    }
+
+    /// Answers still to hand over: tasks in flight or waiting their turn,
+    /// and results that came early (`in_order=False`).
+    pub fn in_flight(&self) -> usize {
+        self.sched.in_flight() + self.early.len()
     }
 
     /// Each worker's stage timings reported so far (all epochs): every
@@ -237,7 +265,7 @@ impl Loader {
         &mut self,
         draw: &mut impl FnMut() -> Result<Option<TaskIndices>, E>,
     ) -> Result<(), E> {
-        if !self.sched.can_dispatch() {
+        if self.held || !self.sched.can_dispatch() {
             return Ok(());
         }
         if let Some(lanes) = &self.lanes {
@@ -316,7 +344,7 @@ impl Loader {
                     }
                 }
             }
-            Next::Stop if !self.persistent => self.close(),
+            Next::Stop if !self.persistent && !self.held => self.close(),
             _ => {}
         }
         next
@@ -700,6 +728,7 @@ impl Loader {
     /// until every worker has acknowledged ([`Loader::resuming`]).
     fn begin_epoch(&mut self) -> Result<()> {
         self.early.clear();
+        self.held = false;
         if self.lanes.take().is_some() {
             // the next epoch may not be sharded the same way (start_lanes)
             self.sched = Scheduler::new(self.pool.len(), self.prefetch_factor, self.in_order);

@@ -123,6 +123,19 @@ impl<T> Scheduler<T> {
         self.max_tasks
     }
 
+    /// Changes the window between batches (a tuner's new prefetch depth):
+    /// a larger one takes tasks at the next dispatch; under a smaller one
+    /// none go out until the outstanding tasks fall below it.
+    pub fn set_max_tasks(&mut self, max_tasks: usize) {
+        assert!(max_tasks > 0);
+        self.max_tasks = max_tasks;
+    }
+
+    /// Tasks sent and not yet handed over (in flight, or waiting their turn).
+    pub fn in_flight(&self) -> usize {
+        self.task_info.len()
+    }
+
     /// The worker (or lane) that task `seq` went to, while it is pending.
     pub fn owner(&self, seq: u64) -> Option<usize> {
         self.task_info.get(&seq).map(|i| i.worker)

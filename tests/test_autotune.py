@@ -1,0 +1,399 @@
+"""``num_workers="auto"``: the layout changes under a running epoch and no
+batch changes; the tuner's policy on measured intervals; its bounds, stats,
+state and errors.
+
+The equality tests force changes from the test (``iterator._force``):
+grow, shrink, switch between processes, threads and threads inside
+processes, change the prefetch depth, every few batches, and compare every
+batch with a fixed layout's."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import ferroloader
+import mp_helpers as mh
+import pytest
+import shard_cases
+import torch
+from ferroloader.autotune import Layout, Tuner, _Interval
+from helpers import assert_same, ferro_only, time_limit
+from hypothesis import given
+from hypothesis import strategies as st
+
+pytestmark = ferro_only
+
+P, T = "multiprocessing", "thread"
+LAYOUTS = [
+    Layout(0),
+    Layout(1),
+    Layout(2),
+    Layout(3, prefetch_factor=1),
+    Layout(1, T),
+    Layout(3, T),
+    Layout(1, P, 2),
+    Layout(2, P, 2, prefetch_factor=4),
+    Layout(2, prefetch_factor=4),
+]
+
+
+def _kids() -> set:
+    def helper(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            return False
+        return b"resource_tracker" in cmd or b"forkserver" in cmd
+
+    return {
+        pid for pid in mh.children_of(os.getpid())
+        if mh.pid_state(pid) not in (None, "Z") and not helper(pid)
+    }
+
+
+@pytest.fixture(autouse=True)
+def _processes_end():
+    """Every test leaves none of its worker processes behind."""
+    before = _kids()
+    yield
+    assert mh.wait_until(lambda: not (_kids() - before), 20.0), "worker processes left"
+
+
+class Noisy(torch.utils.data.Dataset):
+    """A sample with a random part: equal only when seeded per sample. It
+    draws as torch asks of a dataset run in threads (its thread-safe
+    generator: a worker thread's own, else the global one)."""
+
+    def __len__(self) -> int:
+        return 90
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        g = torch.thread_safe_generator()
+        return torch.tensor([float(i), torch.rand((), generator=g).item()])
+
+
+class GlobalNoisy(Noisy):
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([float(i), torch.rand(()).item()])
+
+
+def test_per_sample_seed_keeps_a_dataset_drawing_globally_to_processes():
+    loader = ferroloader.DataLoader(GlobalNoisy(), batch_size=5, shuffle=True, seed=1,
+                                    per_sample_seed=True, num_workers="auto")
+    iter(loader)
+    assert not loader._tuner.threads_ok and not loader._tuner.inner_threads_ok
+    assert any("per_sample_seed" in n for n in loader.stats().autotune.notes)
+    allowed = ferroloader.DataLoader(
+        GlobalNoisy(), batch_size=5, shuffle=True, seed=1, per_sample_seed=True,
+        num_workers=ferroloader.Autotune(methods=("processes", "threads")))
+    iter(allowed)
+    assert allowed._tuner.threads_ok
+
+
+class Plain(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 90
+
+    def __getitem__(self, i: int) -> dict:
+        return {"i": i, "x": torch.full((3,), float(i))}
+
+
+def _run(loader, schedule: dict[int, Layout], epochs: int = 2) -> list:
+    """Every batch of ``epochs`` epochs; before batch ``k`` of each epoch,
+    the layout ``schedule[k]`` is forced."""
+    out = []
+    for _ in range(epochs):
+        it = iter(loader)
+        k = 0
+        while True:
+            if k in schedule and hasattr(it, "_force"):
+                it._force(schedule[k])
+            try:
+                out.append(next(it))
+            except StopIteration:
+                break
+            k += 1
+    return out
+
+
+def _every(n: int, layouts: list[Layout] = LAYOUTS) -> dict[int, Layout]:
+    return {1 + n * j: lay for j, lay in enumerate(layouts)}
+
+
+MAP_CASES = {
+    "shuffle_seed": dict(shuffle=True, seed=5),
+    "shuffle_generator": dict(shuffle=True, generator=torch.Generator().manual_seed(3)),
+    "global_rng": dict(shuffle=True),
+    "weighted": dict(sampler=torch.utils.data.WeightedRandomSampler([1.0] * 90, 70,
+                                                                    generator=torch.Generator())),
+    "drop_last": dict(shuffle=True, seed=1, drop_last=True),
+    "persistent": dict(shuffle=True, seed=2, persistent_workers=True),
+}
+
+
+@time_limit(120)
+@pytest.mark.parametrize("case", sorted(MAP_CASES))
+def test_map_style_batches_equal_a_fixed_layout_while_it_changes(case):
+    """Grow, shrink, threads, threads in processes, prefetch, every 4
+    batches over two epochs: every batch equals a fixed 2-process layout's,
+    and the global RNG ends where it does."""
+    kw = MAP_CASES[case]
+    if "generator" in kw:
+        kw = dict(kw, generator=torch.Generator().manual_seed(3))
+    if "sampler" in kw:
+        kw = dict(kw, sampler=torch.utils.data.WeightedRandomSampler(
+            [1.0] * 90, 70, generator=torch.Generator().manual_seed(9)))
+    torch.manual_seed(0)
+    fixed = ferroloader.DataLoader(Plain(), batch_size=4, num_workers=2, **kw)
+    want = _run(fixed, {})
+    after_fixed = torch.get_rng_state()
+    kw = MAP_CASES[case]
+    if "generator" in kw:
+        kw = dict(kw, generator=torch.Generator().manual_seed(3))
+    if "sampler" in kw:
+        kw = dict(kw, sampler=torch.utils.data.WeightedRandomSampler(
+            [1.0] * 90, 70, generator=torch.Generator().manual_seed(9)))
+    torch.manual_seed(0)
+    auto = ferroloader.DataLoader(Plain(), batch_size=4, num_workers="auto", **kw)
+    got = _run(auto, _every(4))
+    assert_same(want, got)
+    assert torch.equal(after_fixed, torch.get_rng_state())
+    changes = auto.stats().autotune.changes
+    # (a force while draining replaces the one before)
+    assert [c.reason for c in changes].count("forced") >= 3
+
+
+@time_limit(120)
+@given(st.lists(st.tuples(st.integers(0, 20), st.sampled_from(LAYOUTS)), max_size=4))
+def test_property_any_schedule_of_changes_keeps_the_batches(schedule):
+    """Any layouts at any batches: the same batches as a fixed layout's,
+    with per-sample seeding of a random sample."""
+    make = lambda nw: ferroloader.DataLoader(  # noqa: E731
+        Noisy(), batch_size=5, shuffle=True, seed=11, per_sample_seed=True, num_workers=nw)
+    want = _run(make(0), {}, epochs=1)
+    got = _run(make("auto"), dict(schedule), epochs=1)
+    assert_same(want, got)
+
+
+@time_limit(120)
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_sharded_batches_while_the_layout_changes(mode):
+    """Static sharding: the batches of a fixed layout; dynamic: every item
+    exactly once."""
+    def make(nw):
+        return ferroloader.DataLoader(
+            shard_cases.Counted(), batch_size=3, shuffle=True, seed=4, num_workers=nw,
+            sharding=ferroloader.Sharding(mode=mode))
+
+    want = _run(make(2), {})
+    got = _run(make("auto"), _every(3, [Layout(2), Layout(1), Layout(3, T), Layout(0),
+                                        Layout(2, P, 2)]))
+    if mode == "static":
+        assert_same(want, got)
+    else:
+        half = len(shard_cases.all_items())
+        items = shard_cases.flat(got)
+        assert sorted(items[:half]) == sorted(shard_cases.all_items())
+        assert sorted(items[half:]) == sorted(shard_cases.all_items())
+
+
+@time_limit(120)
+def test_mixture_batches_while_the_layout_changes():
+    def make(nw):
+        mix = ferroloader.Mixture({"a": Plain(), "b": torch.utils.data.Subset(Plain(), range(40))},
+                                  weights={"a": 0.7, "b": 0.3}, seed=3)
+        return ferroloader.DataLoader(mix, batch_size=4, num_workers=nw)
+
+    want = _run(make(2), {})
+    got = _run(make("auto"), _every(5))
+    assert_same(want, got)
+
+
+@time_limit(120)
+def test_resume_after_changes_continues_the_epoch_and_the_layout():
+    """A state taken after some changes: a new auto loader continues the
+    same batches, and starts on the layout the tuning had reached."""
+    make = lambda: ferroloader.DataLoader(  # noqa: E731
+        Plain(), batch_size=4, shuffle=True, seed=8, num_workers="auto")
+    want = _run(ferroloader.DataLoader(Plain(), batch_size=4, shuffle=True, seed=8), {}, 1)
+    loader = make()
+    it = iter(loader)
+    got = [next(it)]
+    it._force(Layout(2))
+    got += [next(it) for _ in range(5)]
+    it._force(Layout(1, T))
+    got += [next(it) for _ in range(8)]  # (the 4 in flight drain first)
+    sd = loader.state_dict()
+    del it
+    assert sd["autotune"]["num_workers"] == 1 and sd["autotune"]["worker_method"] == T
+    resumed = make()
+    resumed.load_state_dict(sd)
+    it = iter(resumed)
+    assert resumed.num_workers == 1 and resumed.worker_method == T
+    got += list(it)
+    assert_same(want, got)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        n, k = (1, 0) if info is None else (info.num_workers, info.id)
+        return iter(range(k, 40, n))
+
+
+@time_limit(60)
+def test_an_iterable_dataset_changes_layout_only_between_epochs():
+    loader = ferroloader.DataLoader(Stream(), batch_size=4, num_workers="auto")
+    it = iter(loader)
+    first = [next(it)]
+    it._force(Layout(2))
+    rest = list(it)
+    # the first epoch stays in the main process: torch's batches for it
+    assert_same([b for b in torch.utils.data.DataLoader(Stream(), batch_size=4)], first + rest)
+    stats = loader.stats().autotune
+    assert any("IterableDataset" in n for n in stats.notes)
+    second = list(loader)
+    assert loader.num_workers == 2
+    want = list(torch.utils.data.DataLoader(Stream(), batch_size=4, num_workers=2))
+    assert_same(want, second)
+
+
+class WithFile(Plain):
+    def __init__(self, path: str) -> None:
+        self.f = open(path, "rb")  # (a thread-unsafe attribute)
+
+
+@time_limit(60)
+def test_a_dataset_that_cannot_run_in_threads_keeps_the_tuner_to_processes(tmp_path):
+    path = tmp_path / "x"
+    path.write_bytes(b"x")
+    ds = WithFile(str(path))
+    loader = ferroloader.DataLoader(ds, batch_size=4, num_workers="auto")
+    list(loader)
+    tuner = loader._tuner
+    assert not tuner.threads_ok and not tuner.inner_threads_ok
+    assert any("'f'" in n and "no threads" in n for n in loader.stats().autotune.notes)
+    ds.f.close()
+
+
+@time_limit(60)
+def test_a_worker_killed_while_the_tuner_resizes_is_named_and_nothing_hangs():
+    class Slow(Plain):
+        def __getitem__(self, i):
+            time.sleep(0.02)
+            return super().__getitem__(i)
+
+    loader = ferroloader.DataLoader(Slow(), batch_size=2, num_workers="auto")
+    it = iter(loader)
+    it._force(Layout(2))
+    next(it)
+    next(it)
+    pids = [p.pid for p in it._workers]
+    assert len(pids) == 2
+    it._force(Layout(3))  # draining from here
+    os.kill(pids[0], signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=f"pid {pids[0]}|worker"):
+        for _ in range(60):
+            next(it)
+    del it
+
+
+def test_bad_bounds_are_clear_errors():
+    with pytest.raises(ValueError, match="'auto'"):
+        ferroloader.DataLoader(Plain(), num_workers="many")
+    with pytest.raises(ValueError, match="methods"):
+        ferroloader.Autotune(methods=("fibers",))
+    with pytest.raises(ferroloader.ConfigError, match="worker_method"):
+        ferroloader.DataLoader(Plain(), num_workers="auto", worker_method="thread")
+    zero = ferroloader.DataLoader(Plain(), num_workers=ferroloader.Autotune(cpu=0))
+    with pytest.raises(ferroloader.ConfigError, match="cpu=0"):
+        iter(zero)
+    tiny = ferroloader.DataLoader(Plain(), num_workers=ferroloader.Autotune(ram=1 << 20))
+    with pytest.raises(ferroloader.ConfigError, match="one worker's need"):
+        iter(tiny)
+
+
+@time_limit(60)
+def test_changes_are_logged_quietly_by_default(caplog):
+    assert logging.getLogger("ferroloader.autotune").getEffectiveLevel() >= logging.WARNING
+    loader = ferroloader.DataLoader(Plain(), batch_size=4, num_workers="auto")
+    with caplog.at_level(logging.INFO, logger="ferroloader.autotune"):
+        it = iter(loader)
+        next(it)
+        it._force(Layout(1))
+        list(it)
+    assert any("main process -> 1 process" in r.getMessage() for r in caplog.records)
+    text = str(loader.stats())
+    assert "autotune: 1 process" in text and "forced" in text
+
+
+# --------------------------------------------------------------------------- #
+# the policy, on measured intervals
+# --------------------------------------------------------------------------- #
+
+
+def _tuner(**bounds) -> Tuner:
+    # (a model machine of 64 cores unless the test sets a budget)
+    bounds.setdefault("cpu", 64)
+    t = Tuner(ferroloader.Autotune(**bounds), Layout(), True, [])
+    t.per_process = 100 << 20
+    return t
+
+
+def _feed(t: Tuner, rate_of, wait_of, busy: float = 1.0, rounds: int = 30) -> list[Layout]:
+    """Runs the tuner on a model job: ``rate_of(layout)`` batches/s and the
+    loop's waiting share ``wait_of(layout)``; the layouts it went through."""
+    seen = [t.layout]
+    for _ in range(rounds):
+        lay = t.layout
+        m = _Interval(int(rate_of(lay)), 1.0, wait_of(lay), busy * max(lay.workers, 1))
+        nxt = t.observe(m, 0.0)
+        if nxt is not None:
+            t.record(0, 0, nxt[0], nxt[1])
+            seen.append(t.layout)
+    return seen
+
+
+def test_it_settles_on_the_smallest_layout_that_feeds_the_loop():
+    # the loop needs 3 workers' worth; more would gain nothing
+    rate = lambda lay: 100 * min(lay.workers, 3) + 50 * (lay.workers == 0)  # noqa: E731
+    wait = lambda lay: max(0.02, 1 - rate(lay) / 300)  # noqa: E731
+    t = _tuner(methods=("processes",))
+    _feed(t, rate, wait)
+    assert t.settled and t.layout.workers == 3
+
+
+def test_it_goes_back_when_a_step_gains_nothing():
+    rate = lambda lay: {0: 100, 1: 100, 2: 190}.get(lay.workers, 185)  # noqa: E731
+    t = _tuner(methods=("processes",), prefetch=False)
+    _feed(t, rate, lambda lay: 0.5)
+    assert t.settled and t.layout.workers == 2
+    assert "gained nothing" in t.changes[-1].reason
+
+
+def test_workers_that_wait_become_threads_and_grow_past_the_cores():
+    rate = lambda lay: 10 * max(lay.workers, 1)  # noqa: E731
+    t = _tuner(max_workers=32)
+    seen = _feed(t, rate, lambda lay: 0.9, busy=0.05, rounds=40)
+    assert t.layout.worker_method == T and t.layout.workers == 32
+    assert all(lay.workers <= 32 for lay in seen)
+
+
+@pytest.mark.parametrize("ram_workers", [1, 2, 3])
+def test_it_never_picks_a_layout_over_the_ram_budget(ram_workers):
+    ram = ram_workers * ((100 << 20) + (64 << 20)) + (1 << 20)
+    t = _tuner(ram=ram)
+    seen = _feed(t, lambda lay: 10 * max(lay.workers, 1), lambda lay: 0.9)
+    assert all(t.need(lay) <= ram for lay in seen)
+    assert t.layout.processes <= ram_workers
+
+
+def test_a_cpu_budget_stops_the_growth():
+    t = _tuner(cpu=2, methods=("processes",), prefetch=False)
+    assert t.cpu == 2
+    _feed(t, lambda lay: 10 * max(lay.workers, 1), lambda lay: 0.9)
+    assert t.layout.workers <= 2
