@@ -397,3 +397,58 @@ def test_a_cpu_budget_stops_the_growth():
     assert t.cpu == 2
     _feed(t, lambda lay: 10 * max(lay.workers, 1), lambda lay: 0.9)
     assert t.layout.workers <= 2
+
+
+@time_limit(60)
+def test_stateful_dataloader_takes_auto_too():
+    from ferroloader.stateful_dataloader import StatefulDataLoader
+
+    def make(nw):
+        torch.manual_seed(2)
+        return StatefulDataLoader(Plain(), batch_size=4, shuffle=True, num_workers=nw)
+
+    # (torchdata's loader draws its shuffle once more with workers than
+    # without: auto keeps at least one worker, so its batches are those of
+    # any worker count)
+    want = _run(make(2), {}, 1)
+    loader = make("auto")
+    got = _run(loader, _every(4, [Layout(3), Layout(1, T), Layout(2, P, 2)]), 1)
+    assert_same(want, got)
+    assert any("StatefulDataLoader" in n for n in loader.stats().autotune.notes)
+    with pytest.raises(ValueError, match="at least 1 worker"):
+        iter(loader)._force(Layout(0))
+
+
+@time_limit(60)
+def test_the_next_epoch_starts_on_the_layout_reached():
+    loader = ferroloader.DataLoader(Plain(), batch_size=4, num_workers="auto",
+                                    persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    it._force(Layout(2, T))
+    list(it)
+    first = it._inner
+    it = iter(loader)
+    # the same persistent workers serve the next epoch
+    assert loader.num_workers == 2 and loader.worker_method == T and it._inner is first
+    assert len(list(it)) == len(loader)
+
+
+@time_limit(60)
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # (torch's, for 3 workers)
+def test_persistent_workers_of_an_iterable_change_between_epochs():
+    loader = ferroloader.DataLoader(Stream(), batch_size=4, num_workers="auto",
+                                    persistent_workers=True)
+    it = iter(loader)
+    it._force(Layout(1))
+    assert_same(list(torch.utils.data.DataLoader(Stream(), batch_size=4)), list(it))
+    it = iter(loader)
+    it._force(Layout(3))
+    want = list(torch.utils.data.DataLoader(Stream(), batch_size=4, num_workers=1))
+    assert_same(want, list(it))
+    assert len(it._workers) == 1
+    # the third epoch: the old persistent workers go, three new ones serve it
+    want = list(torch.utils.data.DataLoader(Stream(), batch_size=4, num_workers=3))
+    it = iter(loader)
+    assert_same(want, list(it))
+    assert len(it._workers) == 3

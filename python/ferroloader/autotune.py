@@ -49,6 +49,8 @@ METHODS = ("processes", "threads", "threads_in_processes")
 _LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 # a step is kept when the loop gets this much more (batches per second)
 _GAIN = 1.05
+# a change of method for as many workers is kept if it keeps this much
+_LATERAL = 0.95
 # the loop is fed when it waits less than this share of its time
 _FED = 0.05
 # an interval lasts at least this long, and two rounds of the workers' batches
@@ -271,6 +273,8 @@ class Tuner:
         # per process, the worst a worker's copy of this process can grow to
         self.per_process = _private_dirty()
         self.tried_prefetch = not bounds.prefetch
+        # the fewest workers it may use (the main process: 0)
+        self.min_workers = 0
 
     def report(self) -> AutotuneStats:
         return AutotuneStats(self.layout, list(self.changes), self.settled, list(self.notes))
@@ -296,8 +300,15 @@ class Tuner:
         best = self.best
         # one worker in place of the main process only overlaps loading with
         # the loop: it is judged with the second
-        first = self.layout.num_workers == 1 and best is not None and best[0].num_workers == 0
-        if best is not None and not first and m.rate < best[1].rate * _GAIN:
+        first = self.layout.workers == 1 and best is not None and best[0].workers == 0
+        # another method for as many workers need not gain, only not lose
+        lateral = (
+            best is not None
+            and best[0].workers == self.layout.workers
+            and best[0].prefetch_factor == self.layout.prefetch_factor
+        )
+        need = best[1].rate * (_LATERAL if lateral else _GAIN) if best is not None else 0.0
+        if best is not None and not first and m.rate < need:
             if m.wait_share >= _FED or m.rate < best[1].rate:
                 # the step gained nothing (or took the loop's CPU): back to the best
                 self.settled = True
@@ -305,6 +316,8 @@ class Tuner:
                     f"{self.layout} gained nothing over {best[0]} "
                     f"({m.rate:.1f} vs {best[1].rate:.1f} batches/s)"
                 )
+        if lateral and not first:
+            self.best = (self.layout, m)  # the new method carries on
         if best is not None and best[0].workers and not first:
             # how nearly linear the step from the best was
             self.scaling = (m.rate / max(best[1].rate, 1e-9)) / (
@@ -357,7 +370,10 @@ class Tuner:
         if m.cpu / m.wall > cpu_budget * 0.9 and busy > 0.5:
             return self._prefetch(m, f"the CPU budget ({cpu_budget:.1f} cores) is used")
         target = _next_rung(lay.num_workers)
-        if self.scaling >= 0.8:
+        if busy < 0.25:
+            # its workers wait nearly all the time: four times as many
+            target = max(target, 4 * lay.num_workers)
+        elif self.scaling >= 0.8:
             # the last step scaled nearly linearly: a step to about as many
             # workers as would feed the loop, at most twice as many
             need = math.ceil(lay.num_workers / max(1.0 - m.wait_share, 0.125))
@@ -550,28 +566,37 @@ class AutoIter:
             why = mid_epoch_ok(loader)
             if why is not None:
                 notes.append(why)
-            start = loader._tuned_layout or Layout()
+            if loader._auto_min_workers:
+                notes.append(
+                    "StatefulDataLoader draws its shuffle once more with workers than without "
+                    "(as torchdata does): at least one worker, so that no change alters the order"
+                )
+            start = loader._tuned_layout or Layout(loader._auto_min_workers)
             tuner = Tuner(bounds, start, why is None, notes)
+            tuner.min_workers = loader._auto_min_workers
             loader._tuner = tuner
         else:
             tuner.max_workers, tuner.cpu, tuner.ram = tuner.bounds.budgets()
         self._tuner = tuner
         if loader._tuned_layout is not None:
             tuner.layout = loader._tuned_layout
+        if loader._iterator is not None and inner_layout(loader) != tuner.layout:
+            # persistent workers of another layout: they go, new ones start
+            _close(loader._iterator)
+            loader._iterator = None
         apply(loader, tuner.layout)
         self._inner = fixed_iter()
         self._start()
         self._pending: Optional[tuple[Layout, str]] = None
-        self._forced: Optional[Layout] = None
         self._handed = 0
 
     def _start(self) -> None:
         self._meter = _Meter(self._inner)
         self._t0 = time.perf_counter()
-        self._left = 0.0  # when the last next() returned
         self._batches = 0
         self._waited = 0.0
         self._warm = max(1, self._tuner.layout.workers)  # batches before measuring
+        self._next_memory_check = 0.0
 
     def __iter__(self) -> AutoIter:
         return self
@@ -586,6 +611,8 @@ class AutoIter:
     def _force(self, layout: Layout) -> None:
         """Changes the layout before the next batch, or where the layout
         changes only between epochs, at the next epoch (for tests)."""
+        if layout.num_workers < self._tuner.min_workers:
+            raise ValueError(f"this loader keeps at least {self._tuner.min_workers} worker")
         if self._tuner.mid_epoch:
             self._pending = (layout, "forced")
         else:
@@ -627,10 +654,16 @@ class AutoIter:
         tuner = self._tuner
         loop_share = max(0.0, 1.0 - m.wait_share)
         decided = tuner.observe(m, loop_share)
-        if decided is None and self._meter.pids and tuner.memory_over(self._meter.pids):
+        now = time.perf_counter()
+        if decided is None and self._meter.pids and now >= self._next_memory_check:
+            # (reading the workers' PSS walks their page tables: every 2 s)
+            self._next_memory_check = now + 2.0
+            over = tuner.memory_over(self._meter.pids)
+        else:
+            over = False
+        if over:
             lay = tuner.layout
-            smaller = Layout(0) if lay.num_workers <= 1 else replace(
-                lay, num_workers=lay.num_workers // 2)
+            smaller = replace(lay, num_workers=max(lay.num_workers // 2, tuner.min_workers))
             if tuner.threads_ok:
                 smaller = replace(lay, worker_method="thread", worker_threads=1)
             decided = smaller, "the workers' memory is near the RAM budget"

@@ -259,11 +259,16 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         self._tuner: Optional[autotune.Tuner] = None
         self._tuned_layout: Optional[autotune.Layout] = None
         if bounds is not None:
-            self._tuned_layout = autotune.Layout(prefetch_factor=prefetch_factor or 2)
+            self._tuned_layout = autotune.Layout(
+                self._auto_min_workers, prefetch_factor=prefetch_factor or 2
+            )
             autotune.apply(self, self._tuned_layout)
         # forkserver: workers fork from a server that has imported torch
         # (started now, so that its imports overlap the user's set-up)
         forkserver.warm(self)
+
+    # the fewest workers num_workers="auto" may use: 0 (the main process)
+    _auto_min_workers = 0
 
     @classmethod
     def _default_sampler(

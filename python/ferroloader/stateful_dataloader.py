@@ -166,6 +166,10 @@ class StatefulDataLoader(DataLoader[_T_co]):
     True
     """
 
+    # torchdata draws its shuffle once more with workers than without, so
+    # an epoch begun on workers continues the same only on workers
+    _auto_min_workers = 1
+
     def _index_stream_after_seed(self, source: Any) -> Any:
         # torchdata's multi-process iterator iterates the sampler again in
         # _reset, after the base seed (its sampler draws when iterated)
