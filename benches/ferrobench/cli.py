@@ -28,6 +28,7 @@ from .harness import (
     print_table,
     write_json,
 )
+from .scenarios.autotune import sc_autotune
 from .scenarios.gpu import sc_gpu
 from .scenarios.images import rss_child, sc_image_w2, sc_image_w2_rss, sc_scaling, write_scaling_png
 from .scenarios.packing import sc_packing
@@ -80,6 +81,7 @@ SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
     "table": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=0", sc_table),
     "table_w2": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=2", sc_table_w2),
     "table_mem": ("memory of a 2-worker job over a memory-mapped 1 GB Arrow file", sc_table_mem),
+    "autotune": ("num_workers='auto' against a grid of fixed layouts, six jobs", sc_autotune),
 }
 
 
