@@ -68,6 +68,14 @@ table_w2       the same with num_workers=2
 table_mem      peak summed PSS of a 2-worker epoch over a memory-mapped    <= 1.1x
                Arrow IPC file of 1 GB, against the file's size plus the
                batches in flight
+autotune       num_workers="auto" on six jobs (JPEG decoding with a random   >= 0.95x,
+               crop, a ~50 us pure-Python dict, 5 ms I/O waits, 3 MB         >= 0.9x,
+               samples, 2M strings under a RAM budget, a 20 ms training     >= 1x
+               step): a grid of fixed layouts gives the best one (B); auto
+               and B each run one long epoch from nothing: auto's second
+               half against B's, its whole epoch against B's; auto against
+               torch at num_workers=0 and os.cpu_count(); under the budget
+               the workers' peak PSS, on the 20 ms loop the workers used
 =============  ==========================================================  =========
 
 The ``*_w2`` scenarios are skipped with a note while ferroloader raises

@@ -354,7 +354,6 @@ class Tuner:
                 return alt, why + "; a process would not fit the RAM budget"
             self.notes.append("no worker fits the RAM budget: loading in the main process")
             return None
-        cpu_budget = self.cpu if self.cpu is not None else max(_cores() - loop_share, 0.5)
         busy = m.cpu / m.wall / max(lay.workers, 1) if m.wall > 0 else 1.0
         if (
             lay.worker_method == "multiprocessing"
@@ -367,8 +366,13 @@ class Tuner:
             return replace(lay, worker_method="thread"), (
                 f"{why}; each worker is busy {busy:.0%} of the time (it waits): threads"
             )
-        if m.cpu / m.wall > cpu_budget * 0.9 and busy > 0.5:
-            return self._prefetch(m, f"the CPU budget ({cpu_budget:.1f} cores) is used")
+        budget = self.cpu
+        if budget is None and loop_share > 0.1:
+            # the loop computes: the cores it leaves (when it only waits, a
+            # step past the cores is measured, and kept only if it gains)
+            budget = max(_cores() - loop_share, 0.5)
+        if budget is not None and m.cpu / m.wall > budget * 0.9 and busy > 0.5:
+            return self._prefetch(m, f"the CPU budget ({budget:.1f} cores) is used")
         target = _next_rung(lay.num_workers)
         if busy < 0.25:
             # its workers wait nearly all the time: four times as many
