@@ -452,3 +452,108 @@ def test_persistent_workers_of_an_iterable_change_between_epochs():
     it = iter(loader)
     assert_same(want, list(it))
     assert len(it._workers) == 3
+
+
+@time_limit(60)
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_a_change_at_the_end_of_a_ranks_budget_ends_the_epoch(mode):
+    """Rank 0 of 2 with even batch counts: a change asked for in the last
+    batches of its budget neither hangs nor changes the batches."""
+    def make(nw):
+        return ferroloader.DataLoader(
+            shard_cases.Counted(), batch_size=3, num_workers=nw,
+            sharding=ferroloader.Sharding(mode=mode, rank=0, world_size=2))
+
+    want = _run(make(2), {}, 1)
+    n = len(want)
+    schedule = {0: Layout(2), n - 3: Layout(3), n - 2: Layout(1), n - 1: Layout(2, T)}
+    got = _run(make("auto"), schedule, 2)
+    if mode == "static":
+        assert_same(want, got[:n])
+    assert len(got) == 2 * n
+
+
+@time_limit(60)
+def test_a_layout_that_fails_to_start_goes_back_and_loses_nothing(monkeypatch):
+    want = _run(ferroloader.DataLoader(Plain(), batch_size=4, shuffle=True, seed=3), {}, 1)
+    loader = ferroloader.DataLoader(Plain(), batch_size=4, shuffle=True, seed=3,
+                                    num_workers="auto")
+    it = iter(loader)
+    got = [next(it)]
+    it._force(Layout(2))
+    got += [next(it) for _ in range(3)]
+    real = it._fixed_iter
+    calls = []
+
+    def failing():
+        calls.append(loader.num_workers)
+        if loader.num_workers == 3:
+            raise OSError(24, "Too many open files")
+        return real()
+
+    it._fixed_iter = failing
+    it._force(Layout(3))
+    got += list(it)
+    assert calls == [3, 2]  # tried, then back on the layout that ran
+    assert_same(want, got)
+    assert any("could not start" in n for n in loader.stats().autotune.notes)
+
+
+class Counter(Plain):
+    """A dataset with state (per worker replica): tuned between epochs."""
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state_dict):
+        pass
+
+
+@time_limit(60)
+def test_new_persistent_workers_at_an_epoch_boundary_draw_no_base_seed():
+    """The global generator ends each epoch where a fixed persistent
+    layout's does: replacing the workers draws no new base seed."""
+    def epochs(loader, force=None):
+        out = []
+        for e in range(3):
+            it = iter(loader)
+            if force and e == 0:
+                it._force(force)
+            out += [b["i"] for b in it]
+            out.append(torch.get_rng_state())
+        return out
+
+    torch.manual_seed(5)
+    want = epochs(ferroloader.DataLoader(Counter(), batch_size=4, shuffle=True,
+                                         num_workers=2, persistent_workers=True))
+    torch.manual_seed(5)
+    auto = ferroloader.DataLoader(Counter(), batch_size=4, shuffle=True,
+                                  num_workers=ferroloader.Autotune(max_workers=2),
+                                  persistent_workers=True)
+    auto._tuned_layout = Layout(1)
+    # epoch 0 on 1 worker; at epoch 1, 2 new persistent workers (the dataset
+    # has state: its layout changes between epochs)
+    got = epochs(auto, force=Layout(2))
+    assert auto.num_workers == 2
+    assert_same(want, got)
+
+
+@time_limit(60)
+def test_a_state_taken_after_a_next_epoch_decision_resumes():
+    loader = ferroloader.DataLoader(Stream(), batch_size=4, num_workers="auto")
+    it = iter(loader)
+    got = [next(it)]
+    it._force(Layout(1))  # for the next epoch: this one stays in the main process
+    got.append(next(it))
+    sd = loader.state_dict()
+    assert sd["autotune"]["num_workers"] == 0
+    resumed = ferroloader.DataLoader(Stream(), batch_size=4, num_workers="auto")
+    resumed.load_state_dict(sd)
+    got += list(resumed)
+    assert_same(list(torch.utils.data.DataLoader(Stream(), batch_size=4)), got)
+
+
+def test_threads_in_processes_alone_start_with_a_process():
+    t = _tuner(methods=("threads_in_processes",))
+    nxt = t._grow(_Interval(10, 1.0, 0.9, 0.0), 0.0)
+    assert nxt is not None and nxt[0].worker_method == P

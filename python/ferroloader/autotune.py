@@ -215,7 +215,7 @@ class Autotune:
                 f"{_INITIAL_ARENA} bytes; give at least that, or num_workers=0"
             )
         top = self.max_workers if self.max_workers is not None else max(32, 4 * cores)
-        return top, self.cpu, ram
+        return min(top, _fd_room()), self.cpu, ram
 
 
 def of(num_workers: Any) -> Optional[Autotune]:
@@ -263,8 +263,9 @@ class Tuner:
         self.changes: list[Change] = []
         self.notes = notes
         self.threads_ok = "threads" in bounds.methods
-        self.processes_ok = "processes" in bounds.methods
-        self.inner_threads_ok = "threads_in_processes" in bounds.methods and self.processes_ok
+        # (threads inside processes are processes too)
+        self.inner_threads_ok = "threads_in_processes" in bounds.methods
+        self.processes_ok = "processes" in bounds.methods or self.inner_threads_ok
         self.max_workers, self.cpu, self.ram = bounds.budgets()
         # the fastest layout measured so far, to go back to
         self.best: Optional[tuple[Layout, _Interval]] = None
@@ -318,7 +319,7 @@ class Tuner:
                 )
         if lateral and not first:
             self.best = (self.layout, m)  # the new method carries on
-        if best is not None and best[0].workers and not first:
+        if best is not None and best[0].workers and self.layout.workers and not first:
             # how nearly linear the step from the best was
             self.scaling = (m.rate / max(best[1].rate, 1e-9)) / (
                 self.layout.workers / best[0].workers)
@@ -419,6 +420,20 @@ class Tuner:
     def memory_over(self, pids: list[int]) -> bool:
         """The worker processes' summed PSS is over 90 % of the budget."""
         return sum(_pss(p) for p in pids) > 0.9 * self.ram
+
+
+def _fd_room() -> int:
+    """The workers the process's file-descriptor limit leaves room for
+    (about six descriptors each, and the ones open now)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            return 1 << 16
+        return max(1, (soft - len(os.listdir("/proc/self/fd")) - 16) // 6)
+    except (ImportError, OSError, ValueError):
+        return 1 << 16
 
 
 def _next_rung(n: int) -> int:
@@ -545,6 +560,7 @@ def threads_refusal(loader: Any) -> Optional[str]:
 
 def apply(loader: Any, layout: Layout) -> None:
     """Sets the loader's layout attributes (read by the next epoch start)."""
+    loader._layout_in_force = layout
     loader.num_workers = layout.num_workers
     loader.worker_method = layout.worker_method if layout.num_workers else "multiprocessing"
     loader.worker_threads = layout.worker_threads if layout.num_workers else 1
@@ -585,14 +601,19 @@ class AutoIter:
         if loader._tuned_layout is not None:
             tuner.layout = loader._tuned_layout
         if loader._iterator is not None and inner_layout(loader) != tuner.layout:
-            # persistent workers of another layout: they go, new ones start
+            # persistent workers of another layout: they go, new ones start,
+            # on their base seed (torch draws none for persistent workers)
+            old = loader._epoch
             _close(loader._iterator)
             loader._iterator = None
+            if old is not None and old.base_seed is not None and not loader._resume_extra:
+                loader._resume_extra = {"base_seed": int(old.base_seed)}
         apply(loader, tuner.layout)
         self._inner = fixed_iter()
         self._start()
         self._pending: Optional[tuple[Layout, str]] = None
         self._handed = 0
+        self._decided = False  # the next epoch's layout is chosen
 
     def _start(self) -> None:
         self._meter = _Meter(self._inner)
@@ -631,8 +652,9 @@ class AutoIter:
             try:
                 batch = next(self._inner)
             except StopIteration:
-                if self._pending is not None and getattr(self._inner, "_held", False):
-                    continue  # drained: switch and go on
+                if self._pending is not None and self._drained_not_ended():
+                    self._switch()  # nothing more comes from it: go on on the new layout
+                    continue
                 self._epoch_end()
                 raise
             break
@@ -646,7 +668,11 @@ class AutoIter:
             return batch
         self._batches += 1
         self._waited += now - t
-        if self._pending is None and self._batches >= 2 * max(1, self._tuner.layout.workers):
+        if (
+            self._pending is None
+            and not self._decided
+            and self._batches >= 2 * max(1, self._tuner.layout.workers)
+        ):
             wall = now - self._t0
             if wall >= _MIN_INTERVAL:
                 self._measure(wall)
@@ -679,9 +705,15 @@ class AutoIter:
             else:
                 self._loader._tuned_layout = layout
                 tuner.record(self._epoch_number(), self._handed, layout, reason + " (next epoch)")
+                # (what follows in this epoch still runs the old layout)
+                self._decided = True
 
     def _epoch_number(self) -> int:
         return int(self._loader._epochs_started) - 1
+
+    def _drained_not_ended(self) -> bool:
+        inner = self._inner
+        return bool(getattr(inner, "_held", False)) and not inner._position[2]
 
     def _drained(self) -> bool:
         """Holds back new tasks; true once nothing is in flight."""
@@ -721,6 +753,19 @@ class AutoIter:
             return
         snap = state.snapshot(loader)
         _close(inner)
+        try:
+            self._restart(layout, snap)
+        except Exception as e:
+            # (e.g. out of file descriptors): back on the layout that ran,
+            # from the same state; if that fails too, its error is raised
+            tuner.notes.append(f"{layout} could not start ({e!r}): back to {current}")
+            tuner.record(self._epoch_number(), self._handed, current, "the new layout failed")
+            tuner.settled = True
+            self._restart(current, snap)
+
+    def _restart(self, layout: Layout, snap: dict[str, Any]) -> None:
+        """The epoch continues from ``snap`` on ``layout``."""
+        loader = self._loader
         apply(loader, layout)
         loader._tuned_layout = layout
         state.load(loader, snap)
@@ -732,7 +777,11 @@ class AutoIter:
 
 
 def inner_layout(loader: Any) -> Layout:
-    """The layout the loader's attributes say."""
+    """The layout in force: the one last applied, else what the loader's
+    attributes say."""
+    applied = getattr(loader, "_layout_in_force", None)
+    if applied is not None:
+        return applied
     return Layout(
         loader.num_workers,
         loader.worker_method,

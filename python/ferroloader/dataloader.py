@@ -367,8 +367,11 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         ``load_state_dict``; see ``ferroloader.state``."""
         snap = state.snapshot(self)
         if self._tuned_layout is not None:
-            # a resume starts where the tuning ended
-            snap["autotune"] = self._tuned_layout.as_dict()
+            # a resume starts where the tuning ended; mid-epoch, on the layout
+            # that epoch runs (its state may hold per-worker parts)
+            mid = snap["epoch"] is not None
+            layout = autotune.inner_layout(self) if mid else self._tuned_layout
+            snap["autotune"] = layout.as_dict()
         return snap
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

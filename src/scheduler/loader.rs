@@ -147,6 +147,13 @@ impl Loader {
         self.held
     }
 
+    /// A sharded epoch handed over every batch its rank owes (`even`).
+    pub fn budget_spent(&self) -> bool {
+        self.lanes
+            .as_ref()
+            .is_some_and(|l| l.budget.is_some_and(|b| l.handed >= b))
+    }
+
     /// A new prefetch depth for the rest of the epoch (and the next ones).
     pub fn set_prefetch_factor(&mut self, prefetch_factor: usize) {
         self.prefetch_factor = prefetch_factor;
@@ -306,10 +313,7 @@ impl Loader {
     /// The next answer to hand over, `Wait`, or `Stop` at the epoch's end
     /// (closing the workers unless they persist).
     pub fn step(&mut self) -> Next<Payload> {
-        let spent = self
-            .lanes
-            .as_ref()
-            .is_some_and(|l| l.budget.is_some_and(|b| l.handed >= b));
+        let spent = self.budget_spent();
         let next = if spent {
             Next::Stop
         } else {
@@ -344,7 +348,9 @@ impl Loader {
                     }
                 }
             }
-            Next::Stop if !self.persistent && !self.held => self.close(),
+            // a held loader that ran dry is only drained, unless the
+            // epoch's budget is spent: then it is over
+            Next::Stop if !self.persistent && (!self.held || spent) => self.close(),
             _ => {}
         }
         next
