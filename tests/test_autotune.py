@@ -557,3 +557,20 @@ def test_threads_in_processes_alone_start_with_a_process():
     t = _tuner(methods=("threads_in_processes",))
     nxt = t._grow(_Interval(10, 1.0, 0.9, 0.0), 0.0)
     assert nxt is not None and nxt[0].worker_method == P
+
+
+def test_the_climb_goes_on_while_workers_scale_even_below_the_main_process():
+    # (3 MB samples on 2 cores: one worker is slower than the main process,
+    # two nearly match it, four beat it)
+    rates = {0: 100, 1: 50, 2: 95, 3: 110, 4: 130}
+    rate = lambda lay: rates.get(lay.workers, 125)  # noqa: E731
+    t = _tuner(methods=("processes",), prefetch=False)
+    _feed(t, rate, lambda lay: 0.95)
+    assert t.settled and t.layout.workers == 4
+
+
+def test_when_no_worker_layout_beats_the_main_process_it_goes_back_to_it():
+    rate = lambda lay: 100 if lay.workers == 0 else min(40 + 20 * lay.workers, 90)  # noqa: E731
+    t = _tuner(methods=("processes",), prefetch=False)
+    _feed(t, rate, lambda lay: 0.95)
+    assert t.settled and t.layout.workers == 0

@@ -269,6 +269,8 @@ class Tuner:
         self.max_workers, self.cpu, self.ram = bounds.budgets()
         # the fastest layout measured so far, to go back to
         self.best: Optional[tuple[Layout, _Interval]] = None
+        # the layout measured last, which the next step is judged against
+        self.prev: Optional[tuple[Layout, _Interval]] = None
         self.scaling = 0.0
         self.current: Optional[_Interval] = None
         # per process, the worst a worker's copy of this process can grow to
@@ -298,31 +300,34 @@ class Tuner:
         self.current = m
         if self.settled:
             return self._watch(m)
-        best = self.best
+        best, prev = self.best, self.prev
         # one worker in place of the main process only overlaps loading with
         # the loop: it is judged with the second
-        first = self.layout.workers == 1 and best is not None and best[0].workers == 0
+        first = self.layout.workers == 1 and prev is not None and prev[0].workers == 0
         # another method for as many workers need not gain, only not lose
         lateral = (
-            best is not None
-            and best[0].workers == self.layout.workers
-            and best[0].prefetch_factor == self.layout.prefetch_factor
+            prev is not None
+            and prev[0].workers == self.layout.workers
+            and prev[0].prefetch_factor == self.layout.prefetch_factor
         )
-        need = best[1].rate * (_LATERAL if lateral else _GAIN) if best is not None else 0.0
-        if best is not None and not first and m.rate < need:
-            if m.wait_share >= _FED or m.rate < best[1].rate:
-                # the step gained nothing (or took the loop's CPU): back to the best
+        # each step is judged against the one before it (the climb goes on
+        # while the workers scale, even below the main process's rate)
+        need = prev[1].rate * (_LATERAL if lateral else _GAIN) if prev is not None else 0.0
+        if prev is not None and best is not None and not first and m.rate < need:
+            if m.wait_share >= _FED or m.rate < prev[1].rate:
+                # the step gained nothing (or took the loop's CPU): the best measured
                 self.settled = True
+                if m.rate >= best[1].rate:
+                    return None
                 return best[0], (
-                    f"{self.layout} gained nothing over {best[0]} "
-                    f"({m.rate:.1f} vs {best[1].rate:.1f} batches/s)"
+                    f"{self.layout} gained nothing over {prev[0]} "
+                    f"({m.rate:.1f} vs {prev[1].rate:.1f} batches/s): back to {best[0]}"
                 )
-        if lateral and not first:
-            self.best = (self.layout, m)  # the new method carries on
-        if best is not None and best[0].workers and self.layout.workers and not first:
-            # how nearly linear the step from the best was
-            self.scaling = (m.rate / max(best[1].rate, 1e-9)) / (
-                self.layout.workers / best[0].workers)
+        if prev is not None and prev[0].workers and self.layout.workers and not first:
+            # how nearly linear the step was
+            self.scaling = (m.rate / max(prev[1].rate, 1e-9)) / (
+                self.layout.workers / prev[0].workers)
+        self.prev = (self.layout, m)
         if best is None or m.rate > best[1].rate:
             self.best = (self.layout, m)
         if m.wait_share < _FED:
@@ -340,7 +345,7 @@ class Tuner:
         base = self.changes[-1].wait_after if self.changes else None
         if m.wait_share > max(0.25, 2 * (base or 0.0) + 0.1) and self.mid_epoch:
             self.settled = False
-            self.best = None
+            self.best = self.prev = None
         return None
 
     def _grow(self, m: _Interval, loop_share: float) -> Optional[tuple[Layout, str]]:
