@@ -301,9 +301,9 @@ class Tuner:
         if self.settled:
             return self._watch(m)
         best, prev = self.best, self.prev
-        # one worker in place of the main process only overlaps loading with
-        # the loop: it is judged with the second
-        first = self.layout.workers == 1 and prev is not None and prev[0].workers == 0
+        # the first workers in place of the main process pay for their
+        # transport before they scale: they are judged with the next step
+        first = prev is not None and prev[0].workers == 0 and self.layout.workers > 0
         # another method for as many workers need not gain, only not lose
         lateral = (
             prev is not None
@@ -352,7 +352,14 @@ class Tuner:
         lay = self.layout
         why = f"the loop waits {m.wait_share:.0%}"
         if lay.num_workers == 0:
-            first = Layout(1, "multiprocessing" if self.processes_ok else "thread")
+            method = "multiprocessing" if self.processes_ok else "thread"
+            if m.wait_share > 0.9 and _cores() > 1 and self.max_workers >= 2:
+                # the loop only waits: one worker would not be faster than
+                # the main process, two may
+                two = Layout(2, method)
+                if self.fits(two):
+                    return two, why
+            first = Layout(1, method)
             if self.fits(first):
                 return first, why
             alt = Layout(1, "thread")
