@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Optional, TypeVar, Union, cast
 import torch
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _core, _epoch, autotune, forkserver, state
+from ferroloader import _autoiter, _core, _epoch, autotune, forkserver, state
 from ferroloader._env import check_environment
 from ferroloader._iterators import _is_datapipe, _MultiProcessIter, _single_process_iter
 from ferroloader.errors import ConfigError
@@ -262,7 +262,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             self._tuned_layout = autotune.Layout(
                 self._auto_min_workers, prefetch_factor=prefetch_factor or 2
             )
-            autotune.apply(self, self._tuned_layout)
+            _autoiter.apply(self, self._tuned_layout)
         # forkserver: workers fork from a server that has imported torch
         # (started now, so that its imports overlap the user's set-up)
         forkserver.warm(self)
@@ -370,7 +370,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             # a resume starts where the tuning ended; mid-epoch, on the layout
             # that epoch runs (its state may hold per-worker parts)
             mid = snap["epoch"] is not None
-            layout = autotune.inner_layout(self) if mid else self._tuned_layout
+            layout = _autoiter.inner_layout(self) if mid else self._tuned_layout
             snap["autotune"] = layout.as_dict()
         return snap
 
@@ -385,7 +385,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
 
     def __iter__(self) -> Any:
         if self.autotune is not None:
-            return autotune.AutoIter(self, self._fixed_iter)
+            return _autoiter.AutoIter(self, self._fixed_iter)
         return self._fixed_iter()
 
     def _fixed_iter(self) -> Any:

@@ -240,7 +240,7 @@ def _jobs(st: Settings, root: str) -> List[Job]:
 
 
 def _strings_job(st: Settings) -> Job:
-    from ferroloader.autotune import _private_dirty
+    from ferroloader._machine import private_dirty as _private_dirty
 
     ds = StringsDataset(200_000 if st.quick else 2_000_000)
     need = _private_dirty()
@@ -296,7 +296,7 @@ def sc_autotune(st: Settings, fl: Any) -> List[Check]:
             grid = {}
             for layout in job.layouts:
                 if job.ram and layout[0] and layout[1] == "multiprocessing":
-                    from ferroloader.autotune import _private_dirty
+                    from ferroloader._machine import private_dirty as _private_dirty
 
                     if layout[0] * (_private_dirty() + (64 << 20)) > job.ram:
                         continue

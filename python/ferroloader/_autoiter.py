@@ -1,0 +1,323 @@
+"""The iterator of a ``num_workers="auto"`` loader (see
+``ferroloader.autotune``): a fixed-layout iterator underneath, measured per
+interval, and replaced between two batches when the tuner says: the
+engine holds back new tasks, the batches in flight are handed over, the
+loader's own state is taken (nothing pending) and the epoch continues from
+it on the new layout."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any, Optional
+
+import torch.utils.data.dataloader as _tdl
+
+from ferroloader import _machine, state
+from ferroloader._epoch import stateful
+from ferroloader._iterators import _harvest_stats
+from ferroloader._launch import _thread_unsafe_attributes
+from ferroloader.autotune import _MIN_INTERVAL, Autotune, Layout, Tuner, _Interval
+
+
+class _Meter:
+    """The loader's CPU: its worker processes', or for worker threads this
+    process's less the training loop's thread."""
+
+    def __init__(self, it: Any) -> None:
+        self.pids = [p.pid for p in getattr(it, "_procs", ()) if hasattr(p, "pid")]
+        self.threads = not self.pids and bool(getattr(it, "_procs", ()))
+        self.last = self.read()
+
+    def read(self) -> float:
+        if self.pids:
+            return sum(_machine.cpu_seconds(p) for p in self.pids)
+        if self.threads:
+            return _machine.cpu_seconds("self") - time.thread_time()
+        return 0.0
+
+    def delta(self) -> float:
+        now = self.read()
+        d, self.last = max(0.0, now - self.last), now
+        return d
+
+
+def mid_epoch_ok(loader: Any) -> Optional[str]:
+    """Why the layout can change only between epochs, or ``None`` when it
+    can change between any two batches."""
+    if loader._dataset_kind == _tdl._DatasetKind.Iterable and not loader._sharded():
+        return (
+            "an IterableDataset shards itself by get_worker_info(): its layout changes "
+            "only between epochs"
+        )
+    if getattr(loader, "pin_memory", False):
+        return "pin_memory=True: the layout changes only between epochs"
+    if stateful(loader.dataset):
+        return (
+            "the dataset keeps a state per worker replica (state_dict): its layout changes "
+            "only between epochs"
+        )
+    return None
+
+
+def threads_refusal(loader: Any) -> Optional[str]:
+    """Why worker threads cannot serve this loader's dataset, or ``None``."""
+    if stateful(loader.dataset):
+        return "the dataset keeps a state per worker replica (state_dict): no threads"
+    if loader.per_sample_seed and not loader.autotune.methods_given:
+        return (
+            "per_sample_seed=True: worker threads seed their own generators "
+            "(torch.thread_safe_generator()), and a dataset drawing from the global ones "
+            "would get other draws: no threads (name them in Autotune(methods=...) to allow)"
+        )
+    found = _thread_unsafe_attributes(loader.dataset)
+    if found:
+        name, problem = found[0]
+        return f"the dataset's attribute {name!r} is {problem}: no threads"
+    return None
+
+
+def apply(loader: Any, layout: Layout) -> None:
+    """Sets the loader's layout attributes (read by the next epoch start)."""
+    loader._layout_in_force = layout
+    loader.num_workers = layout.num_workers
+    loader.worker_method = layout.worker_method if layout.num_workers else "multiprocessing"
+    loader.worker_threads = layout.worker_threads if layout.num_workers else 1
+    loader.prefetch_factor = layout.prefetch_factor if layout.num_workers else None
+
+
+class AutoIter:
+    """The iterator of a ``num_workers="auto"`` loader: a fixed-layout
+    iterator underneath, replaced between two batches when the tuner says."""
+
+    def __init__(self, loader: Any, fixed_iter: Any) -> None:
+        self._loader = loader
+        self._fixed_iter = fixed_iter
+        tuner: Optional[Tuner] = loader._tuner
+        if tuner is None:
+            bounds = loader.autotune
+            notes: list[str] = []
+            why = threads_refusal(loader)
+            if why is not None and "threads" in bounds.methods:
+                notes.append(why)
+                bounds = Autotune(bounds.max_workers, bounds.cpu, bounds.ram, ["processes"],
+                                  bounds.prefetch)
+            why = mid_epoch_ok(loader)
+            if why is not None:
+                notes.append(why)
+            if loader._auto_min_workers:
+                notes.append(
+                    "StatefulDataLoader draws its shuffle once more with workers than without "
+                    "(as torchdata does): at least one worker, so that no change alters the order"
+                )
+            start = loader._tuned_layout or Layout(loader._auto_min_workers)
+            tuner = Tuner(bounds, start, why is None, notes)
+            tuner.min_workers = loader._auto_min_workers
+            loader._tuner = tuner
+        else:
+            tuner.max_workers, tuner.cpu, tuner.ram = tuner.bounds.budgets()
+        self._tuner = tuner
+        if loader._tuned_layout is not None:
+            tuner.layout = loader._tuned_layout
+        if loader._iterator is not None and inner_layout(loader) != tuner.layout:
+            # persistent workers of another layout: they go, new ones start,
+            # on their base seed (torch draws none for persistent workers)
+            old = loader._epoch
+            _close(loader._iterator)
+            loader._iterator = None
+            if old is not None and old.base_seed is not None and not loader._resume_extra:
+                loader._resume_extra = {"base_seed": int(old.base_seed)}
+        apply(loader, tuner.layout)
+        self._inner = fixed_iter()
+        self._start()
+        self._pending: Optional[tuple[Layout, str]] = None
+        self._handed = 0
+        self._decided = False  # the next epoch's layout is chosen
+
+    def _start(self) -> None:
+        self._meter = _Meter(self._inner)
+        self._t0 = time.perf_counter()
+        self._batches = 0
+        self._waited = 0.0
+        self._warm = max(1, self._tuner.layout.workers)  # batches before measuring
+        self._next_memory_check = 0.0
+
+    def __iter__(self) -> AutoIter:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str) -> Any:
+        # torch's iterator attributes (_workers, _shutdown_workers, ...)
+        return getattr(self.__dict__["_inner"], name)
+
+    def _force(self, layout: Layout) -> None:
+        """Changes the layout before the next batch, or where the layout
+        changes only between epochs, at the next epoch (for tests)."""
+        if layout.num_workers < self._tuner.min_workers:
+            raise ValueError(f"this loader keeps at least {self._tuner.min_workers} worker")
+        if self._tuner.mid_epoch:
+            self._pending = (layout, "forced")
+        else:
+            self._loader._tuned_layout = layout
+            self._tuner.record(self._epoch_number(), self._handed, layout, "forced (next epoch)")
+
+    def __next__(self) -> Any:
+        t = time.perf_counter()
+        while True:
+            if self._pending is not None and self._drained():
+                self._switch()
+            try:
+                batch = next(self._inner)
+            except StopIteration:
+                if self._pending is not None and self._drained_not_ended():
+                    self._switch()  # nothing more comes from it: go on on the new layout
+                    continue
+                self._epoch_end()
+                raise
+            break
+        now = time.perf_counter()
+        self._handed += 1
+        if self._warm > 0:
+            self._warm -= 1
+            if self._warm == 0:
+                self._t0, self._batches, self._waited = now, 0, 0.0
+                self._meter.delta()
+            return batch
+        self._batches += 1
+        self._waited += now - t
+        if (
+            self._pending is None
+            and not self._decided
+            and self._batches >= 2 * max(1, self._tuner.layout.workers)
+        ):
+            wall = now - self._t0
+            if wall >= _MIN_INTERVAL:
+                self._measure(wall)
+        return batch
+
+    def _measure(self, wall: float) -> None:
+        m = _Interval(self._batches, wall, self._waited, self._meter.delta())
+        self._t0, self._batches, self._waited = time.perf_counter(), 0, 0.0
+        tuner = self._tuner
+        loop_share = max(0.0, 1.0 - m.wait_share)
+        decided = tuner.observe(m, loop_share)
+        now = time.perf_counter()
+        if decided is None and self._meter.pids and now >= self._next_memory_check:
+            # (reading the workers' PSS walks their page tables: every 2 s)
+            self._next_memory_check = now + 2.0
+            over = tuner.memory_over(self._meter.pids)
+        else:
+            over = False
+        if over:
+            lay = tuner.layout
+            smaller = replace(lay, num_workers=max(lay.num_workers // 2, tuner.min_workers))
+            if tuner.threads_ok:
+                smaller = replace(lay, worker_method="thread", worker_threads=1)
+            decided = smaller, "the workers' memory is near the RAM budget"
+            tuner.settled = True
+        if decided is not None:
+            layout, reason = decided
+            if tuner.mid_epoch:
+                self._pending = decided
+            else:
+                self._loader._tuned_layout = layout
+                tuner.record(self._epoch_number(), self._handed, layout, reason + " (next epoch)")
+                # (what follows in this epoch still runs the old layout)
+                self._decided = True
+
+    def _epoch_number(self) -> int:
+        return int(self._loader._epochs_started) - 1
+
+    def _drained_not_ended(self) -> bool:
+        inner = self._inner
+        return bool(getattr(inner, "_held", False)) and not inner._position[2]
+
+    def _drained(self) -> bool:
+        """Holds back new tasks; true once nothing is in flight."""
+        inner = self._inner
+        if not hasattr(inner, "_hold"):
+            return True
+        assert self._pending is not None
+        layout = self._pending[0]
+        current = inner_layout(self._loader)
+        if layout == current or _only_prefetch(current, layout):
+            return True  # (no restart: nothing to drain)
+        if not inner._held:
+            inner._hold(True)
+        return bool(inner._in_flight == 0)
+
+    def _switch(self) -> None:
+        assert self._pending is not None
+        layout, reason = self._pending
+        self._pending = None
+        tuner = self._tuner
+        loader = self._loader
+        inner = self._inner
+        current = inner_layout(loader)
+        if layout == current:
+            # (asked again for the layout in force, e.g. while draining)
+            if getattr(inner, "_held", False):
+                inner._hold(False)
+            return
+        tuner.record(self._epoch_number(), self._handed, layout, reason)
+        if _only_prefetch(current, layout) and hasattr(inner, "_set_prefetch_factor"):
+            inner._set_prefetch_factor(layout.prefetch_factor)
+            if inner._held:
+                inner._hold(False)
+            apply(loader, layout)
+            loader._tuned_layout = layout
+            self._start()
+            return
+        snap = state.snapshot(loader)
+        _close(inner)
+        try:
+            self._restart(layout, snap)
+        except Exception as e:
+            # (e.g. out of file descriptors): back on the layout that ran,
+            # from the same state; if that fails too, its error is raised
+            tuner.notes.append(f"{layout} could not start ({e!r}): back to {current}")
+            tuner.record(self._epoch_number(), self._handed, current, "the new layout failed")
+            tuner.settled = True
+            self._restart(current, snap)
+
+    def _restart(self, layout: Layout, snap: dict[str, Any]) -> None:
+        """The epoch continues from ``snap`` on ``layout``."""
+        loader = self._loader
+        apply(loader, layout)
+        loader._tuned_layout = layout
+        state.load(loader, snap)
+        self._inner = self._fixed_iter()
+        self._start()
+
+    def _epoch_end(self) -> None:
+        self._loader._tuned_layout = self._tuner.layout
+
+
+def inner_layout(loader: Any) -> Layout:
+    """The layout in force: the one last applied, else what the loader's
+    attributes say."""
+    applied = getattr(loader, "_layout_in_force", None)
+    if applied is not None:
+        return applied
+    return Layout(
+        loader.num_workers,
+        loader.worker_method,
+        loader.worker_threads,
+        loader.prefetch_factor or 2,
+    )
+
+
+def _only_prefetch(a: Layout, b: Layout) -> bool:
+    return a.num_workers > 0 and replace(a, prefetch_factor=b.prefetch_factor) == b
+
+
+def _close(it: Any) -> None:
+    rec = getattr(it, "_epoch_record", None)
+    if rec is not None:
+        state.detach(rec, it)
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+    _harvest_stats(it)
