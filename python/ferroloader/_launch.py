@@ -10,6 +10,7 @@ import errno
 import os
 import pickle
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -223,8 +224,19 @@ def _check_thread_workers(loader: _Loader, dataset_stateful: bool) -> None:
         warnings.warn(
             f"{who} share one dataset object, and its attribute {name!r} is {problem}",
             ThreadSafetyWarning,
-            stacklevel=7,  # the user's iter()
+            stacklevel=_user_stacklevel(),  # the user's iter()
         )
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside ferroloader and torch
+    (the user's ``iter()``, however many of the loader's frames lie between:
+    ``num_workers="auto"`` adds some), for a warning given by the caller."""
+    ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(torch.__file__))
+    level, frame = 1, sys._getframe(1)  # (1: the function that warns)
+    while frame is not None and frame.f_code.co_filename.startswith(ours):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _thread_unsafe_attributes(dataset: Any) -> list[tuple[str, str]]:
