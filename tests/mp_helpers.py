@@ -587,6 +587,24 @@ def run_side(
     )
 
 
+def live_workers() -> set:
+    """This process's live children, less multiprocessing's helpers (its
+    resource tracker and fork server outlive the loaders that started them);
+    an ended worker is reaped when its iterator goes."""
+    def helper(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            return False
+        return b"resource_tracker" in cmd or b"forkserver" in cmd
+
+    return {
+        pid for pid in children_of(os.getpid())
+        if pid_state(pid) not in (None, "Z") and not helper(pid)
+    }
+
+
 def strip(value: Any, keys: tuple = ("pid",)) -> Any:
     """Remove the given keys from every dict in a (nested) batch."""
     if isinstance(value, dict):

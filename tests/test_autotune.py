@@ -40,27 +40,12 @@ LAYOUTS = [
 ]
 
 
-def _kids() -> set:
-    def helper(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            return False
-        return b"resource_tracker" in cmd or b"forkserver" in cmd
-
-    return {
-        pid for pid in mh.children_of(os.getpid())
-        if mh.pid_state(pid) not in (None, "Z") and not helper(pid)
-    }
-
-
 @pytest.fixture(autouse=True)
 def _processes_end():
     """Every test leaves none of its worker processes behind."""
-    before = _kids()
+    before = mh.live_workers()
     yield
-    assert mh.wait_until(lambda: not (_kids() - before), 20.0), "worker processes left"
+    assert mh.wait_until(lambda: not (mh.live_workers() - before), 20.0), "worker processes left"
 
 
 class Noisy(torch.utils.data.Dataset):
@@ -135,28 +120,29 @@ MAP_CASES = {
 }
 
 
+def _case(case: str) -> dict:
+    """The case's arguments, with fresh generators (each run its own)."""
+    kw = MAP_CASES[case]
+    if "generator" in kw:
+        kw = dict(kw, generator=torch.Generator().manual_seed(3))
+    if "sampler" in kw:
+        kw = dict(kw, sampler=torch.utils.data.WeightedRandomSampler(
+            [1.0] * 90, 70, generator=torch.Generator().manual_seed(9)))
+    return kw
+
+
 @time_limit(120)
 @pytest.mark.parametrize("case", sorted(MAP_CASES))
 def test_map_style_batches_equal_a_fixed_layout_while_it_changes(case):
     """Grow, shrink, threads, threads in processes, prefetch, every 4
     batches over two epochs: every batch equals a fixed 2-process layout's,
     and the global RNG ends where it does."""
-    kw = MAP_CASES[case]
-    if "generator" in kw:
-        kw = dict(kw, generator=torch.Generator().manual_seed(3))
-    if "sampler" in kw:
-        kw = dict(kw, sampler=torch.utils.data.WeightedRandomSampler(
-            [1.0] * 90, 70, generator=torch.Generator().manual_seed(9)))
+    kw = _case(case)
     torch.manual_seed(0)
     fixed = ferroloader.DataLoader(Plain(), batch_size=4, num_workers=2, **kw)
     want = _run(fixed, {})
     after_fixed = torch.get_rng_state()
-    kw = MAP_CASES[case]
-    if "generator" in kw:
-        kw = dict(kw, generator=torch.Generator().manual_seed(3))
-    if "sampler" in kw:
-        kw = dict(kw, sampler=torch.utils.data.WeightedRandomSampler(
-            [1.0] * 90, 70, generator=torch.Generator().manual_seed(9)))
+    kw = _case(case)
     torch.manual_seed(0)
     auto = ferroloader.DataLoader(Plain(), batch_size=4, num_workers="auto", **kw)
     got = _run(auto, _every(4))

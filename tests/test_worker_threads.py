@@ -23,30 +23,12 @@ from helpers import FERRO, TORCH, assert_same, ferro_only, time_limit
 from test_threads import GeneratorDraws, SharedIterator
 
 
-def _kids() -> set:
-    """This process's live children, less multiprocessing's helpers (its
-    resource tracker and fork server outlive the loaders that started them);
-    an ended worker is reaped when its iterator goes."""
-    def helper(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            return False
-        return b"resource_tracker" in cmd or b"forkserver" in cmd
-
-    return {
-        pid for pid in mh.children_of(os.getpid())
-        if mh.pid_state(pid) not in (None, "Z") and not helper(pid)
-    }
-
-
 @pytest.fixture(autouse=True)
 def _processes_end():
     """Every test leaves none of its worker processes behind."""
-    before = _kids()
+    before = mh.live_workers()
     yield
-    assert mh.wait_until(lambda: not (_kids() - before), 20.0), "worker processes left"
+    assert mh.wait_until(lambda: not (mh.live_workers() - before), 20.0), "worker processes left"
 
 
 # --------------------------------------------------------------------------- #
@@ -291,13 +273,13 @@ def test_timeout_raises_on_time():
 @ferro_only
 @time_limit(60)
 def test_a_dropped_iterator_mid_epoch_ends_its_processes():
-    before = _kids()
+    before = mh.live_workers()
     it = iter(FERRO.DataLoader(mh.MapDataset(400, "dict"), batch_size=2, num_workers=2,
                                worker_threads=2))
     next(it)
-    assert len(_kids() - before) == 2  # two processes for four workers
+    assert len(mh.live_workers() - before) == 2  # two processes for four workers
     del it
-    assert mh.wait_until(lambda: not (_kids() - before), 20.0)
+    assert mh.wait_until(lambda: not (mh.live_workers() - before), 20.0)
 
 
 @ferro_only

@@ -268,6 +268,8 @@ class Tuner:
         # the layout measured last, which the next step is judged against
         self.prev: Optional[tuple[Layout, _Interval]] = None
         self.scaling = 0.0
+        # processes or threads is decided on the first workers measured
+        self.method_chosen = False
         self.current: Optional[_Interval] = None
         # per process, the worst a worker's copy of this process can grow to
         self.per_process = _machine.private_dirty()
@@ -364,12 +366,13 @@ class Tuner:
             self.notes.append("no worker fits the RAM budget: loading in the main process")
             return None
         busy = m.cpu / m.wall / max(lay.workers, 1) if m.wall > 0 else 1.0
+        first_workers, self.method_chosen = not self.method_chosen, True
         if (
-            lay.worker_method == "multiprocessing"
+            first_workers
+            and lay.worker_method == "multiprocessing"
             and lay.worker_threads == 1
             and busy < 0.5
             and self.threads_ok
-            and lay.num_workers == 1
         ):
             # its workers mostly wait (I/O): threads are cheaper to have many of
             return replace(lay, worker_method="thread"), (

@@ -309,25 +309,34 @@ def sc_autotune(st: Settings, fl: Any) -> List[Check]:
             # auto and the best fixed layout, each over one long epoch (about
             # 15 s at B) from nothing: auto's starts in the main process
             n = max(job.epoch, int(best * 15) // job.batch * job.batch)
-            f_whole, f_steady, _, _ = _long(fl, job, n, best_layout)
-            cold, steady, loader, peak = _long(fl, job, n, bounds_of(fl, job))
-            stats = loader.stats().autotune
-            del loader
-            note = (f"best fixed {best_layout} {best:.0f}/s (over the long epoch {f_whole:.0f}/s, "
-                    f"second half {f_steady:.0f}/s); auto settled on {stats.layout} after "
-                    f"{len(stats.changes)} changes; torch nw=0 {torch0:.0f}/s, nw={CORES} "
-                    f"{torch_n:.0f}/s")
             c = Check(f"{job.name}: auto, second half of an epoch", "samples/s",
                       "the best fixed layout's", 0.95)
-            c.add(f_steady, steady)
-            c.note = note
             w = Check(f"{job.name}: auto, a whole epoch from nothing", "samples/s",
                       "the best fixed layout's", 0.9)
-            w.add(f_whole, cold)
             t0 = Check(f"{job.name}: auto steady", "samples/s", "torch num_workers=0", 1.0)
-            t0.add(torch0, steady)
             tn = Check(f"{job.name}: auto steady", "samples/s", f"torch num_workers={CORES}", 1.0)
-            tn.add(torch_n, steady)
+            settled, peak = [], 0
+            # rounds interleaved, which goes first alternating (the machine drifts)
+            for r in range(max(1, min(st.repeats, 3))):
+                order = ["fixed", "auto"] if r % 2 == 0 else ["auto", "fixed"]
+                got = {}
+                for kind in order:
+                    spec = best_layout if kind == "fixed" else bounds_of(fl, job)
+                    whole, steady, loader, p = _long(fl, job, n, spec)
+                    got[kind] = (whole, steady)
+                    if kind == "auto":
+                        stats = loader.stats().autotune
+                        settled.append(f"{stats.layout} after {len(stats.changes)} changes")
+                        peak = max(peak, p)
+                    del loader
+                c.add(got["fixed"][1], got["auto"][1])
+                w.add(got["fixed"][0], got["auto"][0])
+                t0.add(torch0, got["auto"][1])
+                tn.add(torch_n, got["auto"][1])
+            note = (f"best fixed {best_layout} {best:.0f}/s; auto settled on "
+                    f"{'; '.join(settled)}; torch nw=0 {torch0:.0f}/s, nw={CORES} "
+                    f"{torch_n:.0f}/s")
+            c.note = note
             checks += [c, w, t0, tn]
             if job.ram:
                 m = Check(f"{job.name}: peak summed PSS of auto's workers", "MiB", "the budget",
