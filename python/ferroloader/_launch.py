@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+import types
 import warnings
 from typing import (
     Any,
@@ -233,7 +234,8 @@ def _user_stacklevel() -> int:
     (the user's ``iter()``, however many of the loader's frames lie between:
     ``num_workers="auto"`` adds some), for a warning given by the caller."""
     ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(torch.__file__))
-    level, frame = 1, sys._getframe(1)  # (1: the function that warns)
+    level = 1
+    frame: Optional[types.FrameType] = sys._getframe(1)  # (1: the function that warns)
     while frame is not None and frame.f_code.co_filename.startswith(ours):
         level, frame = level + 1, frame.f_back
     return level
