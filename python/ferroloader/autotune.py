@@ -143,8 +143,9 @@ class Autotune:
         max_workers: at most this many workers (threads inside processes
             count one each). Default: 4 per core, at least 32.
         cpu: cores the loader's workers may use. Default: the cores the
-            training loop leaves: all of this process's CPUs less the share
-            of one the loop's own step takes (measured).
+            training loop leaves while it computes (this process's CPUs less
+            the share of one its step takes, measured); while it only waits,
+            a step past the cores is measured and kept only if it gains.
         ram: bytes the loader may use, as the summed PSS of its worker
             processes (a forked worker is counted at the worst its copies
             of this process's memory can grow to). Default: half of the
