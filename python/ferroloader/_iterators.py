@@ -331,7 +331,3 @@ class _PinnedMultiProcessIter(_MultiProcessIter):
         if pinner is not None:
             pinner.stop()
         super()._shutdown_workers()
-
-
-# File descriptors the main process holds per worker (its socket, mailbox,
-# pidfd, multiprocessing's sentinel and pipes), and a margin for the start.

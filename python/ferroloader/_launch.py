@@ -25,7 +25,7 @@ from typing import (
 import torch
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _core, _worker
+from ferroloader import _core, _machine, _worker
 from ferroloader._env import _INITIAL_ARENA, shm_limit
 from ferroloader._epoch import Plan
 from ferroloader.errors import ConfigError, ThreadSafetyWarning
@@ -38,29 +38,20 @@ _Loader = Any
 _T_co = TypeVar("_T_co", covariant=True)
 
 
-_FDS_PER_WORKER = 6
-_FDS_MARGIN = 8
-
-
 def _check_fd_headroom(num_workers: int) -> None:
     """Refuses to start workers that would run out of file descriptors part
     way (multiprocessing itself leaks a pipe when EMFILE strikes inside
     ``Process.start``): a clear ``OSError`` before anything is started."""
-    try:
-        import resource
-
-        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if limit == resource.RLIM_INFINITY:
-            return
-        used = sum(1 for fd in os.listdir("/proc/self/fd") if int(fd) < limit)
-    except (ImportError, OSError, ValueError):
+    free = _machine.free_fds()
+    if free is None:
         return  # no /proc or no limits: let the start report what it hits
-    need = _FDS_PER_WORKER * num_workers + _FDS_MARGIN
-    if limit - used < need:
+    limit, left = free
+    need = _machine.FDS_PER_WORKER * num_workers + _machine.FDS_MARGIN
+    if left < need:
         raise OSError(
             errno.EMFILE,
             f"Too many open files: starting {num_workers} DataLoader workers needs about "
-            f"{need} file descriptors, and {limit - used} of the process's limit of {limit} "
+            f"{need} file descriptors, and {left} of the process's limit of {limit} "
             "are free. Raise the limit (ulimit -n) or use fewer workers.",
         )
 

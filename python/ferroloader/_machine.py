@@ -6,21 +6,36 @@ file-descriptor limit leaves. Each reader answers a safe default where
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Optional
+
+# File descriptors the main process holds per worker (its socket, mailbox,
+# pidfd, multiprocessing's sentinel and pipes), and a margin for the start.
+FDS_PER_WORKER = 6
+FDS_MARGIN = 8
 
 
-def fd_room() -> int:
-    """The workers the process's file-descriptor limit leaves room for
-    (about six descriptors each, and the ones open now)."""
+def free_fds() -> Optional[tuple[int, int]]:
+    """``(limit, free)``: the process's soft limit on open files and how
+    many are free under it; ``None`` when unlimited or unknown (no
+    ``resource`` module or no ``/proc``)."""
     try:
         import resource
 
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if soft == resource.RLIM_INFINITY:
-            return 1 << 16
-        return max(1, (soft - len(os.listdir("/proc/self/fd")) - 16) // 6)
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if limit == resource.RLIM_INFINITY:
+            return None
+        used = sum(1 for fd in os.listdir("/proc/self/fd") if int(fd) < limit)
     except (ImportError, OSError, ValueError):
+        return None
+    return limit, limit - used
+
+
+def fd_room() -> int:
+    """The workers the free file descriptors leave room for."""
+    free = free_fds()
+    if free is None:
         return 1 << 16
+    return max(1, (free[1] - FDS_MARGIN) // FDS_PER_WORKER)
 
 
 def cores() -> int:
