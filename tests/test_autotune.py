@@ -337,7 +337,7 @@ def _feed(t: Tuner, rate_of, wait_of, busy: float = 1.0, rounds: int = 30) -> li
     for _ in range(rounds):
         lay = t.layout
         m = _Interval(int(rate_of(lay)), 1.0, wait_of(lay), busy * max(lay.workers, 1))
-        nxt = t.observe(m, 0.0)
+        nxt = t.observe(m)
         if nxt is not None:
             t.record(0, 0, nxt[0], nxt[1])
             seen.append(t.layout)
@@ -541,7 +541,7 @@ def test_a_state_taken_after_a_next_epoch_decision_resumes():
 
 def test_threads_in_processes_alone_start_with_a_process():
     t = _tuner(methods=("threads_in_processes",))
-    nxt = t._grow(_Interval(10, 1.0, 0.9, 0.0), 0.0)
+    nxt = t._grow(_Interval(10, 1.0, 0.9, 0.0))
     assert nxt is not None and nxt[0].worker_method == P
 
 

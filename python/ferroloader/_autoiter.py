@@ -17,7 +17,7 @@ from ferroloader import _machine, state
 from ferroloader._epoch import stateful
 from ferroloader._iterators import _harvest_stats
 from ferroloader._launch import _thread_unsafe_attributes
-from ferroloader.autotune import _MIN_INTERVAL, Autotune, Layout, Tuner, _Interval
+from ferroloader.autotune import _MIN_INTERVAL, Layout, Tuner, _Interval
 
 
 class _Meter:
@@ -95,13 +95,10 @@ class AutoIter:
         self._fixed_iter = fixed_iter
         tuner: Optional[Tuner] = loader._tuner
         if tuner is None:
-            bounds = loader.autotune
             notes: list[str] = []
-            why = threads_refusal(loader)
-            if why is not None and "threads" in bounds.methods:
-                notes.append(why)
-                bounds = Autotune(bounds.max_workers, bounds.cpu, bounds.ram, ["processes"],
-                                  bounds.prefetch)
+            no_threads = threads_refusal(loader)
+            if no_threads is not None:
+                notes.append(no_threads)
             why = mid_epoch_ok(loader)
             if why is not None:
                 notes.append(why)
@@ -111,15 +108,18 @@ class AutoIter:
                     "(as torchdata does): at least one worker, so that no change alters the order"
                 )
             start = loader._tuned_layout or Layout(loader._auto_min_workers)
-            tuner = Tuner(bounds, start, why is None, notes)
+            tuner = Tuner(loader.autotune, start, why is None, notes)
             tuner.min_workers = loader._auto_min_workers
+            if no_threads is not None:
+                tuner.threads_ok = tuner.inner_threads_ok = False
+                tuner.processes_ok = True
             loader._tuner = tuner
         else:
             tuner.max_workers, tuner.cpu, tuner.ram = tuner.bounds.budgets()
         self._tuner = tuner
         if loader._tuned_layout is not None:
             tuner.layout = loader._tuned_layout
-        if loader._iterator is not None and inner_layout(loader) != tuner.layout:
+        if loader._iterator is not None and loader._layout_in_force != tuner.layout:
             # persistent workers of another layout: they go, new ones start,
             # on their base seed (torch draws none for persistent workers)
             old = loader._epoch
@@ -139,7 +139,9 @@ class AutoIter:
         self._t0 = time.perf_counter()
         self._batches = 0
         self._waited = 0.0
-        self._warm = max(1, self._tuner.layout.workers)  # batches before measuring
+        workers = max(1, self._tuner.layout.workers)
+        self._warm = workers  # batches before measuring
+        self._enough = 2 * workers  # an interval has at least two rounds
         self._next_memory_check = 0.0
 
     def __iter__(self) -> AutoIter:
@@ -174,7 +176,6 @@ class AutoIter:
                 if self._pending is not None and self._drained_not_ended():
                     self._switch()  # nothing more comes from it: go on on the new layout
                     continue
-                self._epoch_end()
                 raise
             break
         now = time.perf_counter()
@@ -187,11 +188,7 @@ class AutoIter:
             return batch
         self._batches += 1
         self._waited += now - t
-        if (
-            self._pending is None
-            and not self._decided
-            and self._batches >= 2 * max(1, self._tuner.layout.workers)
-        ):
+        if self._batches >= self._enough and self._pending is None and not self._decided:
             wall = now - self._t0
             if wall >= _MIN_INTERVAL:
                 self._measure(wall)
@@ -201,8 +198,7 @@ class AutoIter:
         m = _Interval(self._batches, wall, self._waited, self._meter.delta())
         self._t0, self._batches, self._waited = time.perf_counter(), 0, 0.0
         tuner = self._tuner
-        loop_share = max(0.0, 1.0 - m.wait_share)
-        decided = tuner.observe(m, loop_share)
+        decided = tuner.observe(m)
         now = time.perf_counter()
         if decided is None and self._meter.pids and now >= self._next_memory_check:
             # (reading the workers' PSS walks their page tables: every 2 s)
@@ -230,6 +226,14 @@ class AutoIter:
     def _epoch_number(self) -> int:
         return int(self._loader._epochs_started) - 1
 
+    def _in_place(self, layout: Layout) -> bool:
+        """The change needs no new workers: the layout in force, or only
+        another prefetch depth, which the engine takes as it runs."""
+        current = self._loader._layout_in_force
+        return layout == current or (
+            _only_prefetch(current, layout) and hasattr(self._inner, "_set_prefetch_factor")
+        )
+
     def _drained_not_ended(self) -> bool:
         inner = self._inner
         return bool(getattr(inner, "_held", False)) and not inner._position[2]
@@ -240,9 +244,7 @@ class AutoIter:
         if not hasattr(inner, "_hold"):
             return True
         assert self._pending is not None
-        layout = self._pending[0]
-        current = inner_layout(self._loader)
-        if layout == current or _only_prefetch(current, layout):
+        if self._in_place(self._pending[0]):
             return True  # (no restart: nothing to drain)
         if not inner._held:
             inner._hold(True)
@@ -255,21 +257,20 @@ class AutoIter:
         tuner = self._tuner
         loader = self._loader
         inner = self._inner
-        current = inner_layout(loader)
-        if layout == current:
-            # (asked again for the layout in force, e.g. while draining)
+        current = loader._layout_in_force
+        if self._in_place(layout):
+            # another prefetch depth, or the layout in force asked for again
+            # (e.g. while draining): the same workers go on
+            if layout != current:
+                tuner.record(self._epoch_number(), self._handed, layout, reason)
+                inner._set_prefetch_factor(layout.prefetch_factor)
+                apply(loader, layout)
+                loader._tuned_layout = layout
+                self._start()
             if getattr(inner, "_held", False):
                 inner._hold(False)
             return
         tuner.record(self._epoch_number(), self._handed, layout, reason)
-        if _only_prefetch(current, layout) and hasattr(inner, "_set_prefetch_factor"):
-            inner._set_prefetch_factor(layout.prefetch_factor)
-            if inner._held:
-                inner._hold(False)
-            apply(loader, layout)
-            loader._tuned_layout = layout
-            self._start()
-            return
         snap = state.snapshot(loader)
         _close(inner)
         try:
@@ -290,23 +291,6 @@ class AutoIter:
         state.load(loader, snap)
         self._inner = self._fixed_iter()
         self._start()
-
-    def _epoch_end(self) -> None:
-        self._loader._tuned_layout = self._tuner.layout
-
-
-def inner_layout(loader: Any) -> Layout:
-    """The layout in force: the one last applied, else what the loader's
-    attributes say."""
-    applied = getattr(loader, "_layout_in_force", None)
-    if applied is not None:
-        return applied
-    return Layout(
-        loader.num_workers,
-        loader.worker_method,
-        loader.worker_threads,
-        loader.prefetch_factor or 2,
-    )
 
 
 def _only_prefetch(a: Layout, b: Layout) -> bool:

@@ -290,7 +290,7 @@ class Tuner:
     def fits(self, layout: Layout) -> bool:
         return layout.workers <= self.max_workers and self.need(layout) <= self.ram
 
-    def observe(self, m: _Interval, loop_share: float) -> Optional[tuple[Layout, str]]:
+    def observe(self, m: _Interval) -> Optional[tuple[Layout, str]]:
         """An interval on the current layout: the next layout and why, or
         ``None`` to keep it."""
         before = self.changes[-1] if self.changes else None
@@ -333,7 +333,7 @@ class Tuner:
             self.settled = True
             log.info("settled on %s: the loop waits %.1f%%", self.layout, 100 * m.wait_share)
             return None
-        nxt = self._grow(m, loop_share)
+        nxt = self._grow(m)
         if nxt is None:
             self.settled = True
         return nxt
@@ -347,7 +347,7 @@ class Tuner:
             self.best = self.prev = None
         return None
 
-    def _grow(self, m: _Interval, loop_share: float) -> Optional[tuple[Layout, str]]:
+    def _grow(self, m: _Interval) -> Optional[tuple[Layout, str]]:
         lay = self.layout
         why = f"the loop waits {m.wait_share:.0%}"
         if lay.num_workers == 0:
@@ -380,6 +380,7 @@ class Tuner:
                 f"{why}; each worker is busy {busy:.0%} of the time (it waits): threads"
             )
         budget = self.cpu
+        loop_share = 1.0 - m.wait_share  # the loop's own step
         if budget is None and loop_share > 0.1:
             # the loop computes: the cores it leaves (when it only waits, a
             # step past the cores is measured, and kept only if it gains)

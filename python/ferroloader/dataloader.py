@@ -258,6 +258,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         self.autotune: Optional[autotune.Autotune] = bounds
         self._tuner: Optional[autotune.Tuner] = None
         self._tuned_layout: Optional[autotune.Layout] = None
+        self._layout_in_force: Optional[autotune.Layout] = None  # (set by apply)
         if bounds is not None:
             self._tuned_layout = autotune.Layout(
                 self._auto_min_workers, prefetch_factor=prefetch_factor or 2
@@ -370,7 +371,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             # a resume starts where the tuning ended; mid-epoch, on the layout
             # that epoch runs (its state may hold per-worker parts)
             mid = snap["epoch"] is not None
-            layout = _autoiter.inner_layout(self) if mid else self._tuned_layout
+            layout = (self._layout_in_force if mid else None) or self._tuned_layout
             snap["autotune"] = layout.as_dict()
         return snap
 

@@ -534,8 +534,7 @@ impl MultiProcessIter {
             match self.core.step() {
                 Next::Yield { worker, data } => break (worker, data),
                 Next::Stop => {
-                    // a held epoch is drained, not over (unless its budget is spent)
-                    self.ended = !self.core.is_held() || self.core.budget_spent();
+                    self.ended = self.core.stop_is_final();
                     return Ok(None);
                 }
                 Next::Wait => self.wait(py, stop)?,

@@ -147,6 +147,12 @@ impl Loader {
         self.held
     }
 
+    /// Whether a `Stop` from [`Loader::step`] ends the epoch: a held loader
+    /// that ran dry is only drained, unless the epoch's budget is spent.
+    pub fn stop_is_final(&self) -> bool {
+        !self.held || self.budget_spent()
+    }
+
     /// A sharded epoch handed over every batch its rank owes (`even`).
     pub fn budget_spent(&self) -> bool {
         self.lanes
@@ -348,9 +354,7 @@ impl Loader {
                     }
                 }
             }
-            // a held loader that ran dry is only drained, unless the
-            // epoch's budget is spent: then it is over
-            Next::Stop if !self.persistent && (!self.held || spent) => self.close(),
+            Next::Stop if !self.persistent && self.stop_is_final() => self.close(),
             _ => {}
         }
         next
