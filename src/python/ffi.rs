@@ -154,23 +154,6 @@ impl<'py> FreshTensor<'py> {
         Self::adopt(tensor, numel * itemsize)
     }
 
-    /// `generator.get_state()`: torch builds a new uint8 tensor on every call.
-    pub fn generator_state(generator: &Bound<'py, PyAny>) -> PyResult<Self> {
-        let py = generator.py();
-        let state = generator.call_method0(pyo3::intern!(py, "get_state"))?;
-        let numel: usize = state.call_method0(pyo3::intern!(py, "numel"))?.extract()?;
-        let contiguous: bool = state
-            .call_method0(pyo3::intern!(py, "is_contiguous"))?
-            .extract()?;
-        let element_size: usize = state
-            .call_method0(pyo3::intern!(py, "element_size"))?
-            .extract()?;
-        if !contiguous || element_size != 1 {
-            return Err(Class::Internal.err("generator state is not a contiguous byte tensor"));
-        }
-        Self::adopt(state, numel)
-    }
-
     fn adopt(tensor: Bound<'py, PyAny>, len: usize) -> PyResult<Self> {
         let py = tensor.py();
         let ptr: usize = tensor

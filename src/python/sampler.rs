@@ -8,15 +8,19 @@ use pyo3::types::{PyDict, PyList};
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::error::Class;
-use super::ffi::FreshTensor;
+use super::ffi::DlView;
 use super::torch::torch;
+use super::turns::with_mut;
 use crate::sampler::{
-    distributed_indices, randperm, BatchIter, Distributed, IndexSource, Mt19937, RandomIter,
-    RngSource, SeededOnFirstUse, SequentialIter, SubsetRandomIter,
+    distributed_indices, BatchIter, Distributed, IndexSource, IndexVec, RandomIter, RngSource,
+    SeededOnFirstUse, SequentialIter, SubsetRandomIter,
 };
 
-/// A user's (or the global) `torch.Generator`: read before each draw and
-/// written back after it, so torch sees exactly the draws torch would make.
+/// A user's (or the global) `torch.Generator`, which torch itself draws
+/// from: each draw is one torch op, made under the generator's own lock, so
+/// no other thread's draw (ferroloader's or the user's) can land between the
+/// read and the write of its state, and torch sees exactly the draws torch
+/// would make.
 pub struct TorchGen {
     generator: Py<PyAny>,
 }
@@ -29,21 +33,80 @@ impl TorchGen {
         };
         Ok(TorchGen { generator })
     }
+
+    /// `op(*args, generator=g, device="cpu", dtype=dtype)`: the draws are
+    /// those torch's samplers make, on the CPU whatever the default device.
+    fn call<'py>(
+        &self,
+        py: Python<'py>,
+        op: &Py<PyAny>,
+        args: impl pyo3::call::PyCallArgs<'py>,
+        dtype: &Py<PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let kwargs = PyDict::new(py);
+        kwargs.set_item(pyo3::intern!(py, "generator"), &self.generator)?;
+        kwargs.set_item(pyo3::intern!(py, "device"), pyo3::intern!(py, "cpu"))?;
+        kwargs.set_item(pyo3::intern!(py, "dtype"), dtype)?;
+        op.bind(py).call(args, Some(&kwargs))
+    }
+}
+
+/// A 1-d CPU tensor torch just made, copied out as `T`s.
+fn tensor_values<T: bytemuck::Pod>(tensor: &Bound<'_, PyAny>) -> PyResult<Vec<T>> {
+    let view = DlView::of_array(tensor)
+        .ok_or_else(|| Class::Internal.err("a drawn tensor has no DLPack export"))?;
+    let bytes = view
+        .contiguous_bytes()
+        .ok_or_else(|| Class::Internal.err("a drawn tensor is not contiguous CPU memory"))?;
+    let mut out = vec![T::zeroed(); bytes.len() / std::mem::size_of::<T>()];
+    bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(bytes);
+    Ok(out)
 }
 
 impl RngSource for TorchGen {
     type Error = PyErr;
-    fn with_rng<R>(&mut self, f: impl FnOnce(&mut Mt19937) -> R) -> PyResult<R> {
+    fn randperm(&mut self, n: usize) -> PyResult<IndexVec> {
         Python::attach(|py| {
-            let g = self.generator.bind(py);
-            let mut state = FreshTensor::generator_state(g)?;
-            let mut rng = Mt19937::from_state_bytes(state.bytes_mut())
-                .map_err(|e| Class::Internal.err(e.to_string()))?;
-            let out = f(&mut rng);
-            rng.write_state_bytes(state.bytes_mut())
-                .map_err(|e| Class::Internal.err(e.to_string()))?;
-            g.call_method1(pyo3::intern!(py, "set_state"), (state.into_tensor(),))?;
-            Ok(out)
+            let t = torch(py)?;
+            // the draws do not depend on the dtype: int32 where it holds n
+            // gives the compact form without a conversion
+            if n <= i32::MAX as usize {
+                let perm = self.call(py, &t.randperm, (n,), &t.int32)?;
+                Ok(IndexVec::U32(tensor_values(&perm)?))
+            } else {
+                let perm = self.call(py, &t.randperm, (n,), &t.int64)?;
+                Ok(IndexVec::I64(tensor_values(&perm)?))
+            }
+        })
+    }
+
+    fn randint(&mut self, high: i64, count: usize, out: &mut Vec<i64>) -> PyResult<()> {
+        Python::attach(|py| {
+            let t = torch(py)?;
+            let drawn = self.call(py, &t.randint, (high, (count,)), &t.int64)?;
+            out.extend(tensor_values::<i64>(&drawn)?);
+            Ok(())
+        })
+    }
+
+    fn random_int64(&mut self) -> PyResult<i64> {
+        Python::attach(|py| {
+            let t = torch(py)?;
+            let empty = t.empty.bind(py).call(
+                ((),),
+                Some(&{
+                    let kw = PyDict::new(py);
+                    kw.set_item(pyo3::intern!(py, "dtype"), &t.int64)?;
+                    kw.set_item(pyo3::intern!(py, "device"), pyo3::intern!(py, "cpu"))?;
+                    kw
+                }),
+            )?;
+            let kw = PyDict::new(py);
+            kw.set_item(pyo3::intern!(py, "generator"), &self.generator)?;
+            empty
+                .call_method(pyo3::intern!(py, "random_"), (), Some(&kw))?
+                .call_method0(pyo3::intern!(py, "item"))?
+                .extract()
         })
     }
 }
@@ -57,13 +120,25 @@ pub enum Rng {
     Private(SeededOnFirstUse<TorchGen>),
 }
 
+impl Rng {
+    fn source(&mut self) -> &mut dyn RngSource<Error = PyErr> {
+        match self {
+            Rng::Shared(g) => g,
+            Rng::Private(g) => g,
+        }
+    }
+}
+
 impl RngSource for Rng {
     type Error = PyErr;
-    fn with_rng<R>(&mut self, f: impl FnOnce(&mut Mt19937) -> R) -> PyResult<R> {
-        match self {
-            Rng::Shared(g) => g.with_rng(f),
-            Rng::Private(g) => g.with_rng(f),
-        }
+    fn randperm(&mut self, n: usize) -> PyResult<IndexVec> {
+        self.source().randperm(n)
+    }
+    fn randint(&mut self, high: i64, count: usize, out: &mut Vec<i64>) -> PyResult<()> {
+        self.source().randint(high, count, out)
+    }
+    fn random_int64(&mut self) -> PyResult<i64> {
+        self.source().random_int64()
     }
 }
 
@@ -208,6 +283,14 @@ impl SamplerIter {
         let inner = std::mem::replace(&mut self.inner, NativeSampler::List(Vec::new().into_iter()));
         (inner, std::mem::take(&mut self.prefix))
     }
+
+    /// The next index: the prefix's, then the sampler's.
+    pub fn next_one(&mut self) -> PyResult<Option<i64>> {
+        match self.prefix.pop_front() {
+            Some(i) => Ok(Some(i)),
+            None => self.inner.next_index(),
+        }
+    }
 }
 
 #[pymethods]
@@ -248,7 +331,7 @@ impl SamplerIter {
     /// `RandomSampler` draws its permutation when iterated, not on first use).
     #[staticmethod]
     fn permutation(py: Python<'_>, n: usize, generator: Py<PyAny>) -> PyResult<Self> {
-        let perm = TorchGen::new(py, Some(generator))?.with_rng(|g| randperm(n, g))?;
+        let perm = TorchGen::new(py, Some(generator))?.randperm(n)?.into_i64();
         Ok(SamplerIter::of(NativeSampler::List(perm.into_iter())))
     }
 
@@ -298,22 +381,22 @@ impl SamplerIter {
         self.inner.traverse(&visit)
     }
 
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        // (without borrowing: another thread's next() may hold the object)
         slf
     }
 
-    pub fn __next__(&mut self) -> PyResult<Option<i64>> {
-        match self.prefix.pop_front() {
-            Some(i) => Ok(Some(i)),
-            None => self.inner.next_index(),
-        }
+    fn __next__(slf: &Bound<'_, Self>) -> PyResult<Option<i64>> {
+        // (two threads on one iterator take turns, as torch's generators
+        // would refuse them: no index is handed out twice or skipped)
+        with_mut(slf, "next()", |mut it| it.next_one())
     }
 
     /// Draws and drops `n` indices (a resumed epoch's part already seen);
     /// how many there were.
     fn _skip(&mut self, n: usize) -> PyResult<usize> {
         for done in 0..n {
-            if self.__next__()?.is_none() {
+            if self.next_one()?.is_none() {
                 return Ok(done);
             }
         }
@@ -369,6 +452,23 @@ pub struct BatchSamplerIter {
 }
 
 impl BatchSamplerIter {
+    /// The next batch as a list.
+    pub fn next_list<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+        match &mut self.inner {
+            Batches::Native(..) => match self.next_native()? {
+                Some(batch) => Ok(Some(PyList::new(py, batch.iter())?)),
+                None => Ok(None),
+            },
+            Batches::Python(it, buf) => {
+                if it.next_batch(buf)? {
+                    Ok(Some(PyList::new(py, buf.drain(..))?))
+                } else {
+                    Ok(None)
+                }
+            }
+        }
+    }
+
     /// The next batch: native indices, or Python objects as a list.
     pub fn next_native(&mut self) -> PyResult<Option<&[i64]>> {
         match &mut self.inner {
@@ -443,7 +543,8 @@ impl BatchSamplerIter {
         matches!(self.inner, Batches::Native(..))
     }
 
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        // (without borrowing: another thread's next() may hold the object)
         slf
     }
 
@@ -453,7 +554,7 @@ impl BatchSamplerIter {
         for done in 0..n {
             let more = match self.inner {
                 Batches::Native(..) => self.next_native()?.is_some(),
-                Batches::Python(..) => self.__next__(py)?.is_some(),
+                Batches::Python(..) => self.next_list(py)?.is_some(),
             };
             if !more {
                 return Ok(done);
@@ -473,20 +574,9 @@ impl BatchSamplerIter {
         Ok(())
     }
 
-    pub fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
-        match &mut self.inner {
-            Batches::Native(..) => match self.next_native()? {
-                Some(batch) => Ok(Some(PyList::new(py, batch.iter())?)),
-                None => Ok(None),
-            },
-            Batches::Python(it, buf) => {
-                if it.next_batch(buf)? {
-                    Ok(Some(PyList::new(py, buf.drain(..))?))
-                } else {
-                    Ok(None)
-                }
-            }
-        }
+    fn __next__<'py>(slf: &Bound<'py, Self>) -> PyResult<Option<Bound<'py, PyList>>> {
+        let py = slf.py();
+        with_mut(slf, "next()", |mut it| it.next_list(py))
     }
 }
 
@@ -496,5 +586,5 @@ impl BatchSamplerIter {
 #[pyo3(name = "randperm", signature = (n, generator=None))]
 pub fn randperm_list(py: Python<'_>, n: usize, generator: Option<Py<PyAny>>) -> PyResult<Vec<i64>> {
     let mut g = TorchGen::new(py, generator)?;
-    g.with_rng(|rng| randperm(n, rng))
+    Ok(g.randperm(n)?.into_i64())
 }

@@ -68,6 +68,9 @@ pub struct Torch {
     pub bool_: Py<PyAny>,
     pub default_generator: Py<PyAny>,
     pub multinomial: Py<PyAny>,
+    pub randperm: Py<PyAny>,
+    pub randint: Py<PyAny>,
+    pub int32: Py<PyAny>,
     /// `torch._C._len_torch_function_stack`: a TorchFunctionMode (such as
     /// `torch.set_default_device`) changes what torch's collate builds.
     pub function_modes: Py<PyAny>,
@@ -140,6 +143,9 @@ impl Torch {
             bool_: torch.getattr("bool")?.unbind(),
             default_generator: torch.getattr("default_generator")?.unbind(),
             multinomial: torch.getattr("multinomial")?.unbind(),
+            randperm: torch.getattr("randperm")?.unbind(),
+            randint: torch.getattr("randint")?.unbind(),
+            int32: torch.getattr("int32")?.unbind(),
             function_modes: c.getattr("_len_torch_function_stack")?.unbind(),
             torch_collate: get("collate")?,
             default_collate_fn_map: collate

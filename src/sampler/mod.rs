@@ -3,7 +3,7 @@
 //!
 //! Every random sampler draws through an [`RngSource`]: either an engine owned
 //! here (a private generator torch would have created inside the sampler), or
-//! a handle that reads a user's `torch.Generator`, draws, and writes it back.
+//! a handle on a user's `torch.Generator` that has torch make each draw.
 //! Draws happen in the same *segments* torch uses (one `randperm` per pass,
 //! one `randint` per 32 samples) and at the same moment of iteration, so a
 //! shared generator is left where torch leaves it even mid-epoch.
@@ -31,18 +31,34 @@ pub use subset_random::SubsetRandomIter;
 
 use std::convert::Infallible;
 
-/// Access to a torch-compatible generator for the duration of one draw.
+/// A torch-compatible generator, as the three draws samplers make of it.
+///
+/// A draw is one call, so a generator shared with other code (a user's
+/// `torch.Generator`, torch's default one) can make each draw atomic: torch
+/// holds the generator's own lock for the length of one of its ops, which a
+/// read-advance-write of its state from outside could not.
 pub trait RngSource {
     type Error;
-    /// Runs `f` against the generator's current state; the state `f` leaves
-    /// behind is the generator's new state.
-    fn with_rng<R>(&mut self, f: impl FnOnce(&mut Mt19937) -> R) -> Result<R, Self::Error>;
+    /// `torch.randperm(n, generator=g)`.
+    fn randperm(&mut self, n: usize) -> Result<IndexVec, Self::Error>;
+    /// `torch.randint(high=high, size=(count,), dtype=torch.int64,
+    /// generator=g)`, appended to `out`.
+    fn randint(&mut self, high: i64, count: usize, out: &mut Vec<i64>) -> Result<(), Self::Error>;
+    /// `torch.empty((), dtype=torch.int64).random_(generator=g)`.
+    fn random_int64(&mut self) -> Result<i64, Self::Error>;
 }
 
 impl RngSource for Mt19937 {
     type Error = Infallible;
-    fn with_rng<R>(&mut self, f: impl FnOnce(&mut Mt19937) -> R) -> Result<R, Infallible> {
-        Ok(f(self))
+    fn randperm(&mut self, n: usize) -> Result<IndexVec, Infallible> {
+        Ok(randperm_compact(n, self))
+    }
+    fn randint(&mut self, high: i64, count: usize, out: &mut Vec<i64>) -> Result<(), Infallible> {
+        randint_into(high, count, self, out);
+        Ok(())
+    }
+    fn random_int64(&mut self) -> Result<i64, Infallible> {
+        Ok(random_int64(self))
     }
 }
 
@@ -53,17 +69,30 @@ pub enum SeededOnFirstUse<G> {
     Ready(Box<Mt19937>),
 }
 
-impl<G: RngSource> RngSource for SeededOnFirstUse<G> {
-    type Error = G::Error;
-    fn with_rng<R>(&mut self, f: impl FnOnce(&mut Mt19937) -> R) -> Result<R, G::Error> {
+impl<G: RngSource> SeededOnFirstUse<G> {
+    fn ready(&mut self) -> Result<&mut Mt19937, G::Error> {
         if let SeededOnFirstUse::Pending(global) = self {
-            let seed = global.with_rng(random_int64)?;
+            let seed = global.random_int64()?;
             *self = SeededOnFirstUse::Ready(Box::new(Mt19937::new(seed as u64)));
         }
         match self {
-            SeededOnFirstUse::Ready(rng) => Ok(f(rng)),
+            SeededOnFirstUse::Ready(rng) => Ok(rng),
             SeededOnFirstUse::Pending(_) => unreachable!("seeded above"),
         }
+    }
+}
+
+impl<G: RngSource> RngSource for SeededOnFirstUse<G> {
+    type Error = G::Error;
+    fn randperm(&mut self, n: usize) -> Result<IndexVec, G::Error> {
+        Ok(randperm_compact(n, self.ready()?))
+    }
+    fn randint(&mut self, high: i64, count: usize, out: &mut Vec<i64>) -> Result<(), G::Error> {
+        randint_into(high, count, self.ready()?, out);
+        Ok(())
+    }
+    fn random_int64(&mut self) -> Result<i64, G::Error> {
+        Ok(random_int64(self.ready()?))
     }
 }
 

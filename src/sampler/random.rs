@@ -1,4 +1,4 @@
-use super::{randint_into, randperm_compact, IndexSource, IndexVec, RngSource};
+use super::{IndexSource, IndexVec, RngSource};
 
 /// torch draws with-replacement samples in chunks of this many.
 const REPLACEMENT_CHUNK: usize = 32;
@@ -63,12 +63,11 @@ impl<G: RngSource> RandomIter<G> {
             };
             if count > 0 {
                 let mut drawn = Vec::with_capacity(count);
-                self.rng
-                    .with_rng(|g| randint_into(n as i64, count, g, &mut drawn))?;
+                self.rng.randint(n as i64, count, &mut drawn)?;
                 self.buf = IndexVec::I64(drawn);
             }
         } else {
-            let mut perm = self.rng.with_rng(|g| randperm_compact(n, g))?;
+            let mut perm = self.rng.randperm(n)?;
             if last {
                 perm.truncate(self.num_samples % n);
             }

@@ -1,11 +1,11 @@
-use super::{randperm, IndexSource, RngSource};
+use super::{IndexSource, IndexVec, RngSource};
 
 /// `SubsetRandomSampler.__iter__`: one `randperm(len(indices))` on first use,
 /// then `indices[i]` for each drawn position.
 pub struct SubsetRandomIter<G> {
     indices: Vec<i64>,
     rng: G,
-    perm: Option<Vec<i64>>,
+    perm: Option<IndexVec>,
     pos: usize,
 }
 
@@ -33,11 +33,11 @@ impl<G: RngSource> IndexSource for SubsetRandomIter<G> {
     fn next_index(&mut self) -> Result<Option<i64>, G::Error> {
         if self.perm.is_none() {
             let n = self.indices.len();
-            self.perm = Some(self.rng.with_rng(|g| randperm(n, g))?);
+            self.perm = Some(self.rng.randperm(n)?);
         }
         let perm = self.perm.as_ref().expect("drawn above");
         match perm.get(self.pos) {
-            Some(&p) => {
+            Some(p) => {
                 self.pos += 1;
                 Ok(Some(self.indices[p as usize]))
             }
@@ -49,7 +49,7 @@ impl<G: RngSource> IndexSource for SubsetRandomIter<G> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::Mt19937;
+    use crate::sampler::{randperm, Mt19937};
 
     #[test]
     fn maps_a_permutation_through_indices() {

@@ -13,7 +13,7 @@
 
 use super::{
     distributed_indices, randint_into, random_int64, randperm, BatchIter, Distributed, IndexSource,
-    Mt19937, RandomIter, RngSource, SeededOnFirstUse, SequentialIter, SubsetRandomIter,
+    IndexVec, Mt19937, RandomIter, RngSource, SeededOnFirstUse, SequentialIter, SubsetRandomIter,
     STATE_BYTES,
 };
 use serde_json::Value;
@@ -248,8 +248,14 @@ impl Shared {
 
 impl RngSource for Shared {
     type Error = Infallible;
-    fn with_rng<R>(&mut self, f: impl FnOnce(&mut Mt19937) -> R) -> Result<R, Infallible> {
-        Ok(f(&mut self.0.borrow_mut()))
+    fn randperm(&mut self, n: usize) -> Result<IndexVec, Infallible> {
+        self.0.borrow_mut().randperm(n)
+    }
+    fn randint(&mut self, high: i64, count: usize, out: &mut Vec<i64>) -> Result<(), Infallible> {
+        self.0.borrow_mut().randint(high, count, out)
+    }
+    fn random_int64(&mut self) -> Result<i64, Infallible> {
+        self.0.borrow_mut().random_int64()
     }
 }
 
@@ -307,13 +313,25 @@ enum SamplerRng {
     Private(SeededOnFirstUse<Shared>),
 }
 
+impl SamplerRng {
+    fn rng(&mut self) -> &mut dyn RngSource<Error = Infallible> {
+        match self {
+            SamplerRng::User(g) => g,
+            SamplerRng::Private(g) => g,
+        }
+    }
+}
+
 impl RngSource for SamplerRng {
     type Error = Infallible;
-    fn with_rng<R>(&mut self, f: impl FnOnce(&mut Mt19937) -> R) -> Result<R, Infallible> {
-        match self {
-            SamplerRng::User(g) => g.with_rng(f),
-            SamplerRng::Private(g) => g.with_rng(f),
-        }
+    fn randperm(&mut self, n: usize) -> Result<IndexVec, Infallible> {
+        self.rng().randperm(n)
+    }
+    fn randint(&mut self, high: i64, count: usize, out: &mut Vec<i64>) -> Result<(), Infallible> {
+        self.rng().randint(high, count, out)
+    }
+    fn random_int64(&mut self) -> Result<i64, Infallible> {
+        self.rng().random_int64()
     }
 }
 
