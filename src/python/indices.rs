@@ -62,9 +62,9 @@ impl Indices {
                 if b.is_native_batches() {
                     return Ok(None);
                 }
-                Ok(b.__next__(py)?.map(|list| Item::Object(list.into_any())))
+                Ok(b.next_list(py)?.map(|list| Item::Object(list.into_any())))
             }
-            Indices::Single(s) => Ok(s.bind(py).borrow_mut().__next__()?.map(Item::Index)),
+            Indices::Single(s) => Ok(s.bind(py).borrow_mut().next_one()?.map(Item::Index)),
             Indices::Python(it) => Ok(next(it.bind(py))?.map(Item::Object)),
             Indices::Recorded(r) => Ok(r.get().draw(py)?.map(Item::Object)),
         }

@@ -14,6 +14,7 @@ use super::shards::{
     missing, snapshot_to_py, AddressBatches, PyShards, ShardPlan, ShardsArg, Snapshot,
 };
 use super::stats::{MainTimes, StatsTuple};
+use super::turns::{with_mut, with_ref};
 use crate::scheduler::{LaneSet, Resumed};
 use crate::stats::StageTimes;
 use crate::worker::lanes::BlockReader;
@@ -216,29 +217,23 @@ impl SingleProcessIter {
         self.first_draw = Some(callback);
     }
 
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        // (without borrowing: another thread's next() may hold the object)
         slf
     }
 
-    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        self.index_sampler.bind(py).len()
+    fn __len__(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        let py = slf.py();
+        with_ref(slf, "len()", |it| it.index_sampler.bind(py).len())?
     }
 
     fn __next__<'py>(slf: &Bound<'py, Self>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let py = slf.py();
-        loop {
-            match slf.try_borrow_mut() {
-                Ok(mut it) => {
-                    return super::error::guard("the one-process loader's next()", || {
-                        it.next_batch(py)
-                    })
-                }
-                // Another thread is inside next() (it may have released the
-                // GIL to wait for a batch): take turns, so each thread gets
-                // the following batch instead of "Already borrowed".
-                Err(_) => py.detach(std::thread::yield_now),
-            }
-        }
+        // (another thread inside next() may have released the GIL to run
+        // the dataset: each thread gets the following batch in turn)
+        with_mut(slf, "next()", |mut it| {
+            super::error::guard("the one-process loader's next()", || it.next_batch(py))
+        })
     }
 
     fn __getstate__(&self) -> PyResult<()> {
@@ -254,33 +249,35 @@ impl SingleProcessIter {
     /// the epoch is over, and whether an iterable's iterator has run out
     /// (its last batch may still have been handed over).
     #[getter]
-    fn _position(&self) -> (u64, Vec<u64>, bool, bool) {
-        let exhausted = matches!(self.source, Source::Iterable { ended: true, .. });
-        // an iterable's (a sharded one's too) is counted in batches handed over
-        let n = match self.source {
-            Source::Indices(_) => self.num_drawn,
-            _ => self.num_yielded,
-        };
-        let (drawn, pending) = self.resumed.position(n as u64, &[]);
-        (drawn, pending, self.ended, exhausted)
+    fn _position(slf: &Bound<'_, Self>) -> PyResult<(u64, Vec<u64>, bool, bool)> {
+        with_ref(slf, "_position", |it| {
+            let exhausted = matches!(it.source, Source::Iterable { ended: true, .. });
+            // an iterable's (a sharded one's too) is counted in batches handed over
+            let n = match it.source {
+                Source::Indices(_) => it.num_drawn,
+                _ => it.num_yielded,
+            };
+            let (drawn, pending) = it.resumed.position(n as u64, &[]);
+            (drawn, pending, it.ended, exhausted)
+        })
     }
 
     /// Stage timings (ns) since this iterator began: `(wait, decode, pin,
     /// loop, batches)` and one `(fetch, collate, transfer, batches)` for
     /// the work done here.
     #[getter]
-    fn _stats(&self) -> StatsTuple {
-        self.times.tuple(vec![self.local])
+    fn _stats(slf: &Bound<'_, Self>) -> PyResult<StatsTuple> {
+        with_ref(slf, "_stats", |it| it.times.tuple(vec![it.local]))
     }
 
     /// A sharded epoch's position: `(positions, next_lane, handed, rest)`
     /// (see `crate::scheduler::shards::LaneSnapshot`); `None` otherwise.
     #[getter]
-    fn _lane_snapshot(&self) -> Option<Snapshot> {
-        match &self.source {
+    fn _lane_snapshot(slf: &Bound<'_, Self>) -> PyResult<Option<Snapshot>> {
+        with_ref(slf, "_lane_snapshot", |it| match &it.source {
             Source::Lanes { set, .. } => Some(snapshot_to_py(set.snapshot())),
             _ => None,
-        }
+        })
     }
 }
 

@@ -27,6 +27,7 @@ mod shards;
 mod stats;
 mod table;
 mod torch;
+mod turns;
 mod worker;
 
 /// Adds the bindings to `ferroloader._core` (made in `lib.rs`).

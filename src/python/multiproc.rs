@@ -20,6 +20,7 @@ use super::pinning::{counts_tuple, PinArena, PinCountsTuple};
 use super::shards::{snapshot_to_py, AddressBatches, ShardPlan, Snapshot};
 use super::stats::{MainTimes, StatsTuple};
 use super::torch::torch;
+use super::turns::{with_mut, with_ref};
 use crate::pin::Held;
 use crate::scheduler::{Loader, Next, Payload, Resumed, Waiter, WorkerPool};
 use crate::wire::protocol::TaskIndices;
@@ -280,33 +281,29 @@ impl MultiProcessIter {
         visit.call(&self.dataset)
     }
 
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        // (without borrowing: another thread's next() may hold the object)
         slf
     }
 
-    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        self.index_sampler.bind(py).len()
+    fn __len__(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        let py = slf.py();
+        with_ref(slf, "len()", |it| it.index_sampler.bind(py).len())?
     }
 
     fn __next__<'py>(slf: &Bound<'py, Self>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let py = slf.py();
-        loop {
-            match slf.try_borrow_mut() {
-                Ok(mut it) => {
-                    let (got, panicked) =
-                        super::error::guard_panic("the loader's next()", || it.next_batch(py));
-                    if panicked {
-                        // after a panic the engine's state cannot be trusted
-                        it.core.close();
-                    }
-                    return got;
-                }
-                // Another thread is inside next() (it may have released the
-                // GIL to wait for a batch): take turns, so each thread gets
-                // the following batch instead of "Already borrowed".
-                Err(_) => py.detach(std::thread::yield_now),
+        // (another thread inside next() may be waiting for a batch,
+        // detached: each thread gets the following batch in turn)
+        with_mut(slf, "next()", |mut it| {
+            let (got, panicked) =
+                super::error::guard_panic("the loader's next()", || it.next_batch(py));
+            if panicked {
+                // after a panic the engine's state cannot be trusted
+                it.core.close();
             }
-        }
+            got
+        })
     }
 
     /// `(drawn, pending, ended)`: tasks drawn from the index stream this
@@ -314,10 +311,12 @@ impl MultiProcessIter {
     /// whether the epoch is over, in the epoch's numbering (also after a
     /// resume). Read between batches without pausing the workers.
     #[getter]
-    fn _position(&self) -> (u64, Vec<u64>, bool) {
-        let (drawn, pending) = self.core.position();
-        let (drawn, pending) = self.resumed.position(drawn, &pending);
-        (drawn, pending, self.ended)
+    fn _position(slf: &Bound<'_, Self>) -> PyResult<(u64, Vec<u64>, bool)> {
+        with_ref(slf, "_position", |it| {
+            let (drawn, pending) = it.core.position();
+            let (drawn, pending) = it.resumed.position(drawn, &pending);
+            (drawn, pending, it.ended)
+        })
     }
 
     /// An iterable epoch's position per worker: `(delivered, states,
@@ -325,29 +324,33 @@ impl MultiProcessIter {
     #[getter]
     #[allow(clippy::type_complexity)]
     fn _iterable_position<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> (
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(
         Vec<u64>,
         Vec<Option<Bound<'py, PyBytes>>>,
         Vec<bool>,
         usize,
         Vec<bool>,
-    ) {
-        let p = self.resumed.iterable(self.core.iterable_position());
-        let states = p
-            .states
-            .iter()
-            .map(|s| s.as_ref().map(|b| PyBytes::new(py, b)))
-            .collect();
-        (p.delivered, states, p.exhausted, p.next_worker, p.done)
+    )> {
+        let py = slf.py();
+        with_ref(slf, "_iterable_position", |it| {
+            let p = it.resumed.iterable(it.core.iterable_position());
+            let states = p
+                .states
+                .iter()
+                .map(|s| s.as_ref().map(|b| PyBytes::new(py, b)))
+                .collect();
+            (p.delivered, states, p.exhausted, p.next_worker, p.done)
+        })
     }
 
     /// A sharded epoch's position: `(positions, next_lane, handed, rest)`;
     /// `None` for other epochs.
     #[getter]
-    fn _lane_snapshot(&self) -> Option<Snapshot> {
-        self.core.lane_snapshot().map(snapshot_to_py)
+    fn _lane_snapshot(slf: &Bound<'_, Self>) -> PyResult<Option<Snapshot>> {
+        with_ref(slf, "_lane_snapshot", |it| {
+            it.core.lane_snapshot().map(snapshot_to_py)
+        })
     }
 
     /// Waits until every worker that was given a task has set up, and
@@ -369,15 +372,17 @@ impl MultiProcessIter {
     /// `(wait, decode, pin, loop, batches)` and each worker's `(fetch,
     /// collate, transfer, batches)`.
     #[getter]
-    fn _stats(&self) -> StatsTuple {
-        self.times.tuple(self.core.worker_times().to_vec())
+    fn _stats(slf: &Bound<'_, Self>) -> PyResult<StatsTuple> {
+        with_ref(slf, "_stats", |it| {
+            it.times.tuple(it.core.worker_times().to_vec())
+        })
     }
 
     /// The iterator stopped its workers (after a failure, or at the end of a
     /// non-persistent epoch): it cannot serve another epoch.
     #[getter]
-    fn _closed(&self) -> bool {
-        self.core.is_closed()
+    fn _closed(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        with_ref(slf, "_closed", |it| it.core.is_closed())
     }
 
     /// Holds back new tasks (`True`) so that the epoch drains: what is in
@@ -394,14 +399,14 @@ impl MultiProcessIter {
     }
 
     #[getter]
-    fn _held(&self) -> bool {
-        self.core.is_held()
+    fn _held(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        with_ref(slf, "_held", |it| it.core.is_held())
     }
 
     /// Answers not yet handed over (in flight or waiting their turn).
     #[getter]
-    fn _in_flight(&self) -> usize {
-        self.core.in_flight()
+    fn _in_flight(slf: &Bound<'_, Self>) -> PyResult<usize> {
+        with_ref(slf, "_in_flight", |it| it.core.in_flight())
     }
 
     /// A new `prefetch_factor` from the next batch on: a deeper window is
@@ -422,8 +427,8 @@ impl MultiProcessIter {
 
     /// The last wait for a batch ran past the loader's `timeout`.
     #[getter]
-    fn _timed_out(&self) -> bool {
-        self.timed_out
+    fn _timed_out(slf: &Bound<'_, Self>) -> PyResult<bool> {
+        with_ref(slf, "_timed_out", |it| it.timed_out)
     }
 
     /// Stops every worker: a Shutdown frame, then the socket is closed so a
@@ -467,10 +472,12 @@ impl MultiProcessIter {
 
     /// The pinned arenas' counters (see `PinArena.counts`), if pinned.
     #[getter]
-    fn _pin_counts(&self) -> Option<PinCountsTuple> {
-        self.pin_arena
-            .as_ref()
-            .map(|a| counts_tuple(&a.get().pinning))
+    fn _pin_counts(slf: &Bound<'_, Self>) -> PyResult<Option<PinCountsTuple>> {
+        with_ref(slf, "_pin_counts", |it| {
+            it.pin_arena
+                .as_ref()
+                .map(|a| counts_tuple(&a.get().pinning))
+        })
     }
 }
 
