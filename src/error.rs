@@ -61,6 +61,9 @@ impl fmt::Display for Error {
                     "DataLoader worker thread {worker} exited unexpectedly (its exception, \
                      if any, was printed by threading.excepthook)"
                 ),
+                // (torch's words where it cannot tell how: a worker of a
+                // fork server, reaped by that server)
+                Exit::Unknown => write!(f, "DataLoader worker (pid(s) {pid}) exited unexpectedly"),
                 Exit::Signal(sig) => {
                     write!(
                         f,

@@ -15,6 +15,7 @@ import threading
 import time
 import types
 import warnings
+import weakref
 from typing import (
     Any,
     Iterator,
@@ -168,6 +169,7 @@ def _start_processes(
                 for pair in pairs:
                     pair[1].close()
             procs.append(w)
+            _processes[w.pid] = w
             for j in range(len(group)):
                 owner[first + j * p] = w.pid
     finally:
@@ -180,7 +182,9 @@ def _start_processes(
 def _pickle_hint() -> Iterator[None]:
     """torch's warning when a worker's arguments do not pickle (spawn and
     forkserver pickle them: the dataset, collate_fn, worker_init_fn),
-    given before the error is re-raised, as torch gives it."""
+    given before the error is re-raised, as torch gives it; and where the
+    fork server itself went away while starting a worker, why it usually
+    does."""
     try:
         yield
     except (TypeError, AttributeError, pickle.PicklingError):
@@ -190,6 +194,18 @@ def _pickle_hint() -> Iterator[None]:
             "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
             "to 'forkserver', which requires the worker Process arguments to be picklable. "
             "You can also try multiprocessing.set_start_method('fork').",
+            stacklevel=5,
+        )
+        raise
+    except (ConnectionError, EOFError):
+        # torch says nothing here; the fork server's own error (printed on
+        # stderr) names the bootstrapping phase but not the usual cause
+        warnings.warn(
+            "The fork server went away while starting a DataLoader worker. Under "
+            "'forkserver' (Python 3.14's default start method on Linux) and 'spawn', "
+            "workers import your main script: if it builds and iterates the loader at its "
+            "top level, put that code under `if __name__ == '__main__':` (the fork server's "
+            "own error, above, says so too), or pass multiprocessing_context='fork'.",
             stacklevel=5,
         )
         raise
@@ -286,6 +302,24 @@ def _start_threads(
         pids.append(0)
 
 
+# Worker processes by pid, for how one ended (exit_code).
+_processes: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def exit_code(pid: int) -> Optional[int]:
+    """How worker ``pid`` ended, as ``multiprocessing`` says (a negative
+    code is the signal), waiting up to a second; ``None`` when unknown.
+    The engine asks when it could not read it itself: a worker a fork
+    server started (``forkserver``, Python 3.14's default) is the server's
+    child, and the server reaps it and reports to its ``Process``."""
+    w = _processes.get(pid)
+    if w is None:
+        return None
+    w.join(timeout=1.0)
+    code = w.exitcode
+    return None if code is None else int(code)
+
+
 def _stop_processes(procs: Any, grace: float = 5.0) -> None:
     """Ends workers the engine does not hold (a start that failed part
     way) as the engine ends its own (``_core.end_processes``: ``grace`` to
@@ -309,3 +343,9 @@ def _join(workers: Any, grace: float) -> None:
             w.join(timeout=max(0.0, deadline - time.monotonic()))
         else:
             w.join(timeout=1.0)
+            popen = getattr(w, "_popen", None)
+            if w.exitcode is not None and popen is not None:
+                # its pipes go now (a fork server's process holds two), not
+                # when the Process object is collected; exitcode and
+                # is_alive() still answer from the code already read
+                popen.close()

@@ -84,13 +84,36 @@ impl From<Error> for PyErr {
             Error::SharedMemory { .. } => Class::SharedMemory,
             Error::ShmLimit(_) => Class::SharedMemoryLimit,
             Error::WorkerDied { exit, pid, worker } => {
-                return Class::WorkerDied.err(died_message(*worker, *pid, *exit));
+                let exit = match exit {
+                    Exit::Unknown => exit_from_python(*pid).unwrap_or(Exit::Unknown),
+                    known => *known,
+                };
+                return Class::WorkerDied.err(died_message(*worker, *pid, exit));
             }
             Error::Timeout { .. } => Class::WorkerTimeout,
             Error::Protocol(_) | Error::Corrupt { .. } | Error::Disconnected(_) => Class::Protocol,
         };
         class.err(e.to_string())
     }
+}
+
+/// How a worker the engine could not read the end of ended, as its
+/// `multiprocessing.Process` says (`ferroloader._launch.exit_code`).
+fn exit_from_python(pid: i32) -> Option<Exit> {
+    Python::attach(|py| -> PyResult<Option<i32>> {
+        py.import("ferroloader._launch")?
+            .call_method1("exit_code", (pid,))?
+            .extract()
+    })
+    .ok()
+    .flatten()
+    .map(|code| {
+        if code < 0 {
+            Exit::Signal(-code)
+        } else {
+            Exit::Code(code)
+        }
+    })
 }
 
 /// torch's message for a dead worker, the signal named as Python names it.

@@ -427,6 +427,9 @@ pub enum Exit {
     /// A worker thread (no process of its own) closed its end: it ended
     /// without a clean stop.
     Thread,
+    /// A process that is not this one's child (a fork server started it)
+    /// ended, and how was no longer to be read: its parent reaped it.
+    Unknown,
 }
 
 impl Watched {
@@ -465,7 +468,9 @@ impl Watched {
     /// `deadline` passes; true if it has ended.
     pub fn wait_exit(&self, deadline: std::time::Instant) -> bool {
         loop {
-            if self.exit_status().is_some() || self.reaped() {
+            // (a process reaped already, by its multiprocessing handle or
+            // by the fork server that started it, counts as ended too)
+            if self.exit_status().is_some() {
                 return true;
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -482,28 +487,14 @@ impl Watched {
         }
     }
 
-    /// The process was reaped already (its `multiprocessing` handle joined
-    /// it): it has ended, though how is no longer known. (Its pidfd stays
-    /// readable, so a wait would otherwise spin to its deadline.)
-    fn reaped(&self) -> bool {
-        let got = match &self.pidfd {
-            Some(fd) => rustix::process::waitid(
-                rustix::process::WaitId::PidFd(fd.as_fd()),
-                WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
-            ),
-            None => match Pid::from_raw(self.pid) {
-                Some(p) => rustix::process::waitid(
-                    rustix::process::WaitId::Pid(p),
-                    WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
-                ),
-                None => return false,
-            },
-        };
-        matches!(got, Err(rustix::io::Errno::CHILD))
-    }
-
     /// How the process ended, without reaping it (the `multiprocessing`
     /// `Process` object still joins it). `None` while it runs.
+    ///
+    /// A worker started by a fork server (`forkserver`, Python 3.14's
+    /// default) is the server's child, not ours: `waitid` answers ECHILD
+    /// whether it runs or not. It has ended once its pidfd is readable (or
+    /// its `/proc` entry is gone or a zombie); its zombie's `/proc` entry
+    /// still says how, until the server reaps it.
     pub fn exit_status(&self) -> Option<Exit> {
         let status = match &self.pidfd {
             Some(fd) => rustix::process::waitid(
@@ -515,12 +506,51 @@ impl Watched {
                 WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT,
             ),
         };
-        let status = status.ok()??;
+        let status = match status {
+            Ok(status) => status?,
+            Err(rustix::io::Errno::CHILD) => return self.ended_elsewhere(),
+            Err(_) => return None,
+        };
         if let Some(sig) = status.terminating_signal() {
             return Some(Exit::Signal(sig));
         }
         status.exit_status().map(Exit::Code)
     }
+
+    /// [`Watched::exit_status`] for a process that is not our child (or was
+    /// reaped already).
+    fn ended_elsewhere(&self) -> Option<Exit> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok();
+        let zombie = stat.as_deref().and_then(zombie_status);
+        let ended = match &self.pidfd {
+            Some(fd) => {
+                wait_fd(fd.as_fd(), PollFlags::IN, Some(std::time::Duration::ZERO)).unwrap_or(false)
+            }
+            None => stat.is_none() || zombie.is_some(),
+        };
+        if !ended {
+            return None;
+        }
+        Some(zombie.unwrap_or(Exit::Unknown))
+    }
+}
+
+/// How a zombie ended, from its `/proc/PID/stat` line (state `Z`; field 52,
+/// `exit_code`, holds the status as `waitpid` reports it); `None` for a
+/// process that is not a zombie.
+fn zombie_status(stat: &str) -> Option<Exit> {
+    // (the command name, field 2, may hold spaces and parentheses)
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    if fields.first() != Some(&"Z") {
+        return None;
+    }
+    // fields[0] is field 3 (the state): field 52 is fields[49]
+    let code: i32 = fields.get(49)?.parse().ok()?;
+    Some(if code & 0x7f != 0 {
+        Exit::Signal(code & 0x7f)
+    } else {
+        Exit::Code((code >> 8) & 0xff)
+    })
 }
 
 #[cfg(test)]
@@ -537,6 +567,21 @@ mod tests {
         )
         .unwrap();
         (Conn::new(a), Conn::new(b))
+    }
+
+    #[test]
+    fn a_zombies_stat_line_says_how_it_ended() {
+        // 52 fields; the command name holds a space and a parenthesis
+        let line = |state: &str, code: i32| {
+            let mut f = vec!["0"; 49];
+            f[0] = state;
+            let tail = f.join(" ");
+            format!("1234 (pt (x) 1) {tail} {code}\n")
+        };
+        assert_eq!(zombie_status(&line("Z", 9)), Some(Exit::Signal(9)));
+        assert_eq!(zombie_status(&line("Z", 3 << 8)), Some(Exit::Code(3)));
+        assert_eq!(zombie_status(&line("R", 0)), None);
+        assert_eq!(zombie_status("garbage"), None);
     }
 
     #[test]
