@@ -591,18 +591,7 @@ def live_workers() -> set:
     """This process's live children, less multiprocessing's helpers (its
     resource tracker and fork server outlive the loaders that started them);
     an ended worker is reaped when its iterator goes."""
-    def helper(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            return False
-        return b"resource_tracker" in cmd or b"forkserver" in cmd
-
-    return {
-        pid for pid in children_of(os.getpid())
-        if pid_state(pid) not in (None, "Z") and not helper(pid)
-    }
+    return {pid for pid in spawned() if pid_state(pid) not in (None, "Z")}
 
 
 def strip(value: Any, keys: tuple = ("pid",)) -> Any:
@@ -665,6 +654,30 @@ def children_of(pid: int) -> set:
         st = proc_stat(int(name))
         if st is not None and st[1] == pid:
             out.add(int(name))
+    return out
+
+
+def _is_helper(pid: int, what: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return what in f.read()
+    except OSError:
+        return False
+
+
+def spawned(pid: Optional[int] = None) -> set:
+    """The worker processes ``pid`` (this one by default) started: its
+    children, and the children its fork server forked for it (under
+    ``forkserver``, Python 3.14's default, a worker is the server's child,
+    not ours), less multiprocessing's helpers (the fork server and the
+    resource tracker, which outlive the loaders that started them)."""
+    pid = os.getpid() if pid is None else pid
+    out = set()
+    for k in children_of(pid):
+        if _is_helper(k, b"forkserver"):
+            out |= children_of(k)
+        elif not _is_helper(k, b"resource_tracker"):
+            out.add(k)
     return out
 
 

@@ -266,13 +266,14 @@ def test_a_dataset_that_cannot_run_in_threads_keeps_the_tuner_to_processes(tmp_p
     ds.f.close()
 
 
+class Slow(Plain):
+    def __getitem__(self, i):
+        time.sleep(0.02)
+        return super().__getitem__(i)
+
+
 @time_limit(60)
 def test_a_worker_killed_while_the_tuner_resizes_is_named_and_nothing_hangs():
-    class Slow(Plain):
-        def __getitem__(self, i):
-            time.sleep(0.02)
-            return super().__getitem__(i)
-
     loader = ferroloader.DataLoader(Slow(), batch_size=2, num_workers="auto")
     it = iter(loader)
     it._force(Layout(2))

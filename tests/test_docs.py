@@ -9,6 +9,7 @@ prints the report the README's bug section asks for."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
 import subprocess
@@ -63,7 +64,12 @@ def test_page_code_runs(page: Path, tmp_path: Path) -> None:
         assert not any(lang == "py" for _, lang, _ in found), "use ```python for Python"
         return
     # One script: each block marked with its line, so a failure names it.
-    script, origin = [], []
+    # The pages' examples are scripts without a __main__ guard, as a reader
+    # tries them: under forkserver (Python 3.14's default) or spawn, each
+    # worker would import the script and run it again (the guide's README
+    # says so). They run with fork here.
+    script = ["import multiprocessing\nmultiprocessing.set_start_method('fork')\n"]
+    origin = [(0, 0)]
     for line, src in code:
         script.append(f"# --- {page_id(page)}:{line}\n")
         origin.append((sum(s.count("\n") for s in script), line))
@@ -148,8 +154,15 @@ def test_public_name_has_a_docstring_with_a_working_example(name: str) -> None:
     assert obj.__doc__ and ">>>" in obj.__doc__, f"ferroloader.{name} has no example"
     finder = doctest.DocTestFinder(recurse=False)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
-    for test in finder.find(obj, f"ferroloader.{name}", globs={}):
-        runner.run(test)
+    # (an example's classes live in no module a worker could import: they
+    # reach workers only by fork)
+    was = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("fork", force=True)
+    try:
+        for test in finder.find(obj, f"ferroloader.{name}", globs={}):
+            runner.run(test)
+    finally:
+        multiprocessing.set_start_method(was, force=True)
     assert runner.failures == 0, f"the example of ferroloader.{name} failed (output above)"
 
 

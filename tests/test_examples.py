@@ -3,6 +3,7 @@ training script the README points to), with ferroloader and with torch."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import runpy
 import sys
@@ -20,12 +21,20 @@ def test_train_cnn_example_runs_fast_with_ferroloader_and_with_torch(monkeypatch
     a warning of its own (a loss read with float() warned each epoch)."""
     path = os.path.join(ROOT, "examples", "train_cnn.py")
     module = runpy.run_path(path, run_name="train_cnn")
-    for extra in ([], ["--torch"]):
-        monkeypatch.setattr(sys, "argv", [path])
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            result = module["main"](["--fast", "--workers", "2", "--epochs", "3", *extra])
-        own = [f"{w.filename}:{w.lineno}: {w.message}" for w in seen if w.filename == path]
-        assert not own, own
-        assert result["last_loss"] < result["first_loss"], result
-        assert 0.0 <= result["accuracy"] <= 1.0
+    # (run this way, the script's classes live in a module workers cannot
+    # import: they reach them only by fork; run as a script, they would
+    # under any start method)
+    was = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("fork", force=True)
+    try:
+        for extra in ([], ["--torch"]):
+            monkeypatch.setattr(sys, "argv", [path])
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                result = module["main"](["--fast", "--workers", "2", "--epochs", "3", *extra])
+            own = [f"{w.filename}:{w.lineno}: {w.message}" for w in seen if w.filename == path]
+            assert not own, own
+            assert result["last_loss"] < result["first_loss"], result
+            assert 0.0 <= result["accuracy"] <= 1.0
+    finally:
+        multiprocessing.set_start_method(was, force=True)

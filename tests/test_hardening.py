@@ -155,7 +155,9 @@ def test_a_failed_start_leaves_no_workers_or_fds(tmp_path):
 
 @ferro_only
 @time_limit(120)
-def test_a_start_that_fails_after_the_workers_started_ends_them(monkeypatch):
+# (a fork server's worker is not our child, and its Process holds two pipes)
+@pytest.mark.parametrize("context", [None, "forkserver"])
+def test_a_start_that_fails_after_the_workers_started_ends_them(monkeypatch, context):
     """A failure after the workers were started (here, building the
     iterator raises) ends them and closes their sockets before raising."""
     from ferroloader import dataloader
@@ -163,7 +165,8 @@ def test_a_start_that_fails_after_the_workers_started_ends_them(monkeypatch):
     def fds() -> int:
         return len(os.listdir("/proc/self/fd"))
 
-    loader = fl.DataLoader(list(range(16)), batch_size=2, num_workers=2)
+    loader = fl.DataLoader(list(range(16)), batch_size=2, num_workers=2,
+                           multiprocessing_context=context)
     list(loader)
     gc.collect()
     base = fds()

@@ -208,7 +208,9 @@ def test_per_sample_seed_and_stats_work_through_a_mixture():
         return ferroloader.Mixture({"a": Noisy(0, 6), "b": Noisy(1, 6)}, seed=3)
 
     a = ferroloader.DataLoader(make(), batch_size=2, seed=1, per_sample_seed=True)
-    b = ferroloader.DataLoader(make(), batch_size=2, seed=1, per_sample_seed=True, num_workers=2)
+    # (a local class reaches workers only by fork)
+    b = ferroloader.DataLoader(make(), batch_size=2, seed=1, per_sample_seed=True, num_workers=2,
+                               multiprocessing_context="fork")
     assert [x.tolist() for x in a] == [x.tolist() for x in b]
     assert b.stats().batches == 6
 

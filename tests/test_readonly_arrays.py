@@ -116,8 +116,10 @@ def test_readonly_arrays_with_process_workers_equal_torchs(memmap_path):
     for lib in (TORCH, FERRO):
         mm = Samples(_sources(memmap_path)["memmap"], 10)
         ro = Samples(_readonly, 10)
+        # (the memmap source is a closure: it reaches workers only by fork)
         mm_batches.append(
-            [list(lib.DataLoader(ds, batch_size=4, num_workers=2)) for ds in (mm, ro)]
+            [list(lib.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork"))
+             for ds in (mm, ro)]
         )
     assert_same(mm_batches[0], mm_batches[1])
 

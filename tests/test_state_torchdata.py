@@ -253,9 +253,11 @@ def test_state_dict_right_after_a_load_is_the_loaded_state(num_workers, persiste
     persistent = persistent and num_workers > 0
 
     def make():
+        # (a lambda collate_fn reaches workers only by fork)
         return fl.StatefulDataLoader(
             _CountingMap(20), batch_size=2, num_workers=num_workers,
             persistent_workers=persistent, collate_fn=lambda b: b,
+            multiprocessing_context="fork" if num_workers else None,
         )
 
     dl = make()

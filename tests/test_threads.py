@@ -366,7 +366,10 @@ class HoldsSharedObjects(mh.MapDataset):
 @ferro_only
 @time_limit(60)
 @pytest.mark.parametrize("layout", [dict(num_workers=2, worker_method="thread"),
-                                    dict(num_workers=1, worker_threads=2)])
+                                    # (an open file and a connection reach a
+                                    # worker process only by fork)
+                                    dict(num_workers=1, worker_threads=2,
+                                         multiprocessing_context="fork")])
 def test_objects_threads_cannot_share_are_named_in_a_warning(tmp_path, layout):
     path = tmp_path / "data"
     path.write_bytes(b"x" * 16)
@@ -389,7 +392,9 @@ def test_objects_threads_cannot_share_are_named_in_a_warning(tmp_path, layout):
 @ferro_only
 @time_limit(60)
 @pytest.mark.parametrize("layout", [dict(num_workers=1, worker_method="thread"),
-                                    dict(num_workers=2),
+                                    # (an open file reaches a worker process
+                                    # only by fork)
+                                    dict(num_workers=2, multiprocessing_context="fork"),
                                     dict(num_workers=2, worker_method="thread")])
 def test_no_thread_safety_warning_without_sharing_threads(tmp_path, layout):
     """One thread, worker processes (each its own replica), or a dataset

@@ -251,7 +251,7 @@ for epoch in (loader, loader, big):
     for k, b in enumerate(epoch):
         assert (b["x"] if isinstance(b, dict) else b).shape[0] in (2, 4)
         if k == 0:
-            pids |= mh.children_of(os.getpid())
+            pids |= mh.spawned()
 del loader, big, b
 gc.collect()
 print("PIDS", " ".join(map(str, sorted(pids | {{os.getpid()}}))))
