@@ -115,21 +115,23 @@ _FAILED_START = textwrap.dedent(
 
     def fds():
         return len(os.listdir("/proc/self/fd"))
-
-    loader = fl.DataLoader(list(range(64)), batch_size=4, num_workers=4)
-    list(loader)  # imports and first-use allocations happen before the limit
-    base = fds()
-    resource.setrlimit(resource.RLIMIT_NOFILE, (base + 9, base + 9))
-    failures, after, messages = 0, [], set()
-    for _ in range(5):
-        try:
-            list(loader)
-        except OSError as e:
-            failures += 1
-            messages.add(str(e).split(":")[0])
-        after.append([fds(), len(multiprocessing.active_children())])
-    print(json.dumps({"base": base, "failures": failures, "after": after,
-                      "messages": sorted(messages)}))
+    # (a __main__ guard: under forkserver, Python 3.14's default, and
+    # spawn, the workers import this script)
+    if __name__ == "__main__":
+        loader = fl.DataLoader(list(range(64)), batch_size=4, num_workers=4)
+        list(loader)  # imports and first-use allocations happen before the limit
+        base = fds()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (base + 9, base + 9))
+        failures, after, messages = 0, [], set()
+        for _ in range(5):
+            try:
+                list(loader)
+            except OSError as e:
+                failures += 1
+                messages.add(str(e).split(":")[0])
+            after.append([fds(), len(multiprocessing.active_children())])
+        print(json.dumps({"base": base, "failures": failures, "after": after,
+                          "messages": sorted(messages)}))
     """
 )
 

@@ -21,24 +21,26 @@ _SCRIPT = textwrap.dedent(
     import torch
     import ferroloader as fl
     import mp_helpers as mh
-
-    data = list(range(10))
-    assert [int(b) for b in fl.DataLoader(data, batch_size=1)] == data
-    print("nw=0 ok", flush=True)
-    try:
-        got = [int(b) for b in fl.DataLoader(data, batch_size=1, num_workers=2)]
-    except Exception as e:
-        print(f"nw=2 raised {type(e).__module__}.{type(e).__name__}: {e}", flush=True)
-        sys.exit(0)
-    assert got == data, got
-    print("nw=2 ok", flush=True)
-    # a worker killed mid-epoch is still named, within bounded time
-    ds = mh.DyingDataset(8, die_at=2, how="sigkill", stamp=sys.argv[2])
-    t0 = time.monotonic()
-    try:
-        list(fl.DataLoader(ds, batch_size=1, num_workers=1))
-    except RuntimeError as e:
-        print(f"death named after {time.monotonic() - t0:.1f} s: {e}", flush=True)
+    # (a __main__ guard: under forkserver, Python 3.14's default, and
+    # spawn, the workers import this script)
+    if __name__ == "__main__":
+        data = list(range(10))
+        assert [int(b) for b in fl.DataLoader(data, batch_size=1)] == data
+        print("nw=0 ok", flush=True)
+        try:
+            got = [int(b) for b in fl.DataLoader(data, batch_size=1, num_workers=2)]
+        except Exception as e:
+            print(f"nw=2 raised {type(e).__module__}.{type(e).__name__}: {e}", flush=True)
+            sys.exit(0)
+        assert got == data, got
+        print("nw=2 ok", flush=True)
+        # a worker killed mid-epoch is still named, within bounded time
+        ds = mh.DyingDataset(8, die_at=2, how="sigkill", stamp=sys.argv[2])
+        t0 = time.monotonic()
+        try:
+            list(fl.DataLoader(ds, batch_size=1, num_workers=1))
+        except RuntimeError as e:
+            print(f"death named after {time.monotonic() - t0:.1f} s: {e}", flush=True)
     """
 )
 
