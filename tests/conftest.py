@@ -12,6 +12,7 @@ as many examples per property for a run on request.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 import types
@@ -26,6 +27,13 @@ settings.register_profile(
     "thorough", max_examples=1500, deadline=None, suppress_health_check=_SLOW_OK
 )
 settings.load_profile(os.environ.get("FERROLOADER_HYPOTHESIS_PROFILE", "ci"))
+
+# Under forkserver (Python 3.14's default) the session's fork server starts
+# with its first loader, often torch's, which preloads nothing: each worker
+# of each later test would import torch again (seconds on 2 cores). The
+# server preloads what ferroloader preloads for its own loaders, and the
+# tests' helper module.
+multiprocessing.set_forkserver_preload(["torch", "numpy", "mp_helpers"])
 
 if os.environ.get("FERROLOADER_TESTS_SELFCHECK") == "1":  # pragma: no cover
     import torch.utils.data as _tud
