@@ -588,9 +588,8 @@ def run_side(
 
 
 def live_workers() -> set:
-    """This process's live children, less multiprocessing's helpers (its
-    resource tracker and fork server outlive the loaders that started them);
-    an ended worker is reaped when its iterator goes."""
+    """This process's live worker processes (``spawned``); an ended worker
+    is reaped when its iterator goes."""
     return {pid for pid in spawned() if pid_state(pid) not in (None, "Z")}
 
 

@@ -19,8 +19,6 @@ import torch
 import torch.utils.data as tud
 from helpers import time_limit
 
-FREE_THREADED = not getattr(__import__("sys"), "_is_gil_enabled", lambda: True)()
-
 
 def _in_threads(n: int, fn: Callable[[int], Any]) -> list[Any]:
     """``fn(k)`` in ``n`` threads started together; their results, the

@@ -231,9 +231,6 @@ class _MultiProcessIter(_core.MultiProcessIter):
         loader._workers_started(it, fresh=True)
         return it
 
-    def __iter__(self) -> _MultiProcessIter:
-        return self  # without borrowing the engine, which next() may hold
-
     @property
     def _workers(self) -> list[Any]:
         """The worker processes (or threads), by torch's name for them."""

@@ -92,19 +92,14 @@ impl RngSource for TorchGen {
     fn random_int64(&mut self) -> PyResult<i64> {
         Python::attach(|py| {
             let t = torch(py)?;
-            let empty = t.empty.bind(py).call(
-                ((),),
-                Some(&{
-                    let kw = PyDict::new(py);
-                    kw.set_item(pyo3::intern!(py, "dtype"), &t.int64)?;
-                    kw.set_item(pyo3::intern!(py, "device"), pyo3::intern!(py, "cpu"))?;
-                    kw
-                }),
-            )?;
-            let kw = PyDict::new(py);
-            kw.set_item(pyo3::intern!(py, "generator"), &self.generator)?;
+            let kwargs = PyDict::new(py);
+            kwargs.set_item(pyo3::intern!(py, "dtype"), &t.int64)?;
+            kwargs.set_item(pyo3::intern!(py, "device"), pyo3::intern!(py, "cpu"))?;
+            let empty = t.empty.bind(py).call(((),), Some(&kwargs))?;
+            let kwargs = PyDict::new(py);
+            kwargs.set_item(pyo3::intern!(py, "generator"), &self.generator)?;
             empty
-                .call_method(pyo3::intern!(py, "random_"), (), Some(&kw))?
+                .call_method(pyo3::intern!(py, "random_"), (), Some(&kwargs))?
                 .call_method0(pyo3::intern!(py, "item"))?
                 .extract()
         })

@@ -518,20 +518,28 @@ impl Watched {
     }
 
     /// [`Watched::exit_status`] for a process that is not our child (or was
-    /// reaped already).
+    /// reaped already). Its pidfd answers whether it ended without a read of
+    /// `/proc` (this runs at every wait for each running worker); the zombie's
+    /// stat line is read once it has.
     fn ended_elsewhere(&self) -> Option<Exit> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok();
-        let zombie = stat.as_deref().and_then(zombie_status);
-        let ended = match &self.pidfd {
+        let stat = || std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok();
+        match &self.pidfd {
             Some(fd) => {
-                wait_fd(fd.as_fd(), PollFlags::IN, Some(std::time::Duration::ZERO)).unwrap_or(false)
+                let ended = wait_fd(fd.as_fd(), PollFlags::IN, Some(std::time::Duration::ZERO))
+                    .unwrap_or(false);
+                ended.then(|| {
+                    stat()
+                        .as_deref()
+                        .and_then(zombie_status)
+                        .unwrap_or(Exit::Unknown)
+                })
             }
-            None => stat.is_none() || zombie.is_some(),
-        };
-        if !ended {
-            return None;
+            // no pidfd: gone from /proc, or a zombie
+            None => match stat() {
+                None => Some(Exit::Unknown),
+                Some(line) => zombie_status(&line),
+            },
         }
-        Some(zombie.unwrap_or(Exit::Unknown))
     }
 }
 
