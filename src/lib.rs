@@ -35,6 +35,7 @@ pub mod facilities;
 pub mod fuzzing;
 pub mod pin;
 pub mod record;
+pub mod remote;
 pub mod ring;
 pub mod sampler;
 pub mod scheduler;

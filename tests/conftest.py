@@ -19,6 +19,7 @@ import types
 
 import pytest
 from hypothesis import HealthCheck, settings
+from remote_servers import s3_server  # noqa: F401 (a session fixture: moto's S3 on localhost)
 
 # examples are whole loader runs, slow next to hypothesis' expectations
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]

@@ -53,6 +53,7 @@ from ferroloader.errors import (
 from ferroloader.mixture import Mixture, MixtureBatchSampler
 from ferroloader.packing import PackedLoader, Packing
 from ferroloader.patch import Patch, patch
+from ferroloader.remote import CacheStats, ShardCache
 from ferroloader.sampler import (
     BatchSampler,
     ElasticBatchSampler,
@@ -71,6 +72,7 @@ from ferroloader.worker import get_worker_info
 __all__ = [
     "Autotune",
     "BatchSampler",
+    "CacheStats",
     "ChainDataset",
     "ConcatDataset",
     "ConfigError",
@@ -97,6 +99,7 @@ __all__ = [
     "RebuiltAsTorchWarning",
     "Sampler",
     "SequentialSampler",
+    "ShardCache",
     "ShardedDataset",
     "Sharding",
     "SharedMemoryError",

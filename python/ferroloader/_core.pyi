@@ -17,10 +17,13 @@ __all__ = [
     "MultiProcessIter",
     "Packer",
     "PinArena",
+    "PinnedShard",
     "Recorder",
     "SampleSeeder",
     "SamplerIter",
+    "ShardCacheCore",
     "ShardPlan",
+    "ShardPrefetch",
     "SingleProcessIter",
     "StopFlag",
     "_FakeCudaRuntime",
@@ -35,6 +38,7 @@ __all__ = [
     "elastic_indices",
     "end_processes",
     "epoch_seed",
+    "is_url",
     "mixture_indices",
     "prefetch_window",
     "ragged",
@@ -380,6 +384,9 @@ class ShardPlan:
     @property
     def batches(self) -> Optional[int]:
         """Batches this rank yields in the epoch, when shard lengths are known."""
+    @property
+    def read_order(self) -> list[int]:
+        """The shards in the order the epoch first reads them."""
 
 class _PlanArgs(TypedDict):
     n_shards: int
@@ -419,6 +426,9 @@ class AddressBatches(Iterator[list[tuple[int, int]]]):
     @property
     def total(self) -> int:
         """Items in the epoch's whole global sequence."""
+    @property
+    def read_order(self) -> list[int]:
+        """The shards in the order the rest of the sequence reads them."""
     def __len__(self) -> int: ...
     def __iter__(self) -> AddressBatches: ...
     def __next__(self) -> list[tuple[int, int]]: ...
@@ -542,3 +552,47 @@ class Packer:
     def pop(self) -> Optional[dict[str, Any]]: ...
     def flush(self) -> Optional[dict[str, Any]]: ...
     def pending(self) -> dict[str, Any]: ...
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` is a URL the shard cache reads."""
+
+@final
+class ShardCacheCore:
+    """One process's handle on a shard cache directory (``ferroloader.ShardCache``)."""
+
+    def __new__(
+        cls,
+        dir: str,
+        budget: int,
+        options: list[tuple[str, str]],
+        room_wait: Optional[float] = None,
+    ) -> Self: ...
+    def open(self, url: str) -> PinnedShard:
+        """The object at ``url``, pinned in the cache until ``release()``."""
+    def prefetch(self, urls: list[str]) -> ShardPrefetch:
+        """Fetches ``urls`` in order on a thread of its own."""
+    def counters(self) -> tuple[int, int, int, int, float]:
+        """``(bytes fetched, downloads, hits, misses, seconds waited)`` of this process."""
+    def sizes(self, urls: list[str]) -> list[int]: ...
+    def size(self, url: str) -> int: ...
+
+@final
+class PinnedShard:
+    """An object pinned in the shard cache."""
+
+    @property
+    def path(self) -> str: ...
+    def release(self) -> None: ...
+
+@final
+class ShardPrefetch:
+    """A prefetch under way."""
+
+    def stop(self) -> None: ...
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def errors(self) -> list[str]: ...
+    def join(self) -> None: ...

@@ -22,6 +22,7 @@ from ferroloader._iterators import _is_datapipe, _MultiProcessIter, _single_proc
 from ferroloader.errors import ConfigError
 from ferroloader.mixture import Mixture, MixtureBatchSampler
 from ferroloader.patch import record_dataset, register_loader
+from ferroloader.remote import ShardCache
 from ferroloader.sampler import (
     RandomSampler,
     SequentialSampler,
@@ -297,6 +298,9 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             total = total + of_iterator(live)
         if self._tuner is not None:
             total.autotune = self._tuner.report()
+        cache = getattr(self.dataset, "cache", None)
+        if isinstance(cache, ShardCache):
+            total.remote = cache.stats()
         return total
 
     def __getstate__(self) -> dict[str, Any]:

@@ -51,6 +51,7 @@ import torch
 from ferroloader import _core
 from ferroloader.dataset import IterableDataset
 from ferroloader.errors import ConfigError
+from ferroloader.remote import ShardCache, is_url
 from ferroloader.seeds import epoch_seed
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -105,6 +106,11 @@ class ShardedDataset(IterableDataset[_T_co]):
         """The number of items of ``shard``; ``None`` when unknown."""
         return None
 
+    def _remote(self, shards: Sequence[Any]) -> Optional[tuple[Any, list[Optional[str]]]]:
+        """``(cache, url of each shard or None)`` when shards are read
+        through a ``ShardCache`` (the loader prefetches them), else ``None``."""
+        return None
+
     def __iter__(self) -> Iterator[_T_co]:
         rank, world = distributed_rank()
         info = torch.utils.data.get_worker_info()
@@ -139,6 +145,13 @@ class FileShards(ShardedDataset[_T_co]):
     first ``k`` items cheaply). ``lengths``: each file's item count, as a
     sequence in the order of ``paths`` or a function of the path.
 
+    A path may be a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
+    ``file://``): the reader then gets the local path of the shard in
+    ``cache`` (a ``ferroloader.ShardCache``; by default one with its
+    default directory and budget), which the loader fills ahead of the
+    readers (see ``ferroloader.remote``). ``lengths`` as a function gets
+    the URL.
+
     >>> import os, tempfile, ferroloader
     >>> folder = tempfile.mkdtemp()
     >>> paths = [os.path.join(folder, f"part-{p}.txt") for p in range(2)]
@@ -159,6 +172,7 @@ class FileShards(ShardedDataset[_T_co]):
         reader: Callable[..., Iterable[_T_co]],
         *,
         lengths: Union[Sequence[int], Callable[[str], int], None] = None,
+        cache: Optional[ShardCache] = None,
     ) -> None:
         self.paths = [os.fspath(p) for p in paths]
         self.reader = reader
@@ -166,14 +180,26 @@ class FileShards(ShardedDataset[_T_co]):
         if lengths is not None and not callable(lengths) and len(lengths) != len(self.paths):
             raise ConfigError(f"FileShards: {len(lengths)} lengths for {len(self.paths)} paths")
         self._seeks = _takes_start(reader)
+        remote = any(is_url(p) for p in self.paths)
+        self.cache = cache if cache is not None or not remote else ShardCache()
 
     def shards(self) -> list[str]:
         return self.paths
 
     def iter_shard(self, shard: Any, start: int = 0) -> Iterable[_T_co]:
+        if self.cache is not None and is_url(shard):
+            return self.cache.read(shard, lambda path: self._read(path, start))
+        return self._read(shard, start)
+
+    def _read(self, path: str, start: int) -> Iterable[_T_co]:
         if self._seeks:
-            return self.reader(shard, start=start)
-        return itertools.islice(self.reader(shard), start, None)
+            return self.reader(path, start=start)
+        return itertools.islice(self.reader(path), start, None)
+
+    def _remote(self, shards: Sequence[Any]) -> Optional[tuple[Any, list[Optional[str]]]]:
+        if self.cache is None:
+            return None
+        return self.cache, [s if is_url(s) else None for s in shards]
 
     def shard_len(self, shard: Any) -> Optional[int]:
         if self.lengths is None:
@@ -258,6 +284,7 @@ class ShardEpoch:
         self.iter_shard = dataset.iter_shard
         self.plan: Optional[Any] = None
         self.addresses: Optional[Any] = None
+        self.prefetch: Optional[Any] = None
         self.start = 0
         if resume is not None:
             _check_resume(self, resume)
@@ -288,6 +315,7 @@ class ShardEpoch:
                     "tail": tail,
                 }
             )
+            self._start_prefetch(dataset, self.addresses.read_order)
             return
         dynamic = sharding.mode == "dynamic"
         lanes = max(loader._workers, 1) if dynamic else sharding.lanes
@@ -317,6 +345,26 @@ class ShardEpoch:
                 "resume": saved,
             }
         )
+        self._start_prefetch(dataset, self.plan.read_order)
+
+    def _start_prefetch(self, dataset: Any, order: Sequence[int]) -> None:
+        """Remote shards: fetch this rank's in the order the epoch reads
+        them, ahead of the readers (stopped when this epoch is collected);
+        a cache that cannot hold one of them is an error now."""
+        remote = dataset._remote(self.descriptors)
+        if remote is None:
+            return
+        cache, urls = remote
+        wanted: list[str] = []
+        seen: set[str] = set()
+        for s in order:
+            url = urls[s]
+            if url is not None and url not in seen:
+                seen.add(url)
+                wanted.append(url)
+        if wanted:
+            cache.check(wanted)
+            self.prefetch = cache.prefetch(wanted)
 
     def source(self, seeder: Any) -> tuple[Any, Any, Any]:
         """``(iter_shard, descriptors, seeder)`` for the engine."""

@@ -76,6 +76,9 @@ class LoaderStats:
     # num_workers="auto": the layout, its changes and why (see
     # ferroloader.autotune); set by DataLoader.stats(), not summed
     autotune: Any = None
+    # remote shards: what the shard cache did (ferroloader.CacheStats), set
+    # by DataLoader.stats(), not summed
+    remote: Any = None
 
     @property
     def fetch(self) -> float:
@@ -152,6 +155,8 @@ class LoaderStats:
         ]
         if self.autotune is not None:
             lines.append(str(self.autotune))
+        if self.remote is not None:
+            lines.append(str(self.remote))
         return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ from ferroloader import _core
 from ferroloader.collate import default_collate
 from ferroloader.dataset import Dataset
 from ferroloader.errors import ConfigError
+from ferroloader.remote import ShardCache, is_url
 from ferroloader.shards import ShardedDataset
 
 
@@ -194,6 +195,11 @@ class TableShards(ShardedDataset[dict[str, Any]]):
     ``default_collate`` collates them (per row, unlike ``TableDataset``'s
     gather). Needs pyarrow.
 
+    Paths may be URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
+    ``file://``; not a remote directory): each file is read through
+    ``cache`` (a ``ferroloader.ShardCache``, by default one with its default
+    directory and budget), whole.
+
     >>> import os, tempfile, pyarrow as pa, pyarrow.parquet as pq, ferroloader
     >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
     >>> pq.write_table(pa.table({"y": list(range(10))}), path, row_group_size=5)
@@ -210,8 +216,11 @@ class TableShards(ShardedDataset[dict[str, Any]]):
         self,
         paths: Union[str, os.PathLike[str], Sequence[Union[str, os.PathLike[str]]]],
         columns: Optional[Sequence[str]] = None,
+        cache: Optional[ShardCache] = None,
     ) -> None:
-        if isinstance(paths, (str, os.PathLike)) and os.path.isdir(paths):
+        if isinstance(paths, str) and is_url(paths):
+            found = [paths]
+        elif isinstance(paths, (str, os.PathLike)) and os.path.isdir(paths):
             root = os.fspath(paths)
             found = sorted(
                 os.path.join(root, f) for f in os.listdir(root) if f.endswith(self._SUFFIXES)
@@ -223,39 +232,57 @@ class TableShards(ShardedDataset[dict[str, Any]]):
         self.paths = found
         self.columns = None if columns is None else [str(c) for c in columns]
         self._shards: Optional[list[tuple[str, int, int]]] = None
+        remote = any(is_url(p) for p in self.paths)
+        self.cache = cache if cache is not None or not remote else ShardCache()
 
     def shards(self) -> list[tuple[str, int, int]]:
         """``(path, row group or -1 for a whole Arrow file, rows)`` each."""
         if self._shards is None:
             out: list[tuple[str, int, int]] = []
             for path in self.paths:
-                if _is_parquet(path):
-                    import pyarrow.parquet as pq
-
-                    meta = pq.ParquetFile(path).metadata
-                    groups = range(meta.num_row_groups)
-                    out += [(path, g, meta.row_group(g).num_rows) for g in groups]
+                if self.cache is not None and is_url(path):
+                    with self.cache.open(path) as local:
+                        out += self._file_shards(path, local)
                 else:
-                    out.append((path, -1, _open_ipc(path, "TableShards").num_rows))
+                    out += self._file_shards(path, path)
             self._shards = out
         return self._shards
+
+    def _file_shards(self, path: str, local: str) -> list[tuple[str, int, int]]:
+        if _is_parquet(path):
+            import pyarrow.parquet as pq
+
+            meta = pq.ParquetFile(local).metadata
+            groups = range(meta.num_row_groups)
+            return [(path, g, meta.row_group(g).num_rows) for g in groups]
+        return [(path, -1, _open_ipc(local, "TableShards").num_rows)]
 
     def shard_len(self, shard: Any) -> int:
         return int(shard[2])
 
-    def _open(self, shard: Any) -> Any:
-        path, group, _ = shard
+    def _open(self, local: str, group: int) -> Any:
         if group >= 0:
             import pyarrow.parquet as pq
 
-            table = pq.ParquetFile(path).read_row_group(group, columns=self.columns)
+            table = pq.ParquetFile(local).read_row_group(group, columns=self.columns)
         else:
-            table = _open_ipc(path, "TableShards")
+            table = _open_ipc(local, "TableShards")
         return _core.ArrowTable(table, self.columns, None)
 
-    def iter_shard(self, shard: Any, start: int = 0) -> Any:
-        table = self._open(shard)
+    def _rows(self, local: str, group: int, start: int) -> Any:
+        table = self._open(local, group)
         return (table.row(i) for i in range(start, len(table)))
+
+    def iter_shard(self, shard: Any, start: int = 0) -> Any:
+        path, group, _ = shard
+        if self.cache is not None and is_url(path):
+            return self.cache.read(path, lambda local: self._rows(local, group, start))
+        return self._rows(path, group, start)
+
+    def _remote(self, shards: Sequence[Any]) -> Optional[tuple[Any, list[Optional[str]]]]:
+        if self.cache is None:
+            return None
+        return self.cache, [s[0] if is_url(s[0]) else None for s in shards]
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -20,6 +20,7 @@ mod loader;
 mod multiproc;
 mod packing;
 mod pinning;
+mod remote;
 mod sampler;
 mod seeds;
 mod settings;
@@ -69,5 +70,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<multiproc::MultiProcessIter>()?;
     m.add_class::<multiproc::StopFlag>()?;
     m.add_class::<pinning::PinArena>()?;
+    m.add_class::<remote::PyCache>()?;
+    m.add_class::<remote::PyPinned>()?;
+    m.add_class::<remote::PyPrefetch>()?;
+    m.add_function(wrap_pyfunction!(remote::is_url, m)?)?;
     Ok(())
 }

@@ -109,6 +109,12 @@ impl ShardPlan {
     fn batches(&self) -> Option<u64> {
         self.batches
     }
+
+    /// The shards in the order the epoch first reads them.
+    #[getter]
+    fn read_order(&self) -> Vec<u32> {
+        self.plan.read_order()
+    }
 }
 
 /// A saved position: `(positions, next_lane, handed, rest)`; each work of
@@ -280,6 +286,7 @@ pub struct AddressArgs {
 #[pyclass(module = "ferroloader._core")]
 pub struct AddressBatches {
     addresses: ShardAddresses,
+    start: u64,
     positions: std::vec::IntoIter<u64>,
     batch: usize,
 }
@@ -323,9 +330,16 @@ impl AddressBatches {
         let n = addresses.len();
         Ok(AddressBatches {
             addresses,
+            start,
             positions: elastic_positions(n, start, batch, world, rank, tail).into_iter(),
             batch: batch as usize,
         })
+    }
+
+    /// The shards in the order the rest of the sequence reads them.
+    #[getter]
+    fn read_order(&self) -> Vec<u32> {
+        self.addresses.read_order(self.start)
     }
 
     /// Items in the whole global sequence of the epoch.

@@ -104,6 +104,17 @@ pub struct ShardAddresses {
 }
 
 impl ShardAddresses {
+    /// The shards in the order the sequence reads them from position
+    /// `start` on (what a prefetcher fetches ahead).
+    pub fn read_order(&self, start: u64) -> Vec<u32> {
+        self.order
+            .iter()
+            .zip(self.starts.windows(2))
+            .filter(|(_, w)| w[1] > start && w[1] > w[0])
+            .map(|(&s, _)| s)
+            .collect()
+    }
+
     /// `lens[s]`: the number of items of shard `s`.
     pub fn new(order: Vec<u32>, lens: &[u64], blocks: Option<Blocks>) -> Self {
         let mut starts = Vec::with_capacity(order.len() + 1);

@@ -53,6 +53,21 @@ pub struct LanePlan {
 }
 
 impl LanePlan {
+    /// The shards in the order the epoch first reads them: static lanes
+    /// read their works side by side (each lane's first, then each lane's
+    /// second, ...), dynamic lanes take the queue in turn.
+    pub fn read_order(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        if let Some(works) = &self.works {
+            let longest = works.iter().map(Vec::len).max().unwrap_or(0);
+            for k in 0..longest {
+                out.extend(works.iter().filter_map(|w| w.get(k)).map(|w| w.shard));
+            }
+        }
+        out.extend(self.queue.iter().map(|w| w.shard));
+        out
+    }
+
     /// A lane's position as it reports it, in its plan's numbering.
     pub fn absolute(&self, lane: usize, mut pos: LanePos) -> LanePos {
         pos.started += self.bases.get(lane).copied().unwrap_or(0);

@@ -1,0 +1,322 @@
+"""Shards where they live: ``FileShards`` and ``TableShards`` take URLs
+(``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``) beside local
+paths, and read them through a local disk cache (:class:`ShardCache`).
+
+The engine downloads (Rust's ``object_store``, without the GIL): credentials
+and endpoints come from each store's standard environment (``AWS_*``,
+``GOOGLE_*``, ``AZURE_*``) and from ``ShardCache(options=...)``. Each epoch
+the main process fetches its rank's shards in the order the epoch reads
+them, ahead of the workers and within the cache's byte budget; a worker
+that reaches a shard first downloads it itself. Every process on the
+machine (workers, ranks) shares the cache directory, so a shard is
+downloaded once while it fits. See ``docs/guide/remote.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar
+
+from ferroloader import _core
+from ferroloader.errors import ConfigError
+
+_T = TypeVar("_T")
+
+_GIB = 1 << 30
+
+
+def is_url(path: Any) -> bool:
+    """Whether ``path`` is a URL the shard cache reads (rather than a local path)."""
+    return isinstance(path, str) and _core.is_url(path)
+
+
+def _default_dir() -> str:
+    env = os.environ.get("FERROLOADER_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ferroloader", "shards")
+
+
+def _default_budget() -> int:
+    env = os.environ.get("FERROLOADER_CACHE_BUDGET")
+    if env is None:
+        return 16 * _GIB
+    try:
+        return _parse_bytes(env)
+    except ValueError as e:
+        raise ConfigError(f"FERROLOADER_CACHE_BUDGET: {e}") from None
+
+
+def _parse_bytes(text: str) -> int:
+    units = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
+             "mb": 1 << 20, "mib": 1 << 20, "g": _GIB, "gb": _GIB, "gib": _GIB,
+             "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+    s = text.strip().lower()
+    num = s.rstrip("kmgtib ")
+    unit = s[len(num):].strip()
+    if unit not in units or not num:
+        raise ValueError(f"{text!r} is not a size (like 500MiB or 20GiB)")
+    return int(float(num) * units[unit])
+
+
+@dataclass
+class CacheStats:
+    """What the shard cache did for one loader, summed over its processes:
+    bytes downloaded, objects downloaded, opens that found the shard cached
+    (``hits``) or waited for it (``misses``), and the seconds readers
+    waited on the network (``waited``). ``DataLoader.stats().remote`` gives
+    them for a loader over remote shards.
+
+    >>> import ferroloader
+    >>> stats = ferroloader.CacheStats(fetched_bytes=3 << 20, downloads=3, hits=9, misses=3)
+    >>> print(stats)
+    shard cache: 3.0 MiB fetched in 3 downloads; 9 hits, 3 misses; readers waited 0.000 s
+    """
+
+    fetched_bytes: int = 0
+    downloads: int = 0
+    hits: int = 0
+    misses: int = 0
+    waited: float = 0.0
+
+    def __str__(self) -> str:
+        return (
+            f"shard cache: {self.fetched_bytes / 2**20:.1f} MiB fetched in {self.downloads} "
+            f"downloads; {self.hits} hits, {self.misses} misses; readers waited "
+            f"{self.waited:.3f} s"
+        )
+
+
+class ShardCache:
+    """The local disk cache remote shards are read through.
+
+    ``dir``: where (default ``$FERROLOADER_CACHE_DIR``, else
+    ``~/.cache/ferroloader/shards``); every process that names the same
+    directory shares it. ``budget``: the most bytes it holds, as an int or a
+    string like ``"20GiB"`` (default ``$FERROLOADER_CACHE_BUDGET``, else 16
+    GiB); least recently read shards are evicted first, and never one that
+    is being read, so it must hold as many shards as are read at once (the
+    lanes of static sharding, the workers of dynamic). ``options``: settings
+    for the stores, on top of their environment (``object_store``'s keys,
+    such as ``aws_endpoint``, ``aws_region``, ``allow_http``,
+    ``google_service_account``, ``azure_storage_account_name``).
+
+    >>> import os, tempfile, ferroloader
+    >>> src = os.path.join(tempfile.mkdtemp(), "part-0.txt")
+    >>> with open(src, "w") as f:
+    ...     _ = f.write("a\\nb\\n")
+    >>> cache = ferroloader.ShardCache(dir=tempfile.mkdtemp(), budget="1MiB")
+    >>> with cache.open("file://" + src) as path:
+    ...     open(path).read().split()
+    ['a', 'b']
+    """
+
+    def __init__(
+        self,
+        dir: Optional[str] = None,
+        budget: Any = None,
+        options: Optional[Mapping[str, str]] = None,
+    ) -> None:
+        self.dir = os.path.abspath(os.fspath(dir)) if dir is not None else _default_dir()
+        if budget is None:
+            self.budget = _default_budget()
+        elif isinstance(budget, str):
+            try:
+                self.budget = _parse_bytes(budget)
+            except ValueError as e:
+                raise ConfigError(f"ShardCache budget: {e}") from None
+        elif isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ConfigError(f"ShardCache budget should be a positive int or a size string, "
+                              f"but got {budget!r}")
+        else:
+            self.budget = budget
+        self.options = {str(k): str(v) for k, v in (options or {}).items()}
+        # names this cache's per-process counters (see stats())
+        self._token = uuid.uuid4().hex
+        self._native_box: list[Any] = []
+        self._sizes: dict[str, int] = {}
+
+    def _native(self) -> Any:
+        if not self._native_box or self._native_box[0][0] != os.getpid():
+            core = _core.ShardCacheCore(self.dir, self.budget, sorted(self.options.items()))
+            self._native_box[:] = [(os.getpid(), core)]
+        return self._native_box[0][1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_native_box"] = []  # each process opens the directory itself
+        return state
+
+    def open(self, url: str) -> _Opened:
+        """``with cache.open(url) as path:``: the object's local path, kept
+        in the cache (pinned) until the block ends; downloaded first if it
+        is not there. A missing object is ``FileNotFoundError``, a refused
+        one ``PermissionError``, both naming the URL."""
+        return _Opened(self, url)
+
+    def read(self, url: str, read: Callable[[str], Iterable[_T]]) -> Iterator[_T]:
+        """The items of ``read(local_path)``, the object pinned while they
+        are read (the object is fetched at the first item)."""
+        pin = self._native().open(url)
+        try:
+            yield from read(pin.path)
+        finally:
+            pin.release()
+            self._publish()
+
+    def prefetch(self, urls: Iterable[str]) -> Prefetch:
+        """Starts fetching ``urls`` in order, ahead of their readers and
+        within the budget; the handle's ``stop()`` (or its collection) ends it."""
+        return Prefetch(self._native().prefetch([u for u in urls if is_url(u)]))
+
+    def size(self, url: str) -> int:
+        """The object's size in bytes (one request)."""
+        return int(self._native().size(url))
+
+    def sizes(self, urls: list[str]) -> list[int]:
+        """The objects' sizes in bytes (asked 32 at a time), remembered by
+        this cache object."""
+        missing = [u for u in dict.fromkeys(urls) if u not in self._sizes]
+        if missing:
+            self._sizes.update(zip(missing, (int(n) for n in self._native().sizes(missing))))
+        return [self._sizes[u] for u in urls]
+
+    def check(self, urls: list[str]) -> None:
+        """A clear error now, rather than at the first read, when the cache
+        cannot hold one of the objects at ``urls``: larger than the budget,
+        or than the disk has free."""
+        if not urls:
+            return
+        sizes = self.sizes(urls)
+        size, url = max(zip(sizes, urls))
+        if size > self.budget:
+            raise ConfigError(
+                f"the shard cache budget ({self.budget} bytes) is below one shard: {url} is "
+                f"{size} bytes; raise ShardCache(budget=...)"
+            )
+        os.makedirs(self.dir, exist_ok=True)
+        st = os.statvfs(self.dir)
+        free = st.f_bavail * st.f_frsize
+        if size > free + _held_bytes(self.dir):
+            raise OSError(
+                28, f"the shard cache's disk ({self.dir}) has {free} bytes free, less than one "
+                f"shard ({url}: {size} bytes)"
+            )
+
+    def _counters_dir(self) -> str:
+        return os.path.join(self.dir, ".stats", self._token)
+
+    def _publish(self) -> None:
+        """Writes this process's counters where ``stats()`` reads them."""
+        d = self._counters_dir()
+        try:
+            os.makedirs(d, exist_ok=True)
+            tmp = os.path.join(d, f".{os.getpid()}.tmp")
+            with open(tmp, "w") as f:
+                json.dump(list(self._native().counters()), f)
+            os.replace(tmp, os.path.join(d, str(os.getpid())))
+        except OSError:
+            pass  # counters are best effort; reads never fail for them
+
+    def stats(self) -> CacheStats:
+        """The counters of every process that used this cache object (the
+        main process's prefetcher, the workers), summed."""
+        self._publish()
+        out = CacheStats()
+        d = self._counters_dir()
+        try:
+            names = os.listdir(d)
+        except OSError:
+            return out
+        for name in names:
+            if name.startswith("."):
+                continue
+            try:
+                with open(os.path.join(d, name)) as f:
+                    fetched, downloads, hits, misses, waited = json.load(f)
+            except (OSError, ValueError):
+                continue
+            out.fetched_bytes += int(fetched)
+            out.downloads += int(downloads)
+            out.hits += int(hits)
+            out.misses += int(misses)
+            out.waited += float(waited)
+        return out
+
+
+def _held_bytes(dir: str) -> int:
+    total = 0
+    for name in os.listdir(dir):
+        if name.startswith(".") or name.endswith(".lock"):
+            continue
+        try:
+            total += os.stat(os.path.join(dir, name)).st_size
+        except OSError:
+            pass
+    return total
+
+
+class Prefetch:
+    """A prefetch under way (``ShardCache.prefetch``)."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+        _LIVE.add(self)
+
+    def stop(self) -> None:
+        self._native.stop()
+
+    @property
+    def finished(self) -> bool:
+        return bool(self._native.finished)
+
+    @property
+    def errors(self) -> list[str]:
+        return list(self._native.errors)
+
+    def join(self) -> None:
+        self._native.join()
+
+
+_LIVE: weakref.WeakSet[Prefetch] = weakref.WeakSet()
+
+
+@contextlib.contextmanager
+def paused_prefetch() -> Iterator[None]:
+    """Pauses this process's prefetchers while workers start: a download
+    under way is given up and its locks released first, so a worker forked
+    meanwhile inherits no lock on the cache (it would hold it as long as it
+    lives)."""
+    live = list(_LIVE)
+    for p in live:
+        p._native.pause()
+    try:
+        yield
+    finally:
+        for p in live:
+            p._native.resume()
+
+
+class _Opened:
+    def __init__(self, cache: ShardCache, url: str) -> None:
+        self._cache, self._url = cache, url
+        self._pin: Optional[Any] = None
+
+    def __enter__(self) -> str:
+        pin = self._cache._native().open(self._url)
+        self._pin = pin
+        return str(pin.path)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._pin is not None:
+            self._pin.release()
+        self._cache._publish()
+
+
+__all__ = ["CacheStats", "Prefetch", "ShardCache", "is_url"]

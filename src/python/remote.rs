@@ -1,0 +1,187 @@
+//! The shard cache (`crate::remote`) for Python: `ferroloader.ShardCache`
+//! opens and prefetches through it. Downloads run detached from the
+//! interpreter.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyPermissionError, PyValueError};
+use pyo3::prelude::*;
+
+use super::error::Class;
+use crate::remote::{Cache, Pinned, Prefetch, RemoteError};
+
+fn to_py(e: RemoteError) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        RemoteError::NotFound { .. } => PyFileNotFoundError::new_err(msg),
+        RemoteError::Denied { .. } => PyPermissionError::new_err(msg),
+        RemoteError::BadUrl { .. } => PyValueError::new_err(msg),
+        RemoteError::Budget { .. } | RemoteError::NoRoom { .. } => Class::Config.err(msg),
+        RemoteError::Disk { source, .. } => match source.raw_os_error() {
+            Some(code) => PyOSError::new_err((code, msg)),
+            None => PyOSError::new_err(msg),
+        },
+        RemoteError::Changed { .. } | RemoteError::Failed { .. } | RemoteError::Aborted => {
+            PyOSError::new_err(msg)
+        }
+    }
+}
+
+/// One process's handle on a cache directory.
+#[pyclass(module = "ferroloader._core", frozen, name = "ShardCacheCore")]
+pub struct PyCache {
+    cache: Arc<Cache>,
+}
+
+#[pymethods]
+impl PyCache {
+    #[new]
+    #[pyo3(signature = (dir, budget, options, room_wait=None))]
+    fn new(
+        dir: PathBuf,
+        budget: u64,
+        options: Vec<(String, String)>,
+        room_wait: Option<f64>,
+    ) -> PyResult<Self> {
+        let mut cache = Cache::new(dir, budget, options).map_err(to_py)?;
+        if let Some(w) = room_wait {
+            cache = cache.with_room_wait(std::time::Duration::from_secs_f64(w.max(0.0)));
+        }
+        Ok(PyCache {
+            cache: Arc::new(cache),
+        })
+    }
+
+    /// The object at `url`, pinned in the cache until `release()`.
+    fn open(&self, py: Python<'_>, url: &str) -> PyResult<PyPinned> {
+        let pinned = py.detach(|| self.cache.open(url)).map_err(to_py)?;
+        Ok(PyPinned {
+            path: pinned.path.to_string_lossy().into_owned(),
+            pin: Mutex::new(Some(pinned)),
+        })
+    }
+
+    /// Fetches `urls` in order on a thread of its own until done or dropped.
+    fn prefetch(&self, urls: Vec<String>) -> PyPrefetch {
+        PyPrefetch {
+            inner: Mutex::new(Some(self.cache.prefetch(urls))),
+        }
+    }
+
+    /// `(bytes fetched, downloads, hits, misses, seconds waited)` of this
+    /// process.
+    fn counters(&self) -> (u64, u64, u64, u64, f64) {
+        let c = &self.cache.counters;
+        (
+            c.fetched.load(Ordering::Relaxed),
+            c.downloads.load(Ordering::Relaxed),
+            c.hits.load(Ordering::Relaxed),
+            c.misses.load(Ordering::Relaxed),
+            c.waited_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        )
+    }
+
+    /// The sizes of the objects at `urls` (HEAD requests, 32 at once).
+    fn sizes(&self, py: Python<'_>, urls: Vec<String>) -> PyResult<Vec<u64>> {
+        let options = self.cache.options().to_vec();
+        py.detach(|| crate::remote::store::Object::sizes(&urls, &options))
+            .map_err(to_py)
+    }
+
+    /// The size of the object at `url` (one HEAD request).
+    fn size(&self, py: Python<'_>, url: &str) -> PyResult<u64> {
+        let options = self.cache.options().to_vec();
+        py.detach(|| {
+            crate::remote::store::Object::open(url, &options).and_then(|o| o.head().map(|h| h.0))
+        })
+        .map_err(to_py)
+    }
+}
+
+/// An object pinned in the cache.
+#[pyclass(module = "ferroloader._core", frozen, name = "PinnedShard")]
+pub struct PyPinned {
+    #[pyo3(get)]
+    path: String,
+    pin: Mutex<Option<Pinned>>,
+}
+
+#[pymethods]
+impl PyPinned {
+    /// Lets the cache evict it again.
+    fn release(&self) {
+        self.pin.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
+/// A prefetch under way; `stop()` (or dropping it) ends it.
+#[pyclass(module = "ferroloader._core", frozen, name = "ShardPrefetch")]
+pub struct PyPrefetch {
+    inner: Mutex<Option<Prefetch>>,
+}
+
+#[pymethods]
+impl PyPrefetch {
+    fn stop(&self) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Whether it fetched (or found) everything it was given, or stopped.
+    #[getter]
+    fn finished(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_none_or(Prefetch::finished)
+    }
+
+    /// Errors met so far (each also raised to the reader that needs it).
+    #[getter]
+    fn errors(&self) -> Vec<String> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(Prefetch::errors)
+            .unwrap_or_default()
+    }
+
+    /// Stops downloading until `resume()`: a download under way is given up
+    /// and every cache lock released before this returns, so a process
+    /// forked now inherits none of them (a worker started with `fork`).
+    fn pause(&self, py: Python<'_>) {
+        let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = guard.as_ref() {
+            py.detach(|| p.pause());
+        }
+    }
+
+    fn resume(&self) {
+        if let Some(p) = self
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            p.resume();
+        }
+    }
+
+    /// Waits until it has finished (tests, benches).
+    fn join(&self, py: Python<'_>) {
+        let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(p) = taken {
+            py.detach(|| p.join());
+        }
+    }
+}
+
+/// Whether `path` is a URL the shard cache reads (`s3://`, `gs://`,
+/// `az://`, `http(s)://`, `file://`).
+#[pyfunction]
+pub fn is_url(path: &str) -> bool {
+    crate::remote::is_url(path)
+}

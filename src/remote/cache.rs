@@ -1,0 +1,668 @@
+//! The shard cache: a directory of whole objects under a byte budget,
+//! shared by every process on the machine (workers, ranks) through file
+//! locks, so an object is downloaded once while it fits.
+//!
+//! Files in the directory, for an object whose key is `k` (a hash of its
+//! URL and its file name):
+//! - `k`: the object, complete. A reader holds a shared `flock` on it while
+//!   it reads (a pin); eviction takes an exclusive one without waiting, so a
+//!   pinned object is never evicted.
+//! - `k.part`: a download in progress, its full size reserved.
+//! - `k.lock`: held exclusively by the one process downloading `k`; another
+//!   that wants `k` waits on it, then finds `k` there.
+//! - `.index.lock`: held while space is reserved and objects evicted, so
+//!   the objects and reservations never add up to more than the budget.
+//!
+//! An object's modification time orders eviction (oldest first). A reader
+//! sets it to now; the prefetcher sets an object it fetched ahead of the
+//! readers to a time far in the future (later positions nearer to now), so
+//! the prefetcher itself never evicts what is still to be read this epoch,
+//! and a reader short of room evicts what is needed last.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use rustix::fs::{flock, FlockOperation};
+
+use super::store::{Object, Options, RemoteError, Result};
+
+/// What this process's cache did (each process keeps its own).
+#[derive(Default, Debug)]
+pub struct Counters {
+    /// Bytes downloaded.
+    pub fetched: AtomicU64,
+    /// Objects downloaded.
+    pub downloads: AtomicU64,
+    /// Opens that found the object cached.
+    pub hits: AtomicU64,
+    /// Opens that waited for a download (their own or another process's).
+    pub misses: AtomicU64,
+    /// Nanoseconds readers waited for objects to arrive.
+    pub waited_ns: AtomicU64,
+}
+
+/// The cache in one directory with one budget.
+pub struct Cache {
+    dir: PathBuf,
+    budget: u64,
+    options: Options,
+    pub counters: Arc<Counters>,
+    /// How long a reader waits for room before `NoRoom`.
+    room_wait: Duration,
+}
+
+/// An object in the cache, pinned while this lives.
+pub struct Pinned {
+    _file: File,
+    pub path: PathBuf,
+}
+
+/// A cached object: its file name, modification time and length.
+type Entry = (String, SystemTime, u64);
+
+/// Far enough ahead that no reader's "now" reaches it.
+const AHEAD: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+fn disk(path: &Path) -> impl FnOnce(std::io::Error) -> RemoteError + '_ {
+    move |source| RemoteError::Disk {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A stable key for `url` (the same in every process and build): FNV-1a of
+/// the URL, then its last path segment for people reading the directory.
+pub fn key(url: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in url.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let tail: String = url
+        .rsplit('/')
+        .next()
+        .unwrap_or("")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        .take(80)
+        .collect();
+    format!("{h:016x}-{tail}")
+}
+
+fn lock(file: &File, op: FlockOperation) -> std::io::Result<()> {
+    flock(file, op).map_err(std::io::Error::from)
+}
+
+impl Cache {
+    pub fn new(dir: impl Into<PathBuf>, budget: u64, options: Options) -> Result<Cache> {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir).map_err(disk(&dir))?;
+        Ok(Cache {
+            dir,
+            budget,
+            options,
+            counters: Arc::default(),
+            room_wait: Duration::from_secs(120),
+        })
+    }
+
+    /// The same cache with a shorter wait for room (tests).
+    pub fn with_room_wait(mut self, wait: Duration) -> Cache {
+        self.room_wait = wait;
+        self
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn open_lock(&self, name: &str) -> Result<File> {
+        let p = self.path(name);
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)
+            .map_err(disk(&p))
+    }
+
+    /// `k` pinned, if it is there (not evicted between open and pin).
+    fn try_pin(&self, k: &str) -> Result<Option<Pinned>> {
+        let p = self.path(k);
+        let file = match File::open(&p) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(disk(&p)(e)),
+        };
+        lock(&file, FlockOperation::LockShared).map_err(disk(&p))?;
+        if file.metadata().map_err(disk(&p))?.nlink() == 0 {
+            return Ok(None); // evicted before the pin took
+        }
+        Ok(Some(Pinned {
+            _file: file,
+            path: p,
+        }))
+    }
+
+    /// The object at `url`, pinned: from the cache, or downloaded now
+    /// (waiting for another process's download of it, if one is under way).
+    pub fn open(&self, url: &str) -> Result<Pinned> {
+        let k = key(url);
+        if let Some(p) = self.try_pin(&k)? {
+            touch(&p.path, SystemTime::now());
+            self.counters.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(p);
+        }
+        let t0 = Instant::now();
+        let out = (|| loop {
+            let guard = self.open_lock(&format!("{k}.lock"))?;
+            lock(&guard, FlockOperation::LockExclusive).map_err(disk(&self.dir))?;
+            if let Some(p) = self.try_pin(&k)? {
+                touch(&p.path, SystemTime::now());
+                return Ok(p);
+            }
+            if let Some(p) = self.fetch_locked(url, &k, None, &|| false)? {
+                return Ok(p);
+            }
+        })();
+        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .waited_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        out
+    }
+
+    /// Downloads `url` into `k` (the caller holds `k.lock`). A reader
+    /// (`ahead == None`) gets it pinned and may wait for room; the
+    /// prefetcher (`ahead == Some(position)`) gets `None` at once when there
+    /// is no room without evicting what is still to be read.
+    fn fetch_locked(
+        &self,
+        url: &str,
+        k: &str,
+        ahead: Option<u64>,
+        abort: &dyn Fn() -> bool,
+    ) -> Result<Option<Pinned>> {
+        let obj = Object::open(url, &self.options)?;
+        let (size, etag) = obj.head()?;
+        if size > self.budget {
+            return Err(RemoteError::Budget {
+                url: url.to_string(),
+                size,
+                budget: self.budget,
+            });
+        }
+        let part_path = self.path(&format!("{k}.part"));
+        let Some(part) = self.reserve(url, k, size, &part_path, ahead.is_some())? else {
+            return Ok(None);
+        };
+        let written = obj.download(
+            &part,
+            0..size,
+            etag.as_deref(),
+            &self.counters.fetched,
+            abort,
+        );
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&part_path);
+            return Err(e);
+        }
+        // pinned before it is visible: nothing can evict it between the
+        // rename and the reader's open
+        if ahead.is_none() {
+            lock(&part, FlockOperation::LockShared).map_err(disk(&part_path))?;
+        }
+        let final_path = self.path(k);
+        std::fs::rename(&part_path, &final_path).map_err(disk(&final_path))?;
+        self.counters.downloads.fetch_add(1, Ordering::Relaxed);
+        match ahead {
+            None => {
+                touch(&final_path, SystemTime::now());
+                Ok(Some(Pinned {
+                    _file: part,
+                    path: final_path,
+                }))
+            }
+            Some(pos) => {
+                touch(&final_path, ahead_time(pos));
+                Ok(None)
+            }
+        }
+    }
+
+    /// Reserves `size` bytes as `part_path` (created at its full length),
+    /// evicting unpinned objects oldest first; the prefetcher evicts only
+    /// objects already read. `None`: no room for the prefetcher now.
+    fn reserve(
+        &self,
+        url: &str,
+        k: &str,
+        size: u64,
+        part_path: &Path,
+        prefetching: bool,
+    ) -> Result<Option<File>> {
+        let start = Instant::now();
+        let now = SystemTime::now();
+        loop {
+            let index = self.open_lock(".index.lock")?;
+            lock(&index, FlockOperation::LockExclusive).map_err(disk(&self.dir))?;
+            let (mut used, mut objects) = self.scan(k)?;
+            objects.sort_by_key(|o| o.1);
+            for (name, mtime, len) in objects {
+                if used + size <= self.budget {
+                    break;
+                }
+                if prefetching && mtime > now {
+                    break; // sorted: the rest are still to be read
+                }
+                let p = self.path(&name);
+                let Ok(f) = File::open(&p) else { continue };
+                if flock(&f, FlockOperation::NonBlockingLockExclusive).is_ok() {
+                    std::fs::remove_file(&p).map_err(disk(&p))?;
+                    used -= len;
+                }
+            }
+            if used + size <= self.budget {
+                let part = OpenOptions::new()
+                    .create(true)
+                    .truncate(true)
+                    .read(true)
+                    .write(true)
+                    .open(part_path)
+                    .map_err(disk(part_path))?;
+                part.set_len(size).map_err(disk(part_path))?;
+                return Ok(Some(part));
+            }
+            drop(index);
+            if prefetching {
+                return Ok(None);
+            }
+            if start.elapsed() > self.room_wait {
+                return Err(RemoteError::NoRoom {
+                    url: url.to_string(),
+                    size,
+                    budget: self.budget,
+                    waited: start.elapsed(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Bytes in use (objects and reservations) and the objects other than
+    /// `k` as `(name, mtime, len)`. A reservation whose downloader is gone
+    /// (its lock free) is removed.
+    fn scan(&self, k: &str) -> Result<(u64, Vec<Entry>)> {
+        let mut used = 0;
+        let mut objects = Vec::new();
+        let entries = std::fs::read_dir(&self.dir).map_err(disk(&self.dir))?;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || name.ends_with(".lock") {
+                continue;
+            }
+            let Ok(meta) = e.metadata() else { continue };
+            if let Some(owner) = name.strip_suffix(".part") {
+                if owner != k && self.stale(owner) {
+                    let _ = std::fs::remove_file(e.path());
+                    continue;
+                }
+                used += meta.len();
+                continue;
+            }
+            used += meta.len();
+            if name != k {
+                objects.push((
+                    name,
+                    meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                    meta.len(),
+                ));
+            }
+        }
+        Ok((used, objects))
+    }
+
+    /// Whether `k.part` was left by a downloader that is gone.
+    fn stale(&self, k: &str) -> bool {
+        match File::open(self.path(&format!("{k}.lock"))) {
+            Ok(f) => flock(&f, FlockOperation::NonBlockingLockExclusive).is_ok(),
+            Err(_) => true,
+        }
+    }
+
+    /// Fetches `urls` in order on a thread of its own, ahead of the readers
+    /// and within the budget, until done or dropped.
+    pub fn prefetch(self: &Arc<Self>, urls: Vec<String>) -> Prefetch {
+        let control = Arc::new(Control::default());
+        let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (cache, ctl, errs) = (self.clone(), control.clone(), errors.clone());
+        let handle = std::thread::Builder::new()
+            .name("ferroloader-prefetch".into())
+            .spawn(move || {
+                cache.prefetch_all(&urls, &ctl, &errs);
+                ctl.busy.store(false, Ordering::SeqCst);
+            })
+            .ok();
+        Prefetch {
+            control,
+            errors,
+            handle,
+        }
+    }
+
+    fn prefetch_all(&self, urls: &[String], ctl: &Control, errors: &std::sync::Mutex<Vec<String>>) {
+        for (pos, url) in urls.iter().enumerate() {
+            loop {
+                if !ctl.enter() {
+                    return;
+                }
+                let got = self.prefetch_one(url, pos as u64, &|| ctl.should_yield());
+                ctl.busy.store(false, Ordering::SeqCst);
+                match got {
+                    Ok(true) => break,
+                    // no room yet: the readers free some as they go
+                    Ok(false) => std::thread::sleep(Duration::from_millis(25)),
+                    // paused or stopped: `enter` waits or ends
+                    Err(RemoteError::Aborted) => {}
+                    Err(e) => {
+                        // the reader that needs it meets the error itself
+                        errors
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(e.to_string());
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `Ok(false)`: no room for it now.
+    fn prefetch_one(&self, url: &str, pos: u64, abort: &dyn Fn() -> bool) -> Result<bool> {
+        let k = key(url);
+        let p = self.path(&k);
+        if p.exists() {
+            touch(&p, ahead_time(pos)); // keep it for this epoch's reader
+            return Ok(true);
+        }
+        let guard = self.open_lock(&format!("{k}.lock"))?;
+        lock(&guard, FlockOperation::LockExclusive).map_err(disk(&self.dir))?;
+        if p.exists() {
+            touch(&p, ahead_time(pos));
+            return Ok(true);
+        }
+        let budget_before = self.counters.downloads.load(Ordering::Relaxed);
+        self.fetch_locked(url, &k, Some(pos), abort)?;
+        Ok(self.counters.downloads.load(Ordering::Relaxed) > budget_before)
+    }
+}
+
+fn ahead_time(pos: u64) -> SystemTime {
+    SystemTime::now() + AHEAD - Duration::from_secs(pos.min(1 << 20))
+}
+
+fn touch(path: &Path, when: SystemTime) {
+    // best effort: the time only orders eviction
+    if let Ok(f) = File::options().write(true).open(path) {
+        let _ = f.set_modified(when);
+    }
+}
+
+/// How the prefetcher is steered, with atomics only (a forked child may
+/// drop its copy of a handle; it must find no lock held by a thread that
+/// is not there).
+#[derive(Default)]
+struct Control {
+    stop: AtomicBool,
+    paused: AtomicBool,
+    /// The thread holds cache locks or files (between `enter` and the end
+    /// of one object).
+    busy: AtomicBool,
+}
+
+impl Control {
+    /// Before each object: waits out a pause; `false` once stopped. Sets
+    /// `busy` and checks again (a pause that saw `busy` clear may not find
+    /// the thread inside).
+    fn enter(&self) -> bool {
+        loop {
+            if self.stop.load(Ordering::SeqCst) {
+                return false;
+            }
+            if !self.paused.load(Ordering::SeqCst) {
+                self.busy.store(true, Ordering::SeqCst);
+                if !self.paused.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
+                    return true;
+                }
+                self.busy.store(false, Ordering::SeqCst);
+                continue;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn should_yield(&self) -> bool {
+        self.paused.load(Ordering::SeqCst) || self.stop.load(Ordering::SeqCst)
+    }
+}
+
+/// A prefetch under way; dropping it stops it (a download under way is
+/// given up).
+pub struct Prefetch {
+    control: Arc<Control>,
+    errors: Arc<std::sync::Mutex<Vec<String>>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Prefetch {
+    /// Whether it has fetched (or found) everything it was given.
+    pub fn finished(&self) -> bool {
+        self.handle.as_ref().is_none_or(|h| h.is_finished())
+    }
+
+    /// The errors met so far (each also raised to the reader that needs it).
+    pub fn errors(&self) -> Vec<String> {
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Gives up the download under way and waits until the thread holds no
+    /// cache lock or file; it waits for `resume()`.
+    pub fn pause(&self) {
+        self.control.paused.store(true, Ordering::SeqCst);
+        while self.control.busy.load(Ordering::SeqCst) && !self.finished() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    pub fn resume(&self) {
+        self.control.paused.store(false, Ordering::SeqCst);
+    }
+
+    /// Waits for it to finish (tests).
+    pub fn join(mut self) {
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        self.control.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn objects(n: usize, size: usize) -> (tempdir::Dirs, Vec<String>) {
+        let dirs = tempdir::Dirs::new();
+        let urls = (0..n)
+            .map(|i| {
+                let p = dirs.src.join(format!("shard-{i}.bin"));
+                std::fs::write(&p, vec![i as u8; size]).unwrap();
+                format!("file://{}", p.display())
+            })
+            .collect();
+        (dirs, urls)
+    }
+
+    mod tempdir {
+        use std::path::PathBuf;
+        pub struct Dirs {
+            pub src: PathBuf,
+            pub cache: PathBuf,
+        }
+        impl Dirs {
+            pub fn new() -> Dirs {
+                static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+                let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let root = std::env::temp_dir()
+                    .join(format!("ferroloader-cache-test-{}-{n}", std::process::id()));
+                let _ = std::fs::remove_dir_all(&root);
+                let d = Dirs {
+                    src: root.join("src"),
+                    cache: root.join("cache"),
+                };
+                std::fs::create_dir_all(&d.src).unwrap();
+                d
+            }
+        }
+        impl Drop for Dirs {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(self.src.parent().unwrap());
+            }
+        }
+    }
+
+    fn cached_bytes(dir: &Path) -> u64 {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().ends_with(".lock"))
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .map(|e| e.metadata().unwrap().len())
+            .sum()
+    }
+
+    #[test]
+    fn open_downloads_once_then_hits() {
+        let (d, urls) = objects(2, 1000);
+        let c = Cache::new(&d.cache, 10_000, vec![]).unwrap();
+        let a = c.open(&urls[0]).unwrap();
+        assert_eq!(std::fs::read(&a.path).unwrap(), vec![0u8; 1000]);
+        drop(a);
+        let _b = c.open(&urls[0]).unwrap();
+        assert_eq!(c.counters.downloads.load(Ordering::Relaxed), 1);
+        assert_eq!(c.counters.hits.load(Ordering::Relaxed), 1);
+        assert_eq!(c.counters.fetched.load(Ordering::Relaxed), 1000);
+    }
+
+    #[test]
+    fn eviction_keeps_the_budget_and_spares_pinned_objects() {
+        let (d, urls) = objects(6, 1000);
+        let c = Cache::new(&d.cache, 2500, vec![])
+            .unwrap()
+            .with_room_wait(Duration::from_millis(200));
+        let pinned = c.open(&urls[0]).unwrap();
+        for u in &urls[1..] {
+            drop(c.open(u).unwrap());
+            assert!(cached_bytes(&d.cache) <= 2500);
+        }
+        // the pinned object survived every eviction
+        assert_eq!(std::fs::read(&pinned.path).unwrap(), vec![0u8; 1000]);
+        let p2 = c.open(&urls[5]).unwrap();
+        // two pinned, room for a third only after one is released
+        let err = c.open(&urls[1]).map(|_| ()).unwrap_err();
+        assert!(matches!(err, RemoteError::NoRoom { .. }), "{err}");
+        drop(p2);
+        assert!(c.open(&urls[1]).is_ok());
+    }
+
+    #[test]
+    fn an_object_larger_than_the_budget_is_an_error_naming_it() {
+        let (d, urls) = objects(1, 1000);
+        let c = Cache::new(&d.cache, 999, vec![]).unwrap();
+        let err = c.open(&urls[0]).map(|_| ()).unwrap_err();
+        assert!(err.to_string().contains(&urls[0]), "{err}");
+        assert!(matches!(
+            err,
+            RemoteError::Budget {
+                size: 1000,
+                budget: 999,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_missing_object_is_not_found_naming_it() {
+        let d = tempdir::Dirs::new();
+        let c = Cache::new(&d.cache, 999, vec![]).unwrap();
+        let url = format!("file://{}/nope.bin", d.src.display());
+        let err = c.open(&url).map(|_| ()).unwrap_err();
+        assert!(matches!(err, RemoteError::NotFound { .. }), "{err}");
+        assert!(err.to_string().contains("nope.bin"));
+    }
+
+    #[test]
+    fn prefetch_fills_the_budget_in_order_and_never_evicts_unread_objects() {
+        let (d, urls) = objects(5, 1000);
+        let c = Arc::new(Cache::new(&d.cache, 3000, vec![]).unwrap());
+        let ctl = Control::default();
+        // without readers, three fit; the fourth waits for room
+        let done = std::thread::scope(|s| {
+            let h = s.spawn(|| c.prefetch_all(&urls, &ctl, &Default::default()));
+            std::thread::sleep(Duration::from_millis(300));
+            let n = c.counters.downloads.load(Ordering::Relaxed);
+            ctl.stop.store(true, Ordering::SeqCst);
+            h.join().unwrap();
+            n
+        });
+        assert_eq!(done, 3);
+        for u in &urls[..3] {
+            assert!(d.cache.join(key(u)).exists());
+        }
+        // reading frees room: the rest arrive, still within the budget
+        for u in &urls[..3] {
+            drop(c.open(u).unwrap());
+        }
+        c.prefetch(urls[3..].to_vec()).join();
+        assert!(cached_bytes(&d.cache) <= 3000);
+        assert!(d.cache.join(key(&urls[4])).exists());
+        assert_eq!(c.counters.hits.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn processes_and_threads_share_one_download() {
+        let (d, urls) = objects(1, 200_000);
+        let c = Arc::new(Cache::new(&d.cache, 1 << 20, vec![]).unwrap());
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| drop(c.open(&urls[0]).unwrap()));
+            }
+        });
+        assert_eq!(c.counters.downloads.load(Ordering::Relaxed), 1);
+        assert_eq!(c.counters.fetched.load(Ordering::Relaxed), 200_000);
+    }
+}

@@ -1,0 +1,288 @@
+"""Shards read from object storage through the shard cache: the same
+batches as from local files in every sharding mode, with processes and
+threads, across a resume; the cache's budget, sharing and errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+import uuid
+from typing import Any, Iterator
+
+import ferroloader as fl
+import numpy as np
+import pytest
+from remote_servers import HttpServer
+
+pytestmark = pytest.mark.timeout(120)
+
+LENS = [7, 1, 23, 3, 0, 5, 9, 2, 12, 4, 6, 1, 8]
+
+
+def read_ints(path: str, start: int = 0) -> Iterator[int]:
+    """A shard file: int64 items."""
+    yield from (int(v) for v in np.fromfile(path, dtype=np.int64)[start:])
+
+
+def write_shards(folder: str, lens: list[int] = LENS) -> list[str]:
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for s, n in enumerate(lens):
+        p = os.path.join(folder, f"shard-{s:03d}.bin")
+        (1000 * s + np.arange(n, dtype=np.int64)).tofile(p)
+        paths.append(p)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def local_shards(tmp_path_factory: Any) -> list[str]:
+    return write_shards(str(tmp_path_factory.mktemp("shards")))
+
+
+@pytest.fixture(scope="module")
+def s3_urls(s3_server: Any, local_shards: list[str]) -> list[str]:
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    s3_server.bucket(bucket)
+    urls = []
+    for p in local_shards:
+        with open(p, "rb") as f:
+            s3_server.put(bucket, f"data/{os.path.basename(p)}", f.read())
+        urls.append(f"s3://{bucket}/data/{os.path.basename(p)}")
+    return urls
+
+
+@pytest.fixture(scope="module")
+def http_urls(local_shards: list[str]) -> Iterator[list[str]]:
+    server = HttpServer(os.path.dirname(local_shards[0]))
+    yield [f"{server.url}/{os.path.basename(p)}" for p in local_shards]
+    server.close()
+
+
+def _loader(paths: list[str], cache: Any = None, mode: str = "static", nw: int = 0,
+            method: str = "multiprocessing", **kw: Any) -> Any:
+    ds = fl.FileShards(paths, read_ints, lengths=LENS, cache=cache)
+    extra = {} if nw == 0 else {"worker_method": method}
+    return fl.DataLoader(ds, batch_size=4, shuffle=True, seed=3, num_workers=nw,
+                         sharding=fl.Sharding(mode=mode), **extra, **kw)
+
+
+def _batches(loader: Any) -> list[list[int]]:
+    return [b.tolist() for b in loader]
+
+
+CASES = [
+    ("static", 0, "multiprocessing"),
+    ("static", 2, "multiprocessing"),
+    ("static", 2, "thread"),
+    ("elastic", 2, "multiprocessing"),
+    ("dynamic", 2, "multiprocessing"),
+    ("dynamic", 2, "thread"),
+]
+
+
+@pytest.mark.parametrize("mode,nw,method", CASES)
+@pytest.mark.parametrize("store", ["s3", "http"])
+def test_the_same_batches_as_from_local_files(request, tmp_path, local_shards, store, mode, nw,
+                                              method):
+    urls = request.getfixturevalue(f"{store}_urls")
+    cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB")
+    want = [_batches(_loader(local_shards, mode=mode, nw=nw, method=method)) for _ in range(1)]
+    remote = _loader(urls, cache, mode=mode, nw=nw, method=method)
+    got = _batches(remote)
+    if mode == "dynamic":  # the batch order depends on timing; the items do not
+        assert sorted(v for b in got for v in b) == sorted(v for b in want[0] for v in b)
+        assert len(got) == len(want[0])
+    else:
+        assert got == want[0]
+    stats = remote.stats().remote
+    # every shard was downloaded once, by the prefetcher or a reader (an
+    # empty one need not be: elastic sharding reads items by address)
+    assert sum(n > 0 for n in LENS) <= stats.downloads <= len(urls)
+    assert stats.fetched_bytes == sum(LENS) * 8
+
+
+def test_a_second_epoch_reads_from_the_cache(tmp_path, s3_urls, local_shards):
+    cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB")
+    loader = _loader(s3_urls, cache, nw=2)
+    local = _loader(local_shards, nw=2)
+    assert _batches(loader) == _batches(local)
+    first = loader.stats().remote
+    assert _batches(loader) == _batches(local)  # the next epoch's order, the same
+    second = loader.stats().remote
+    assert second.downloads == first.downloads == len(s3_urls)
+    assert second.hits > first.hits
+
+
+@pytest.mark.parametrize("mode", ["static", "elastic"])
+def test_resume_mid_epoch_reads_exactly_the_rest(tmp_path, s3_urls, local_shards, mode):
+    cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB")
+    want = _batches(_loader(local_shards, mode=mode, nw=2))
+    first = fl.StatefulDataLoader(
+        fl.FileShards(s3_urls, read_ints, lengths=LENS, cache=cache), batch_size=4,
+        shuffle=True, seed=3, num_workers=2, sharding=fl.Sharding(mode=mode))
+    it = iter(first)
+    head = [next(it).tolist() for _ in range(5)]
+    sd = first.state_dict()
+    del it
+    again = fl.StatefulDataLoader(
+        fl.FileShards(s3_urls, read_ints, lengths=LENS, cache=cache), batch_size=4,
+        shuffle=True, seed=3, num_workers=1, sharding=fl.Sharding(mode=mode))
+    again.load_state_dict(sd)
+    assert head + _batches(again) == want
+
+
+def test_two_ranks_on_one_machine_fetch_each_shard_once(tmp_path, s3_urls, local_shards):
+    cache_dir = str(tmp_path / "cache")
+    got, want = [], []
+    for rank in range(2):
+        sharding = fl.Sharding(mode="elastic", rank=rank, world_size=2)
+        cache = fl.ShardCache(dir=cache_dir, budget="1MiB")
+        remote = fl.DataLoader(fl.FileShards(s3_urls, read_ints, lengths=LENS, cache=cache),
+                               batch_size=4, shuffle=True, seed=3, num_workers=2,
+                               sharding=sharding)
+        local = fl.DataLoader(fl.FileShards(local_shards, read_ints, lengths=LENS),
+                              batch_size=4, shuffle=True, seed=3, num_workers=2,
+                              sharding=sharding)
+        got.append(_batches(remote))
+        want.append(_batches(local))
+        downloads = remote.stats().remote.downloads
+        # rank 0 downloads every shard with items; rank 1 finds them all in
+        # the shared cache
+        assert downloads == (sum(n > 0 for n in LENS) if rank == 0 else 0)
+    assert got == want
+
+
+def _cache_bytes(d: str) -> int:
+    total = 0
+    for name in os.listdir(d):
+        if name.startswith(".") or name.endswith(".lock"):
+            continue
+        try:
+            total += os.stat(os.path.join(d, name)).st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_the_cache_never_exceeds_its_budget(tmp_path, s3_server, mode):
+    lens = [400] * 12  # 3,200 bytes a shard
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    s3_server.bucket(bucket)
+    local = write_shards(str(tmp_path / "src"), lens)
+    urls = []
+    for p in local:
+        with open(p, "rb") as f:
+            s3_server.put(bucket, os.path.basename(p), f.read())
+        urls.append(f"s3://{bucket}/{os.path.basename(p)}")
+    cache_dir = str(tmp_path / "cache")
+    budget = 3200 * 4  # 2 lanes read at once, 2 more ahead
+    cache = fl.ShardCache(dir=cache_dir, budget=budget)
+    peak, stop = [0], threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            if os.path.isdir(cache_dir):
+                peak[0] = max(peak[0], _cache_bytes(cache_dir))
+            time.sleep(0.001)
+
+    w = threading.Thread(target=watch)
+    w.start()
+    try:
+        ds = fl.FileShards(urls, read_ints, lengths=lens, cache=cache)
+        loader = fl.DataLoader(ds, batch_size=50, num_workers=2,
+                               sharding=fl.Sharding(mode=mode, lanes=2))
+        got = sorted(v for b in loader for v in b.tolist())
+    finally:
+        stop.set()
+        w.join()
+    assert got == sorted(1000 * s + o for s in range(12) for o in range(400))
+    assert 0 < peak[0] <= budget
+    assert loader.stats().remote.downloads >= len(urls)
+
+
+def test_a_budget_below_one_shard_is_an_error_at_iter(tmp_path, s3_urls):
+    cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget=16)
+    loader = _loader(s3_urls, cache, nw=2)
+    with pytest.raises(fl.ConfigError, match=r"below one shard.*budget=") as info:
+        iter(loader)
+    assert "s3://" in str(info.value)
+
+
+def test_a_missing_object_is_an_error_naming_it_in_the_training_loop(tmp_path, s3_server,
+                                                                     s3_urls):
+    bucket = s3_urls[0].split("/")[2]
+    missing = f"s3://{bucket}/data/not-there.bin"
+    urls = [*s3_urls[:3], missing]
+    cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB")
+    ds = fl.FileShards(urls, read_ints, lengths=[*LENS[:3], 4], cache=cache)
+    loader = fl.DataLoader(ds, batch_size=4, num_workers=2)
+    with pytest.raises(FileNotFoundError, match=r"not-there\.bin"):
+        list(loader)
+
+
+def test_an_object_deleted_mid_epoch_is_named_and_nothing_is_read_twice(tmp_path, s3_server):
+    lens = [6] * 6
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    s3_server.bucket(bucket)
+    local = write_shards(str(tmp_path / "src"), lens)
+    urls = []
+    for p in local:
+        with open(p, "rb") as f:
+            s3_server.put(bucket, os.path.basename(p), f.read())
+        urls.append(f"s3://{bucket}/{os.path.basename(p)}")
+    # a budget of one shard: the prefetcher cannot run ahead, so the last
+    # shard is fetched only when it is read
+    cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget=48)
+    ds = fl.FileShards(urls, read_ints, lengths=lens, cache=cache)
+    loader = fl.DataLoader(ds, batch_size=3, sharding=fl.Sharding(lanes=1))
+    seen: list[int] = []
+    it = iter(loader)
+    seen += next(it).tolist()
+    s3_server.delete(bucket, os.path.basename(local[-1]))
+    with pytest.raises(FileNotFoundError, match=re.escape(os.path.basename(local[-1]))):
+        for b in it:
+            seen += b.tolist()
+    assert len(seen) == len(set(seen)) == 30  # every item before the missing shard, once
+
+
+def test_bad_urls_and_budgets_are_clear_errors(tmp_path):
+    with pytest.raises(fl.ConfigError, match="budget"):
+        fl.ShardCache(dir=str(tmp_path), budget="lots")
+    with pytest.raises(fl.ConfigError, match="budget"):
+        fl.ShardCache(dir=str(tmp_path), budget=0)
+    cache = fl.ShardCache(dir=str(tmp_path), budget="1MiB")
+    with pytest.raises(ValueError, match="cannot read"):
+        with cache.open("s3://"):
+            pass
+
+
+def test_file_urls_read_like_paths(tmp_path, local_shards):
+    cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB")
+    urls = ["file://" + p for p in local_shards]
+    assert _batches(_loader(urls, cache, nw=2)) == _batches(_loader(local_shards, nw=2))
+
+
+def test_table_shards_from_s3_match_local_parquet(tmp_path, s3_server):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    s3_server.bucket(bucket)
+    paths = []
+    for k in range(3):
+        p = str(tmp_path / f"part-{k}.parquet")
+        pq.write_table(pa.table({"x": np.arange(k * 100, k * 100 + 37, dtype=np.float32),
+                                 "y": np.arange(37) + k}), p, row_group_size=10)
+        with open(p, "rb") as f:
+            s3_server.put(bucket, os.path.basename(p), f.read())
+        paths.append(p)
+    urls = [f"s3://{bucket}/{os.path.basename(p)}" for p in paths]
+    cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB")
+
+    def epoch(ds: Any) -> list[Any]:
+        loader = fl.DataLoader(ds, batch_size=8, shuffle=True, seed=1, num_workers=2)
+        return [(b["x"].tolist(), b["y"].tolist()) for b in loader]
+
+    assert epoch(fl.TableShards(urls, cache=cache)) == epoch(fl.TableShards(paths))
