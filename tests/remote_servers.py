@@ -135,3 +135,118 @@ def s3_server() -> Iterator[S3Server]:
             else:
                 os.environ[k] = v
         server.close()
+
+
+class FaultProxy:
+    """An HTTP proxy in front of ``upstream`` (``host:port``) that injects
+    faults into GETs: ``drop`` (the next n bodies are cut off halfway and
+    the connection closed), ``errors`` (the next n requests answered 500),
+    ``latency`` (seconds added to every request). Counts the GETs it sees."""
+
+    def __init__(self, upstream: str) -> None:
+        import http.client
+
+        self.upstream = upstream
+        self.drop = 0
+        self.errors = 0
+        self.latency = 0.0
+        self.gets = 0
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                import time
+
+                if proxy.latency:
+                    time.sleep(proxy.latency)
+                with proxy.lock:
+                    if self.command == "GET":
+                        proxy.gets += 1
+                    fail = proxy.errors > 0
+                    proxy.errors -= int(fail)
+                    cut = self.command == "GET" and not fail and proxy.drop > 0
+                    proxy.drop -= int(cut)
+                if fail:
+                    body = b"injected"
+                    self.send_response(500)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                n = int(self.headers.get("Content-Length") or 0)
+                data = self.rfile.read(n) if n else None
+                host, port = proxy.upstream.split(":")
+                conn = http.client.HTTPConnection(host, int(port), timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers["Host"] = proxy.upstream
+                conn.request(self.command, self.path, body=data, headers=headers)
+                resp = conn.getresponse()
+                payload = resp.read()
+                conn.close()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(payload)))
+                self.end_headers()
+                if cut and len(payload) > 1:
+                    self.wfile.write(payload[: len(payload) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
+
+            do_GET = do_HEAD = do_PUT = do_DELETE = do_POST = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def read_ints(path: str, start: int = 0) -> Iterator[int]:
+    """A shard file of the remote tests: int64 items."""
+    import numpy as np
+
+    yield from (int(v) for v in np.fromfile(path, dtype=np.int64)[start:])
+
+
+def gloo_rank(rank: int, world: int, port: int, out_dir: str, urls: list[str],
+              lens: list[int], cache_dir: str) -> None:
+    """One rank of the two-rank remote test (gloo over loopback): each mode's
+    epoch over ``urls`` through one cache directory shared by the ranks,
+    its batches and its cache counters written to ``out_dir/rank<r>.json``."""
+    import json
+
+    import ferroloader as fl
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    out: dict[str, Any] = {}
+    try:
+        for mode in ("static", "elastic"):
+            cache = fl.ShardCache(dir=os.path.join(cache_dir, mode), budget="1MiB")
+            loader = fl.DataLoader(
+                fl.FileShards(urls, read_ints, lengths=lens, cache=cache), batch_size=4,
+                shuffle=True, seed=3, num_workers=2, multiprocessing_context="fork",
+                sharding=fl.Sharding(mode=mode))
+            batches = [b.tolist() for b in loader]
+            out[mode] = {"batches": batches, "downloads": loader.stats().remote.downloads}
+            dist.barrier()  # the test's own: both ranks read their epoch at once
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)

@@ -14,16 +14,11 @@ from typing import Any, Iterator
 import ferroloader as fl
 import numpy as np
 import pytest
-from remote_servers import HttpServer
+from remote_servers import HttpServer, free_port, gloo_rank, read_ints
 
 pytestmark = pytest.mark.timeout(120)
 
 LENS = [7, 1, 23, 3, 0, 5, 9, 2, 12, 4, 6, 1, 8]
-
-
-def read_ints(path: str, start: int = 0) -> Iterator[int]:
-    """A shard file: int64 items."""
-    yield from (int(v) for v in np.fromfile(path, dtype=np.int64)[start:])
 
 
 def write_shards(folder: str, lens: list[int] = LENS) -> list[str]:
@@ -152,6 +147,34 @@ def test_two_ranks_on_one_machine_fetch_each_shard_once(tmp_path, s3_urls, local
         # the shared cache
         assert downloads == (sum(n > 0 for n in LENS) if rank == 0 else 0)
     assert got == want
+
+
+def test_two_gloo_ranks_read_their_shares_and_fetch_each_shard_once(tmp_path, s3_urls,
+                                                                  local_shards):
+    """Two ranks from torch.distributed (gloo over loopback, spawned), 2
+    workers each, one cache directory: each rank's batches are those of the
+    same rank over local files, and the ranks together download each shard
+    once (elastic ranks read every shard; static ranks their own)."""
+    import json
+
+    import torch.multiprocessing as tmp
+
+    tmp.start_processes(
+        gloo_rank,
+        args=(2, free_port(), str(tmp_path), s3_urls, LENS, str(tmp_path / "cache")),
+        nprocs=2, join=True, start_method="spawn",
+    )
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for mode in ("static", "elastic"):
+        for r in range(2):
+            local = fl.DataLoader(
+                fl.FileShards(local_shards, read_ints, lengths=LENS), batch_size=4,
+                shuffle=True, seed=3, sharding=fl.Sharding(mode=mode, rank=r, world_size=2))
+            assert ranks[r][mode]["batches"] == _batches(local), (mode, r)
+        downloads = sum(ranks[r][mode]["downloads"] for r in range(2))
+        assert sum(n > 0 for n in LENS) <= downloads <= len(s3_urls), mode
+        if mode == "elastic":
+            assert downloads == sum(n > 0 for n in LENS)
 
 
 def _cache_bytes(d: str) -> int:
@@ -286,3 +309,82 @@ def test_table_shards_from_s3_match_local_parquet(tmp_path, s3_server):
         return [(b["x"].tolist(), b["y"].tolist()) for b in loader]
 
     assert epoch(fl.TableShards(urls, cache=cache)) == epoch(fl.TableShards(paths))
+
+
+@pytest.fixture
+def proxy(s3_server: Any) -> Iterator[Any]:
+    from remote_servers import FaultProxy
+
+    p = FaultProxy(f"127.0.0.1:{s3_server.port}")
+    yield p
+    p.close()
+
+
+def _through(proxy: Any, tmp_path: Any, **options: str) -> Any:
+    return fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB",
+                         options={"aws_endpoint": proxy.url, **options})
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_dropped_connections_and_500s_are_retried_and_nothing_is_lost(tmp_path, s3_urls,
+                                                                      local_shards, proxy, nw):
+    proxy.drop, proxy.errors = 4, 5
+    cache = _through(proxy, tmp_path)
+    got = _batches(_loader(s3_urls, cache, nw=nw))
+    assert got == _batches(_loader(local_shards, nw=nw))
+    assert proxy.drop == 0 and proxy.errors <= 0  # every fault was met
+    stats = _loader(s3_urls, cache, nw=nw).stats()  # a fresh loader: its own counters
+    assert stats.remote is not None
+    # each object in the cache whole: the cut transfers were resumed, not kept short
+    for url, path in zip(s3_urls, local_shards):
+        with cache.open(url) as cached, open(path, "rb") as f:
+            assert open(cached, "rb").read() == f.read()
+
+
+def test_added_latency_costs_time_not_batches(tmp_path, s3_urls, local_shards, proxy):
+    proxy.latency = 0.02
+    cache = _through(proxy, tmp_path)
+    loader = _loader(s3_urls, cache, nw=2)
+    assert _batches(loader) == _batches(_loader(local_shards, nw=2))
+    assert loader.stats().remote.downloads >= sum(n > 0 for n in LENS)
+
+
+def test_a_store_that_keeps_failing_is_an_error_naming_the_url_not_a_hang(tmp_path, s3_urls,
+                                                                          proxy):
+    proxy.errors = 10**6
+    cache = _through(proxy, tmp_path, retries="2", retry_timeout="5")
+    loader = _loader(s3_urls, cache, nw=2)
+    t0 = time.monotonic()
+    with pytest.raises(OSError, match=r"s3://.*(500|Internal|Server)") as info:
+        list(loader)
+    assert time.monotonic() - t0 < 60
+    assert not isinstance(info.value, FileNotFoundError)
+
+
+def test_denied_is_a_permission_error_naming_the_url(tmp_path, s3_urls):
+    # moto checks no credentials, so an HTTP server's 403 stands in for a
+    # refused request
+    import http.server
+
+    class Deny(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a: Any) -> None:
+            pass
+
+        def do_HEAD(self) -> None:
+            self.send_response(403)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_HEAD
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Deny)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/secret.bin"
+        cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB")
+        with pytest.raises(PermissionError, match=r"secret\.bin"):
+            with cache.open(url):
+                pass
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -118,15 +118,24 @@ thread_local! {
     static STATE: RefCell<Option<PerThread>> = const { RefCell::new(None) };
 }
 
-fn retry() -> RetryConfig {
+/// Retries of a failed request (timeouts, 5xx, dropped connections), with
+/// exponential backoff from 100 ms up to 10 s: `retries` times (default 8)
+/// within `retry_timeout` seconds (default 120), both settable as options.
+fn retry(options: &Options) -> RetryConfig {
+    let get = |name: &str| {
+        options
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.parse::<f64>().ok())
+    };
     RetryConfig {
         backoff: BackoffConfig {
             init_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
             base: 2.0,
         },
-        max_retries: 8,
-        retry_timeout: Duration::from_secs(120),
+        max_retries: get("retries").map_or(8, |n| n.max(0.0) as usize),
+        retry_timeout: Duration::from_secs_f64(get("retry_timeout").unwrap_or(120.0).max(0.0)),
     }
 }
 
@@ -146,7 +155,7 @@ fn build(
                     Err(_) => b,
                 },
             );
-            Arc::new(b.with_retry(retry()).build()?)
+            Arc::new(b.with_retry(retry(options)).build()?)
         }
         ObjectStoreScheme::GoogleCloudStorage => {
             let b = options.iter().fold(
@@ -156,7 +165,7 @@ fn build(
                     Err(_) => b,
                 },
             );
-            Arc::new(b.with_retry(retry()).build()?)
+            Arc::new(b.with_retry(retry(options)).build()?)
         }
         ObjectStoreScheme::MicrosoftAzure => {
             let b = options.iter().fold(
@@ -166,7 +175,7 @@ fn build(
                     Err(_) => b,
                 },
             );
-            Arc::new(b.with_retry(retry()).build()?)
+            Arc::new(b.with_retry(retry(options)).build()?)
         }
         ObjectStoreScheme::Http => {
             let base = &url[..url::Position::BeforePath];
@@ -179,7 +188,7 @@ fn build(
                     Err(_) => b,
                 },
             );
-            Arc::new(b.with_retry(retry()).build()?)
+            Arc::new(b.with_retry(retry(options)).build()?)
         }
         other => {
             return Err(object_store::Error::NotSupported {
@@ -192,6 +201,8 @@ fn build(
 /// The object a URL names: this process's runtime, the store and the path.
 pub struct Object {
     pub url: String,
+    /// Resumes of a broken transfer in a row before giving up.
+    resumes: u32,
     runtime: Rc<tokio::runtime::Runtime>,
     store: Arc<dyn ObjectStore>,
     path: Path,
@@ -245,6 +256,7 @@ impl Object {
             };
             Ok(Object {
                 url: url.to_string(),
+                resumes: retry(options).max_retries as u32,
                 runtime: per.runtime.clone(),
                 store,
                 path,
@@ -281,30 +293,44 @@ impl Object {
         };
         let runtime = first.runtime.clone();
         runtime.block_on(async {
-            let heads = futures::stream::iter(objects.iter().map(|o| async move {
-                o.store
-                    .head(&o.path)
-                    .await
-                    .map(|m| m.size)
-                    .map_err(|e| o.classify(e))
-            }))
+            let heads = futures::stream::iter(
+                objects
+                    .iter()
+                    .map(|o| async move { o.head_async().await.map(|h| h.0) }),
+            )
             .buffered(32);
             heads.collect::<Vec<_>>().await.into_iter().collect()
         })
     }
 
-    /// The object's size and ETag (if the store gives one).
+    /// The object's size and ETag (if the store gives one). A transport
+    /// error the store does not retry itself (a connection that closed
+    /// under a reused request) is retried here, as a broken transfer is.
     pub fn head(&self) -> Result<(u64, Option<String>)> {
-        let meta = self
-            .runtime
-            .block_on(self.store.head(&self.path))
-            .map_err(|e| self.classify(e))?;
-        Ok((meta.size, meta.e_tag))
+        self.runtime.block_on(self.head_async())
+    }
+
+    async fn head_async(&self) -> Result<(u64, Option<String>)> {
+        let mut backoff = Duration::from_millis(100);
+        let mut failures = 0;
+        loop {
+            match self.store.head(&self.path).await {
+                Ok(meta) => return Ok((meta.size, meta.e_tag)),
+                Err(e) => match self.classify(e) {
+                    RemoteError::Failed { .. } if failures < self.resumes => {
+                        failures += 1;
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                    other => return Err(other),
+                },
+            }
+        }
     }
 
     /// Writes bytes `range` of the object at the same offsets of `file`.
     /// A transfer that breaks off resumes where it stopped (a ranged GET
-    /// of the rest, with backoff), up to `RESUMES` times in a row; the ETag,
+    /// of the rest, with backoff), up to `retries` times (an option) in a row; the ETag,
     /// when given, keeps every piece from the same version of the object.
     pub fn download(
         &self,
@@ -314,7 +340,6 @@ impl Object {
         fetched: &std::sync::atomic::AtomicU64,
         abort: &dyn Fn() -> bool,
     ) -> Result<()> {
-        const RESUMES: u32 = 8;
         let mut at = range.start;
         let mut failures = 0u32;
         let mut backoff = Duration::from_millis(100);
@@ -387,7 +412,7 @@ impl Object {
             match broke {
                 None if at < range.end => {
                     failures += 1;
-                    if failures > RESUMES {
+                    if failures > self.resumes {
                         return Err(RemoteError::Failed {
                             url: self.url.clone(),
                             why: format!("the transfer ended at byte {at} of {}", range.end),
@@ -397,7 +422,7 @@ impl Object {
                 None => {}
                 Some(why) => {
                     failures += 1;
-                    if failures > RESUMES {
+                    if failures > self.resumes {
                         return Err(RemoteError::Failed {
                             url: self.url.clone(),
                             why: format!("the transfer broke off {failures} times in a row: {why}"),
