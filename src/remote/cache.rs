@@ -214,6 +214,7 @@ impl Cache {
         };
         let written = obj.download(
             &part,
+            size,
             0..size,
             etag.as_deref(),
             &self.counters.fetched,

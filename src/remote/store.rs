@@ -328,13 +328,16 @@ impl Object {
         }
     }
 
-    /// Writes bytes `range` of the object at the same offsets of `file`.
-    /// A transfer that breaks off resumes where it stopped (a ranged GET
-    /// of the rest, with backoff), up to `retries` times (an option) in a row; the ETag,
-    /// when given, keeps every piece from the same version of the object.
+    /// Writes bytes `range` of the object (`size` bytes long) at the same
+    /// offsets of `file`: the whole object as a plain GET, which any HTTP
+    /// server answers. A transfer that breaks off resumes where it stopped
+    /// (a ranged GET of the rest, with backoff), up to `retries` times (an
+    /// option) in a row; the ETag, when given, keeps every piece from the
+    /// same version of the object.
     pub fn download(
         &self,
         file: &File,
+        size: u64,
         range: std::ops::Range<u64>,
         etag: Option<&str>,
         fetched: &std::sync::atomic::AtomicU64,
@@ -348,8 +351,11 @@ impl Object {
             source: e,
         };
         while at < range.end {
+            // the whole object as a plain GET (any HTTP server answers it);
+            // a part of it as a range
+            let whole = at == 0 && range.start == 0 && range.end == size;
             let opts = GetOptions {
-                range: Some(GetRange::Bounded(at..range.end)),
+                range: (!whole).then(|| GetRange::Bounded(at..range.end)),
                 if_match: etag.map(str::to_string),
                 ..Default::default()
             };
