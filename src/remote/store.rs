@@ -355,7 +355,7 @@ impl Object {
             // a part of it as a range
             let whole = at == 0 && range.start == 0 && range.end == size;
             let opts = GetOptions {
-                range: (!whole).then(|| GetRange::Bounded(at..range.end)),
+                range: (!whole).then_some(GetRange::Bounded(at..range.end)),
                 if_match: etag.map(str::to_string),
                 ..Default::default()
             };
