@@ -76,6 +76,12 @@ autotune       num_workers="auto" on six jobs (JPEG decoding with a random   >= 
                half against B's, its whole epoch against B's; auto against
                torch at num_workers=0 and os.cpu_count(); under the budget
                the workers' peak PSS, on the 20 ms loop the workers used
+remote         shards on moto's S3 server behind a proxy adding 20 ms per    >= 2x,
+               request (200 MiB/s shared), 3x64x64 uint8 images in shards
+               of 256, batch 32, 2 workers: a cold epoch streamed through
+               FileShards against litdata's StreamingDataset on its own
+               chunks; a warm cache against local disk;                    >= 0.8x
+               two ranks sharing one cache: objects downloaded / shards    <= 1x
 =============  ==========================================================  =========
 
 The ``*_w2`` scenarios are skipped with a note while ferroloader raises

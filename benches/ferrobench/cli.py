@@ -40,6 +40,7 @@ from .scenarios.records import (
     sc_int64_w2,
     sc_tensords,
 )
+from .scenarios.remote import sc_remote
 from .scenarios.shards import sc_shards_w2
 from .scenarios.startup import sc_ttfb_w2
 from .scenarios.state import sc_seeds_w2, sc_state_w2
@@ -82,6 +83,8 @@ SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
     "table_w2": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=2", sc_table_w2),
     "table_mem": ("memory of a 2-worker job over a memory-mapped 1 GB Arrow file", sc_table_mem),
     "autotune": ("num_workers='auto' against a grid of fixed layouts, six jobs", sc_autotune),
+    "remote": ("shards on a local S3 server behind a slow proxy: streamed, cached, two ranks",
+               sc_remote),
 }
 
 

@@ -1,0 +1,230 @@
+"""Shards in object storage (remote): moto's S3 server behind a proxy that
+adds 20 ms to every request and caps the bandwidth, in a process of its own
+(``ferrobench.remote_store``). 3x64x64 uint8 images with a label, in shards
+of 256 (about 3 MB), batch 32, shuffled, 2 workers.
+
+- streamed (a cold cache each round): ferroloader's ``FileShards`` over
+  ``s3://`` URLs (one ``.npz`` per shard) against litdata's
+  ``StreamingDataset`` over its own chunks (``litdata.optimize``, chunks of
+  the same size) on the same server through the same proxy; whole epochs,
+  each loader new each round (both start their workers per round);
+- a warm cache against the same job from local disk (persistent workers);
+- two ranks on one machine sharing one cache (elastic sharding, read one
+  after the other): the objects the ranks download, against the shards.
+
+MosaicML Streaming is not run: installing mosaicml-streaming 0.13 beside the
+test and bench extras downgrades transformers to 4.57 and huggingface-hub
+to 0.36, which datasets 5 refuses. litdata reads through boto3 here: its
+obstore path cannot reach a plain-HTTP endpoint (below).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from typing import Any, Dict, Iterator, List
+
+import numpy as np
+
+from ..harness import Check, Settings, Skip, epoch_step, probe_workers, timed_rate
+
+LATENCY = 0.020
+BANDWIDTH = 200 * 2**20  # bytes/s, shared by every connection
+SHAPE = (3, 64, 64)
+PER_SHARD = 256
+BATCH = 32
+
+
+def read_shard(path: str, start: int = 0) -> Iterator[Dict[str, Any]]:
+    """One shard: an ``.npz`` of images and their labels."""
+    with np.load(path) as z:
+        images, labels = z["images"], z["labels"]
+    for i in range(start, len(images)):
+        yield {"image": images[i], "label": int(labels[i])}
+
+
+class _Store:
+    def __init__(self) -> None:
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ferrobench.remote_store", str(LATENCY), str(BANDWIDTH)],
+            cwd=here, stdout=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().split()
+        if len(line) != 2:
+            self.close()
+            raise Skip("skipped: the S3 server did not start (moto[server] installed?)")
+        self.moto = f"http://127.0.0.1:{line[0]}"
+        self.proxy = f"http://127.0.0.1:{line[1]}"
+        for k, v in {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                     "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
+                     "AWS_ENDPOINT_URL": self.proxy}.items():
+            os.environ[k] = v
+        import boto3
+
+        self.s3 = boto3.client("s3", endpoint_url=self.moto)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _litdata_item(i: int) -> Dict[str, Any]:
+    rng = np.random.default_rng(i)
+    return {"image": rng.integers(0, 256, SHAPE, dtype=np.uint8), "label": i}
+
+
+def sc_remote(st: Settings, fl: Any) -> List[Check]:
+    try:
+        import boto3  # noqa: F401
+        import moto.server  # noqa: F401
+    except ImportError as e:
+        raise Skip(f"skipped: needs moto[server] and boto3 (the test extra): {e}") from None
+    probe_workers(fl)
+    n_shards = 4 if st.quick else 16
+    root = tempfile.mkdtemp(prefix="ferroloader-remote-")
+    store = _Store()
+    try:
+        return _run(st, fl, store, root, n_shards)
+    finally:
+        store.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(st: Settings, fl: Any, store: _Store, root: str, n_shards: int) -> List[Check]:
+    bucket = f"bench{uuid.uuid4().hex[:10]}"
+    store.s3.create_bucket(Bucket=bucket)
+    local, urls = [], []
+    os.makedirs(os.path.join(root, "local"))
+    for s in range(n_shards):
+        ids = range(s * PER_SHARD, (s + 1) * PER_SHARD)
+        images = np.stack([_litdata_item(i)["image"] for i in ids])
+        path = os.path.join(root, "local", f"shard-{s:04d}.npz")
+        np.savez(path, images=images, labels=np.array(ids, dtype=np.int64))
+        store.s3.upload_file(path, bucket, f"npz/shard-{s:04d}.npz")
+        local.append(path)
+        urls.append(f"s3://{bucket}/npz/shard-{s:04d}.npz")
+    n = n_shards * PER_SHARD
+    lens = [PER_SHARD] * n_shards
+    shard_bytes = os.path.getsize(local[0])
+
+    def cache(name: str) -> Any:
+        budget = n_shards * shard_bytes * 2
+        return fl.ShardCache(dir=os.path.join(root, "cache", name), budget=budget)
+
+    def ferro(paths: List[str], c: Any = None, persistent: bool = False) -> Any:
+        return fl.DataLoader(fl.FileShards(paths, read_shard, lengths=lens, cache=c),
+                             batch_size=BATCH, shuffle=True, seed=0, num_workers=2,
+                             persistent_workers=persistent)
+
+    checks = []
+    streamed = Check("samples/s streamed from S3 (20 ms a request, 200 MiB/s), cold cache",
+                     "samples/s", "litdata StreamingDataset", target=2.0)
+    lit = _litdata(root, store, bucket, n, shard_bytes)
+
+    def epoch(loader: Any) -> float:
+        for _ in loader:
+            pass
+        return float(n)
+
+    rounds = 0
+
+    def ferro_cold() -> float:
+        nonlocal rounds
+        rounds += 1
+        return epoch(ferro(urls, cache(f"cold-{rounds}")))
+
+    def lit_cold() -> float:
+        nonlocal rounds
+        rounds += 1
+        return epoch(lit(os.path.join(root, "cache", f"lit-{rounds}")))
+
+    if lit is None:
+        streamed.note = "litdata not installed: no baseline"
+    else:
+        ferro_cold(), lit_cold()  # warm the interpreters' imports
+        for _ in range(st.repeats):
+            streamed.add(timed_rate(lit_cold, st.min_time), timed_rate(ferro_cold, st.min_time))
+        checks.append(streamed)
+
+    warm = Check("samples/s, warm cache", "samples/s", "the same job from local disk", target=0.8)
+    warm_loader = ferro(urls, cache("warm"), persistent=True)
+    disk_loader = ferro(local, persistent=True)
+    warm_step, disk_step = epoch_step(warm_loader, n), epoch_step(disk_loader, n)
+    warm_step(), disk_step()
+    for _ in range(st.repeats):
+        warm.add(timed_rate(disk_step, st.min_time), timed_rate(warm_step, st.min_time))
+    checks.append(warm)
+    del warm_loader, disk_loader, warm_step, disk_step
+
+    once = Check("objects the ranks downloaded", "objects", "shards", target=1.0,
+                 higher_is_better=False)
+    for k in range(st.repeats):
+        downloads = 0
+        for rank in range(2):
+            # each rank its own cache object on the one directory, as two
+            # processes would have
+            loader = fl.DataLoader(
+                fl.FileShards(urls, read_shard, lengths=lens, cache=cache(f"ranks-{k}")),
+                batch_size=BATCH,
+                shuffle=True, seed=k, num_workers=2,
+                sharding=fl.Sharding(mode="elastic", rank=rank, world_size=2))
+            epoch(loader)
+            downloads += loader.stats().remote.downloads
+        once.add(float(n_shards), float(downloads))
+    checks.append(once)
+    gc.collect()
+    return checks
+
+
+def _litdata(root: str, store: _Store, bucket: str, n: int, chunk_bytes: int) -> Any:
+    """A function of a cache directory returning litdata's loader over its
+    chunks on the same server (written once here), or None without litdata."""
+    if _LitOverHttp is None:
+        return None
+    import litdata
+
+    _boto3_only()
+    out = os.path.join(root, "litdata")
+    litdata.optimize(fn=_litdata_item, inputs=list(range(n)), output_dir=out,
+                     chunk_bytes=chunk_bytes, num_workers=1, verbose=False)
+    for name in os.listdir(out):
+        store.s3.upload_file(os.path.join(out, name), bucket, f"lit/{name}")
+    options = {"endpoint_url": store.proxy}
+
+    def make(cache_dir: str) -> Any:
+        ds = _LitOverHttp(f"s3://{bucket}/lit", cache_dir=cache_dir, shuffle=True, seed=0,
+                          storage_options=options)
+        return litdata.StreamingDataLoader(ds, batch_size=BATCH, num_workers=2)
+
+    return make
+
+
+def _boto3_only() -> None:
+    """litdata's obstore path builds its store without ``allow_http``, so a
+    plain-HTTP endpoint (this server) fails there ("BadScheme"); its boto3
+    path reaches it."""
+    import litdata.streaming.downloader as lit_downloader
+
+    lit_downloader._OBSTORE_AVAILABLE = False  # type: ignore[assignment]
+
+
+try:
+    import litdata as _litdata_mod
+
+    class _LitOverHttp(_litdata_mod.StreamingDataset):  # type: ignore[misc]
+        """litdata's dataset, on its boto3 path in every process it is
+        unpickled in (its workers may be spawned)."""
+
+        def __setstate__(self, state: Dict[str, Any]) -> None:
+            _boto3_only()
+            self.__dict__.update(state)
+
+except ImportError:  # litdata is a bench extra; the scenario notes its absence
+    _LitOverHttp = None  # type: ignore[assignment,misc]
