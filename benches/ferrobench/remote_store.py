@@ -77,10 +77,13 @@ def serve(latency: float, rate: float) -> None:
             self.end_headers()
             if self.command == "HEAD":
                 return
-            for k in range(0, len(payload), 1 << 16):
-                piece = payload[k : k + (1 << 16)]
-                bucket.take(len(piece))
-                self.wfile.write(piece)
+            try:
+                for k in range(0, len(payload), 1 << 16):
+                    piece = payload[k : k + (1 << 16)]
+                    bucket.take(len(piece))
+                    self.wfile.write(piece)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the reader went away (an epoch ended)
 
         do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 

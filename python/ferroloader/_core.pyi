@@ -569,8 +569,11 @@ class ShardCacheCore:
     ) -> Self: ...
     def open(self, url: str) -> PinnedShard:
         """The object at ``url``, pinned in the cache until ``release()``."""
-    def prefetch(self, urls: list[str]) -> ShardPrefetch:
-        """Fetches ``urls`` in order on a thread of its own."""
+    def prefetch(
+        self, urls: list[str], sizes: Optional[list[int]] = None, streams: int = 4
+    ) -> ShardPrefetch:
+        """Fetches ``urls`` in order on ``streams`` threads (``sizes``, when
+        known, save a request each)."""
     def counters(self) -> tuple[int, int, int, int, float]:
         """``(bytes fetched, downloads, hits, misses, seconds waited)`` of this process."""
     def sizes(self, urls: list[str]) -> list[int]: ...

@@ -177,7 +177,10 @@ class ShardCache:
     def prefetch(self, urls: Iterable[str]) -> Prefetch:
         """Starts fetching ``urls`` in order, ahead of their readers and
         within the budget; the handle's ``stop()`` (or its collection) ends it."""
-        return Prefetch(self._native().prefetch([u for u in urls if is_url(u)]))
+        wanted = [u for u in urls if is_url(u)]
+        known = [self._sizes.get(u) for u in wanted]
+        sizes = None if any(n is None for n in known) else [int(n) for n in known if n is not None]
+        return Prefetch(self._native().prefetch(wanted, sizes))
 
     def size(self, url: str) -> int:
         """The object's size in bytes (one request)."""

@@ -63,10 +63,16 @@ impl PyCache {
         })
     }
 
-    /// Fetches `urls` in order on a thread of its own until done or dropped.
-    fn prefetch(&self, urls: Vec<String>) -> PyPrefetch {
+    /// Fetches `urls` in order on `streams` threads until done or dropped;
+    /// `sizes`, when given, saves a request per object.
+    #[pyo3(signature = (urls, sizes=None, streams=4))]
+    fn prefetch(&self, urls: Vec<String>, sizes: Option<Vec<u64>>, streams: usize) -> PyPrefetch {
+        let sized = match sizes {
+            Some(sizes) => urls.into_iter().zip(sizes.into_iter().map(Some)).collect(),
+            None => urls.into_iter().map(|u| (u, None)).collect(),
+        };
         PyPrefetch {
-            inner: Mutex::new(Some(self.cache.prefetch(urls))),
+            inner: Mutex::new(Some(self.cache.prefetch(sized, streams))),
         }
     }
 

@@ -22,7 +22,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -177,7 +177,7 @@ impl Cache {
                 touch(&p.path, SystemTime::now());
                 return Ok(p);
             }
-            if let Some(p) = self.fetch_locked(url, &k, None, &|| false)? {
+            if let Some(p) = self.fetch_locked(url, &k, None, None, &|| false)? {
                 return Ok(p);
             }
         })();
@@ -197,10 +197,15 @@ impl Cache {
         url: &str,
         k: &str,
         ahead: Option<u64>,
+        known: Option<u64>,
         abort: &dyn Fn() -> bool,
     ) -> Result<Option<Pinned>> {
         let obj = Object::open(url, &self.options)?;
-        let (size, etag) = obj.head()?;
+        // a size known already saves a request (the GET checks it)
+        let (size, etag) = match known {
+            Some(size) => (size, None),
+            None => obj.head()?,
+        };
         if size > self.budget {
             return Err(RemoteError::Budget {
                 url: url.to_string(),
@@ -349,32 +354,53 @@ impl Cache {
 
     /// Fetches `urls` in order on a thread of its own, ahead of the readers
     /// and within the budget, until done or dropped.
-    pub fn prefetch(self: &Arc<Self>, urls: Vec<String>) -> Prefetch {
+    /// `streams` threads take the objects in order, so that many downloads
+    /// overlap their requests' latency.
+    /// `urls` pairs each URL with its size when known (a request saved).
+    pub fn prefetch(
+        self: &Arc<Self>,
+        urls: Vec<(String, Option<u64>)>,
+        streams: usize,
+    ) -> Prefetch {
         let control = Arc::new(Control::default());
         let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (cache, ctl, errs) = (self.clone(), control.clone(), errors.clone());
-        let handle = std::thread::Builder::new()
-            .name("ferroloader-prefetch".into())
-            .spawn(move || {
-                cache.prefetch_all(&urls, &ctl, &errs);
-                ctl.busy.store(false, Ordering::SeqCst);
+        let urls = Arc::new(urls);
+        let handles = (0..streams.max(1))
+            .filter_map(|_| {
+                let (cache, ctl, errs, urls) =
+                    (self.clone(), control.clone(), errors.clone(), urls.clone());
+                std::thread::Builder::new()
+                    .name("ferroloader-prefetch".into())
+                    .spawn(move || cache.prefetch_all(&urls, &ctl, &errs))
+                    .ok()
             })
-            .ok();
+            .collect();
         Prefetch {
             control,
             errors,
-            handle,
+            handles,
         }
     }
 
-    fn prefetch_all(&self, urls: &[String], ctl: &Control, errors: &std::sync::Mutex<Vec<String>>) {
-        for (pos, url) in urls.iter().enumerate() {
+    /// One prefetching thread: takes the next object not yet taken until
+    /// none is left.
+    fn prefetch_all(
+        &self,
+        urls: &[(String, Option<u64>)],
+        ctl: &Control,
+        errors: &std::sync::Mutex<Vec<String>>,
+    ) {
+        loop {
+            let pos = ctl.next.fetch_add(1, Ordering::SeqCst);
+            let Some((url, size)) = urls.get(pos) else {
+                return;
+            };
             loop {
                 if !ctl.enter() {
                     return;
                 }
-                let got = self.prefetch_one(url, pos as u64, &|| ctl.should_yield());
-                ctl.busy.store(false, Ordering::SeqCst);
+                let got = self.prefetch_one(url, *size, pos as u64, &|| ctl.should_yield());
+                ctl.busy.fetch_sub(1, Ordering::SeqCst);
                 match got {
                     Ok(true) => break,
                     // no room yet: the readers free some as they go
@@ -395,7 +421,13 @@ impl Cache {
     }
 
     /// `Ok(false)`: no room for it now.
-    fn prefetch_one(&self, url: &str, pos: u64, abort: &dyn Fn() -> bool) -> Result<bool> {
+    fn prefetch_one(
+        &self,
+        url: &str,
+        size: Option<u64>,
+        pos: u64,
+        abort: &dyn Fn() -> bool,
+    ) -> Result<bool> {
         let k = key(url);
         let p = self.path(&k);
         if p.exists() {
@@ -409,7 +441,7 @@ impl Cache {
             return Ok(true);
         }
         let budget_before = self.counters.downloads.load(Ordering::Relaxed);
-        self.fetch_locked(url, &k, Some(pos), abort)?;
+        self.fetch_locked(url, &k, Some(pos), size, abort)?;
         Ok(self.counters.downloads.load(Ordering::Relaxed) > budget_before)
     }
 }
@@ -432,26 +464,28 @@ fn touch(path: &Path, when: SystemTime) {
 struct Control {
     stop: AtomicBool,
     paused: AtomicBool,
-    /// The thread holds cache locks or files (between `enter` and the end
+    /// Threads holding cache locks or files (between `enter` and the end
     /// of one object).
-    busy: AtomicBool,
+    busy: AtomicUsize,
+    /// The position of the next object to take.
+    next: AtomicUsize,
 }
 
 impl Control {
-    /// Before each object: waits out a pause; `false` once stopped. Sets
-    /// `busy` and checks again (a pause that saw `busy` clear may not find
-    /// the thread inside).
+    /// Before each object: waits out a pause; `false` once stopped. Counts
+    /// itself busy and checks again (a pause that saw no thread busy may
+    /// not find this one inside).
     fn enter(&self) -> bool {
         loop {
             if self.stop.load(Ordering::SeqCst) {
                 return false;
             }
             if !self.paused.load(Ordering::SeqCst) {
-                self.busy.store(true, Ordering::SeqCst);
+                self.busy.fetch_add(1, Ordering::SeqCst);
                 if !self.paused.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
                     return true;
                 }
-                self.busy.store(false, Ordering::SeqCst);
+                self.busy.fetch_sub(1, Ordering::SeqCst);
                 continue;
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -468,13 +502,13 @@ impl Control {
 pub struct Prefetch {
     control: Arc<Control>,
     errors: Arc<std::sync::Mutex<Vec<String>>>,
-    handle: Option<std::thread::JoinHandle<()>>,
+    handles: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Prefetch {
     /// Whether it has fetched (or found) everything it was given.
     pub fn finished(&self) -> bool {
-        self.handle.as_ref().is_none_or(|h| h.is_finished())
+        self.handles.iter().all(|h| h.is_finished())
     }
 
     /// The errors met so far (each also raised to the reader that needs it).
@@ -485,11 +519,11 @@ impl Prefetch {
             .clone()
     }
 
-    /// Gives up the download under way and waits until the thread holds no
-    /// cache lock or file; it waits for `resume()`.
+    /// Gives up the downloads under way and waits until no thread holds a
+    /// cache lock or file; they wait for `resume()`.
     pub fn pause(&self) {
         self.control.paused.store(true, Ordering::SeqCst);
-        while self.control.busy.load(Ordering::SeqCst) && !self.finished() {
+        while self.control.busy.load(Ordering::SeqCst) > 0 && !self.finished() {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -500,7 +534,7 @@ impl Prefetch {
 
     /// Waits for it to finish (tests).
     pub fn join(mut self) {
-        if let Some(h) = self.handle.take() {
+        for h in self.handles.drain(..) {
             let _ = h.join();
         }
     }
@@ -633,7 +667,9 @@ mod tests {
         let ctl = Control::default();
         // without readers, three fit; the fourth waits for room
         let done = std::thread::scope(|s| {
-            let h = s.spawn(|| c.prefetch_all(&urls, &ctl, &Default::default()));
+            let sized: Vec<_> = urls.iter().map(|u| (u.clone(), None)).collect();
+            let (c, ctl) = (&c, &ctl);
+            let h = s.spawn(move || c.prefetch_all(&sized, ctl, &Default::default()));
             std::thread::sleep(Duration::from_millis(300));
             let n = c.counters.downloads.load(Ordering::Relaxed);
             ctl.stop.store(true, Ordering::SeqCst);
@@ -648,7 +684,11 @@ mod tests {
         for u in &urls[..3] {
             drop(c.open(u).unwrap());
         }
-        c.prefetch(urls[3..].to_vec()).join();
+        c.prefetch(
+            urls[3..].iter().map(|u| (u.clone(), Some(1000))).collect(),
+            2,
+        )
+        .join();
         assert!(cached_bytes(&d.cache) <= 3000);
         assert!(d.cache.join(key(&urls[4])).exists());
         assert_eq!(c.counters.hits.load(Ordering::Relaxed), 3);

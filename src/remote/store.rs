@@ -350,13 +350,16 @@ impl Object {
             path: PathBuf::from(format!("(the file for {})", self.url)),
             source: e,
         };
+        // without one given, the first answer's ETag pins the later pieces
+        let mut etag = etag.map(str::to_string);
+        let mut changed = false;
         while at < range.end {
             // the whole object as a plain GET (any HTTP server answers it);
             // a part of it as a range
             let whole = at == 0 && range.start == 0 && range.end == size;
             let opts = GetOptions {
                 range: (!whole).then_some(GetRange::Bounded(at..range.end)),
-                if_match: etag.map(str::to_string),
+                if_match: etag.clone(),
                 ..Default::default()
             };
             let broke: Option<String> = self
@@ -366,6 +369,14 @@ impl Object {
                         Ok(g) => g,
                         Err(e) => return Err(e),
                     };
+                    if got.meta.size != size {
+                        // not the object whose size the cache reserved
+                        changed = true;
+                        return Ok(None);
+                    }
+                    if etag.is_none() {
+                        etag = got.meta.e_tag.clone();
+                    }
                     let mut stream = got.into_stream();
                     while let Some(chunk) = stream.next().await {
                         if abort() {
@@ -415,6 +426,11 @@ impl Object {
                     }
                     e => self.classify(e),
                 })?;
+            if changed {
+                return Err(RemoteError::Changed {
+                    url: self.url.clone(),
+                });
+            }
             match broke {
                 None if at < range.end => {
                     failures += 1;

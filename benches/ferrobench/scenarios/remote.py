@@ -50,10 +50,9 @@ def read_shard(path: str, start: int = 0) -> Iterator[Dict[str, Any]]:
 
 class _Store:
     def __init__(self) -> None:
-        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ferrobench.remote_store", str(LATENCY), str(BANDWIDTH)],
-            cwd=here, stdout=subprocess.PIPE, text=True,
+            cwd=_BENCHES, stdout=subprocess.PIPE, text=True,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().split()
@@ -126,8 +125,6 @@ def _run(st: Settings, fl: Any, store: _Store, root: str, n_shards: int) -> List
     checks = []
     streamed = Check("samples/s streamed from S3 (20 ms a request, 200 MiB/s), cold cache",
                      "samples/s", "litdata StreamingDataset", target=2.0)
-    lit = _litdata(root, store, bucket, n, shard_bytes)
-
     def epoch(loader: Any) -> float:
         for _ in loader:
             pass
@@ -135,22 +132,27 @@ def _run(st: Settings, fl: Any, store: _Store, root: str, n_shards: int) -> List
 
     rounds = 0
 
-    def ferro_cold() -> float:
+    def cold(kind: str) -> float:
+        """One cold epoch in a fresh interpreter (its start and imports not
+        timed): neither loader meets what the other left running (litdata's
+        threads and processes slowed ferroloader's epochs 5x when they
+        shared this process)."""
         nonlocal rounds
         rounds += 1
-        return epoch(ferro(urls, cache(f"cold-{rounds}")))
+        args = [kind, bucket, str(n_shards), os.path.join(root, "cache", f"cold-{rounds}"),
+                store.proxy, str(shard_bytes)]
+        out = subprocess.run([sys.executable, "-m", "ferrobench.scenarios.remote", *args],
+                             cwd=_BENCHES, capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            raise RuntimeError(f"the {kind} epoch failed:\n{out.stderr[-3000:]}")
+        return n / float(out.stdout.split()[-1])
 
-    def lit_cold() -> float:
-        nonlocal rounds
-        rounds += 1
-        return epoch(lit(os.path.join(root, "cache", f"lit-{rounds}")))
-
-    if lit is None:
+    if _LitOverHttp is None:
         streamed.note = "litdata not installed: no baseline"
     else:
-        ferro_cold(), lit_cold()  # warm the interpreters' imports
+        _litdata(root, store, bucket, n, shard_bytes)  # writes and uploads its chunks
         for _ in range(st.repeats):
-            streamed.add(timed_rate(lit_cold, st.min_time), timed_rate(ferro_cold, st.min_time))
+            streamed.add(cold("litdata"), cold("ferroloader"))
         checks.append(streamed)
 
     warm = Check("samples/s, warm cache", "samples/s", "the same job from local disk", target=0.8)
@@ -183,11 +185,9 @@ def _run(st: Settings, fl: Any, store: _Store, root: str, n_shards: int) -> List
     return checks
 
 
-def _litdata(root: str, store: _Store, bucket: str, n: int, chunk_bytes: int) -> Any:
-    """A function of a cache directory returning litdata's loader over its
-    chunks on the same server (written once here), or None without litdata."""
-    if _LitOverHttp is None:
-        return None
+def _litdata(root: str, store: _Store, bucket: str, n: int, chunk_bytes: int) -> None:
+    """litdata's chunks of the same samples (``litdata.optimize``, chunks of
+    the shards' size), uploaded beside the shards."""
     import litdata
 
     _boto3_only()
@@ -196,15 +196,37 @@ def _litdata(root: str, store: _Store, bucket: str, n: int, chunk_bytes: int) ->
                      chunk_bytes=chunk_bytes, num_workers=1, verbose=False)
     for name in os.listdir(out):
         store.s3.upload_file(os.path.join(out, name), bucket, f"lit/{name}")
-    options = {"endpoint_url": store.proxy}
 
-    def make(cache_dir: str) -> Any:
+
+def _cold_epoch(kind: str, bucket: str, n_shards: int, cache_dir: str, proxy: str,
+                shard_bytes: int) -> float:
+    """Seconds of one cold epoch of ``kind`` (a fresh cache), loader built
+    and iterated; run in a child interpreter (``__main__`` below)."""
+    import time
+
+    if kind == "litdata":
+        import litdata
+
+        _boto3_only()
         ds = _LitOverHttp(f"s3://{bucket}/lit", cache_dir=cache_dir, shuffle=True, seed=0,
-                          storage_options=options)
-        return litdata.StreamingDataLoader(ds, batch_size=BATCH, num_workers=2)
+                          storage_options={"endpoint_url": proxy})
+        t0 = time.perf_counter()
+        loader: Any = litdata.StreamingDataLoader(ds, batch_size=BATCH, num_workers=2)
+    else:
+        import ferroloader as fl
 
-    return make
+        urls = [f"s3://{bucket}/npz/shard-{s:04d}.npz" for s in range(n_shards)]
+        cache = fl.ShardCache(dir=cache_dir, budget=n_shards * shard_bytes * 2)
+        t0 = time.perf_counter()
+        loader = fl.DataLoader(
+            fl.FileShards(urls, read_shard, lengths=[PER_SHARD] * n_shards, cache=cache),
+            batch_size=BATCH, shuffle=True, seed=0, num_workers=2)
+    for _ in loader:
+        pass
+    return time.perf_counter() - t0
 
+
+_BENCHES = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def _boto3_only() -> None:
     """litdata's obstore path builds its store without ``allow_http``, so a
@@ -228,3 +250,8 @@ try:
 
 except ImportError:  # litdata is a bench extra; the scenario notes its absence
     _LitOverHttp = None  # type: ignore[assignment,misc]
+
+
+if __name__ == "__main__":
+    kind_, bucket_, shards_, cache_, proxy_, bytes_ = sys.argv[1:]
+    print(_cold_epoch(kind_, bucket_, int(shards_), cache_, proxy_, int(bytes_)))
