@@ -189,17 +189,22 @@ def _cache_bytes(d: str) -> int:
     return total
 
 
-@pytest.mark.parametrize("mode", ["static", "dynamic"])
-def test_the_cache_never_exceeds_its_budget(tmp_path, s3_server, mode):
-    lens = [400] * 12  # 3,200 bytes a shard
+def _uploaded(s3_server: Any, folder: str, lens: list[int]) -> tuple[str, list[str], list[str]]:
+    """Shards written under ``folder`` and put in a new bucket: ``(bucket,
+    paths, urls)``."""
     bucket = f"b{uuid.uuid4().hex[:12]}"
     s3_server.bucket(bucket)
-    local = write_shards(str(tmp_path / "src"), lens)
-    urls = []
+    local = write_shards(folder, lens)
     for p in local:
         with open(p, "rb") as f:
             s3_server.put(bucket, os.path.basename(p), f.read())
-        urls.append(f"s3://{bucket}/{os.path.basename(p)}")
+    return bucket, local, [f"s3://{bucket}/{os.path.basename(p)}" for p in local]
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_the_cache_never_exceeds_its_budget(tmp_path, s3_server, mode):
+    lens = [400] * 12  # 3,200 bytes a shard
+    _, _, urls = _uploaded(s3_server, str(tmp_path / "src"), lens)
     cache_dir = str(tmp_path / "cache")
     budget = 3200 * 4  # 2 lanes read at once, 2 more ahead
     cache = fl.ShardCache(dir=cache_dir, budget=budget)
@@ -248,14 +253,7 @@ def test_a_missing_object_is_an_error_naming_it_in_the_training_loop(tmp_path, s
 
 def test_an_object_deleted_mid_epoch_is_named_and_nothing_is_read_twice(tmp_path, s3_server):
     lens = [6] * 6
-    bucket = f"b{uuid.uuid4().hex[:12]}"
-    s3_server.bucket(bucket)
-    local = write_shards(str(tmp_path / "src"), lens)
-    urls = []
-    for p in local:
-        with open(p, "rb") as f:
-            s3_server.put(bucket, os.path.basename(p), f.read())
-        urls.append(f"s3://{bucket}/{os.path.basename(p)}")
+    bucket, local, urls = _uploaded(s3_server, str(tmp_path / "src"), lens)
     # a budget of one shard: the prefetcher cannot run ahead, so the last
     # shard is fetched only when it is read
     cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget=48)
