@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import struct
 import uuid
 import weakref
@@ -144,6 +145,9 @@ class ShardCache:
         self._native_box: list[Any] = []
         self._sizes: dict[str, int] = {}
         self._stats_fd: list[int] = []  # [pid, fd] of this process's counters file
+        # the counters' folder goes with the object that made it (copies in
+        # workers do not own it)
+        weakref.finalize(self, _remove_owned, os.getpid(), self._counters_dir())
 
     def _native(self) -> Any:
         if not self._native_box or self._native_box[0][0] != os.getpid():
@@ -258,6 +262,13 @@ class ShardCache:
             out.misses += misses
             out.waited += waited
         return out
+
+
+def _remove_owned(owner: int, path: str) -> None:
+    """Removes ``path`` in the process ``owner`` only (a forked worker's
+    copy of the cache object is collected in the worker)."""
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _held_bytes(dir: str) -> int:
