@@ -386,3 +386,44 @@ def test_denied_is_a_permission_error_naming_the_url(tmp_path, s3_urls):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_remote_parquet_file_is_read_by_ranges(tmp_path, s3_server):
+    """Of a remote Parquet file only the footer and the shards' row groups
+    (their selected columns) are fetched, and the rows are those of the
+    local file."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rng = np.random.default_rng(0)
+    n = 40_000
+    table = pa.table({"x": rng.standard_normal(n).astype(np.float32),
+                      "y": np.arange(n), "z": rng.standard_normal((n,)).astype(np.float64)})
+    path = str(tmp_path / "data.parquet")
+    pq.write_table(table, path, row_group_size=5000, compression="none")
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    s3_server.bucket(bucket)
+    with open(path, "rb") as f:
+        s3_server.put(bucket, "data.parquet", f.read())
+    url = f"s3://{bucket}/data.parquet"
+    size = os.path.getsize(path)
+
+    def epoch(ds: Any) -> list[Any]:
+        loader = fl.DataLoader(ds, batch_size=512, shuffle=True, seed=2, num_workers=2)
+        return [{k: v.tolist() for k, v in b.items()} for b in loader]
+
+    for columns in (None, ["x"]):
+        cache = fl.ShardCache(dir=str(tmp_path / f"cache-{columns}"), budget="2MiB")
+        remote = fl.TableShards(url, columns=columns, cache=cache)
+        assert len(remote.shards()) == 8
+        loader = fl.DataLoader(remote, batch_size=512, shuffle=True, seed=2, num_workers=2)
+        got = [{k: v.tolist() for k, v in b.items()} for b in loader]
+        assert got == epoch(fl.TableShards(path, columns=columns))
+        fetched = loader.stats().remote.fetched_bytes
+        files = [f for f in os.listdir(cache.dir) if not f.startswith(".") and
+                 not f.endswith(".lock")]
+        held = sum(os.path.getsize(os.path.join(cache.dir, f)) for f in files)
+        if columns is None:
+            assert held <= size + (64 << 10)  # the row groups and the footer, once
+        else:
+            assert held < size / 2  # one column of three, and the footer
+        assert fetched == held  # each piece downloaded once

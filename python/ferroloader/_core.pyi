@@ -567,13 +567,18 @@ class ShardCacheCore:
         options: list[tuple[str, str]],
         room_wait: Optional[float] = None,
     ) -> Self: ...
-    def open(self, url: str) -> PinnedShard:
-        """The object at ``url``, pinned in the cache until ``release()``."""
+    def open(
+        self, url: str, start: Optional[int] = None, end: Optional[int] = None
+    ) -> PinnedShard:
+        """The object at ``url`` (or bytes ``start:end`` of it), pinned in
+        the cache until ``release()``."""
     def prefetch(
-        self, urls: list[str], sizes: Optional[list[int]] = None, streams: int = 4
+        self,
+        items: list[tuple[str, Optional[tuple[int, int]], Optional[int]]],
+        streams: int = 4,
     ) -> ShardPrefetch:
-        """Fetches ``urls`` in order on ``streams`` threads (``sizes``, when
-        known, save a request each)."""
+        """Fetches ``(url, (start, end) or None, size or None)`` items in
+        order on ``streams`` threads."""
     def counters(self) -> tuple[int, int, int, int, float]:
         """``(bytes fetched, downloads, hits, misses, seconds waited)`` of this process."""
     def sizes(self, urls: list[str]) -> list[int]: ...

@@ -161,12 +161,14 @@ class ShardCache:
         state["_stats_fd"] = []
         return state
 
-    def open(self, url: str) -> _Opened:
+    def open(self, url: str, start: Optional[int] = None, end: Optional[int] = None) -> _Opened:
         """``with cache.open(url) as path:``: the object's local path, kept
         in the cache (pinned) until the block ends; downloaded first if it
-        is not there. A missing object is ``FileNotFoundError``, a refused
-        one ``PermissionError``, both naming the URL."""
-        return _Opened(self, url)
+        is not there. With ``start`` and ``end``, a file holding only bytes
+        ``start:end`` of the object (a ranged read, kept apart). A missing
+        object is ``FileNotFoundError``, a refused one ``PermissionError``,
+        both naming the URL."""
+        return _Opened(self, url, start, end)
 
     def read(self, url: str, read: Callable[[str], Iterable[_T]]) -> Iterator[_T]:
         """The items of ``read(local_path)``, the object pinned while they
@@ -181,10 +183,13 @@ class ShardCache:
     def prefetch(self, urls: Iterable[str]) -> Prefetch:
         """Starts fetching ``urls`` in order, ahead of their readers and
         within the budget; the handle's ``stop()`` (or its collection) ends it."""
-        wanted = [u for u in urls if is_url(u)]
-        known = [self._sizes.get(u) for u in wanted]
-        sizes = None if any(n is None for n in known) else [int(n) for n in known if n is not None]
-        return Prefetch(self._native().prefetch(wanted, sizes))
+        return self.prefetch_pieces([(u, None) for u in urls if is_url(u)])
+
+    def prefetch_pieces(self, pieces: Iterable[tuple[str, Optional[tuple[int, int]]]]) -> Prefetch:
+        """``prefetch`` of ``(url, (start, end) or None)`` pieces: parts of
+        objects (Parquet row groups) or whole ones."""
+        items = [(u, r, self._sizes.get(u)) for u, r in pieces]
+        return Prefetch(self._native().prefetch(items))
 
     def size(self, url: str) -> int:
         """The object's size in bytes (one request)."""
@@ -198,13 +203,18 @@ class ShardCache:
             self._sizes.update(zip(missing, (int(n) for n in self._native().sizes(missing))))
         return [self._sizes[u] for u in urls]
 
-    def check(self, urls: list[str]) -> None:
+    def check(self, urls: list[str], ranges: Optional[list[Optional[tuple[int, int]]]] = None
+              ) -> None:
         """A clear error now, rather than at the first read, when the cache
-        cannot hold one of the objects at ``urls``: larger than the budget,
-        or than the disk has free."""
+        cannot hold one of the objects at ``urls`` (or the byte ranges of
+        them given by ``ranges``): larger than the budget, or than the disk
+        has free."""
         if not urls:
             return
-        sizes = self.sizes(urls)
+        spans = ranges or [None] * len(urls)
+        wholes = [u for u, r in zip(urls, spans) if r is None]
+        known = dict(zip(wholes, self.sizes(wholes)))
+        sizes = [known[u] if r is None else r[1] - r[0] for u, r in zip(urls, spans)]
         size, url = max(zip(sizes, urls))
         if size > self.budget:
             raise ConfigError(
@@ -325,12 +335,13 @@ def paused_prefetch() -> Iterator[None]:
 
 
 class _Opened:
-    def __init__(self, cache: ShardCache, url: str) -> None:
-        self._cache, self._url = cache, url
+    def __init__(self, cache: ShardCache, url: str, start: Optional[int],
+                 end: Optional[int]) -> None:
+        self._cache, self._url, self._range = cache, url, (start, end)
         self._pin: Optional[Any] = None
 
     def __enter__(self) -> str:
-        pin = self._cache._native().open(self._url)
+        pin = self._cache._native().open(self._url, *self._range)
         self._pin = pin
         return str(pin.path)
 

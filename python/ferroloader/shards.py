@@ -106,9 +106,11 @@ class ShardedDataset(IterableDataset[_T_co]):
         """The number of items of ``shard``; ``None`` when unknown."""
         return None
 
-    def _remote(self, shards: Sequence[Any]) -> Optional[tuple[Any, list[Optional[str]]]]:
-        """``(cache, url of each shard or None)`` when shards are read
-        through a ``ShardCache`` (the loader prefetches them), else ``None``."""
+    def _remote(self, shards: Sequence[Any]) -> Optional[tuple[Any, list[Any]]]:
+        """``(cache, what each shard reads)`` when shards are read through a
+        ``ShardCache`` (the loader prefetches them), else ``None``: per
+        shard a URL, ``(url, (start, end))`` for a byte range of one, or
+        ``None`` (a local shard)."""
         return None
 
     def __iter__(self) -> Iterator[_T_co]:
@@ -196,7 +198,7 @@ class FileShards(ShardedDataset[_T_co]):
             return self.reader(path, start=start)
         return itertools.islice(self.reader(path), start, None)
 
-    def _remote(self, shards: Sequence[Any]) -> Optional[tuple[Any, list[Optional[str]]]]:
+    def _remote(self, shards: Sequence[Any]) -> Optional[tuple[Any, list[Any]]]:
         if self.cache is None:
             return None
         return self.cache, [s if is_url(s) else None for s in shards]
@@ -354,17 +356,20 @@ class ShardEpoch:
         remote = dataset._remote(self.descriptors)
         if remote is None:
             return
-        cache, urls = remote
-        wanted: list[str] = []
-        seen: set[str] = set()
+        cache, pieces = remote
+        wanted: list[tuple[str, Optional[tuple[int, int]]]] = []
+        seen: set[Any] = set()
         for s in order:
-            url = urls[s]
-            if url is not None and url not in seen:
-                seen.add(url)
-                wanted.append(url)
+            piece = pieces[s]
+            if piece is None:
+                continue
+            item = (piece, None) if isinstance(piece, str) else (piece[0], tuple(piece[1]))
+            if item not in seen:
+                seen.add(item)
+                wanted.append(item)
         if wanted:
-            cache.check(wanted)
-            self.prefetch = cache.prefetch(wanted)
+            cache.check([u for u, _ in wanted], [r for _, r in wanted])
+            self.prefetch = cache.prefetch_pieces(wanted)
 
     def source(self, seeder: Any) -> tuple[Any, Any, Any]:
         """``(iter_shard, descriptors, seeder)`` for the engine."""

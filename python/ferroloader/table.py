@@ -15,6 +15,7 @@ refused when the table is opened, naming the column.
 
 from __future__ import annotations
 
+import io
 import operator
 import os
 import sys
@@ -71,6 +72,52 @@ def _not_ipc(path: str, source: Any, who: str) -> str:
 
 
 _PARQUET_MAGIC = b"PAR1"
+# bytes read from a remote Parquet file's end for its footer (read again
+# whole when it is longer)
+_FOOTER_GUESS = 64 << 10
+
+
+class _Pieces(io.RawIOBase):
+    """A read-only file of ``size`` bytes of which only ``pieces`` (offset,
+    bytes) were fetched: what pyarrow reads of a Parquet file through a
+    ranged read. A read elsewhere is an error, not zeros."""
+
+    def __init__(self, size: int, pieces: list[tuple[int, bytes]]) -> None:
+        self._size, self._pieces, self._pos = size, sorted(pieces), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        """Fills ``buffer`` as far as the object goes, across pieces (a short
+        read would look like the object's end to pyarrow)."""
+        want = min(len(buffer), self._size - self._pos)
+        done = 0
+        while done < want:
+            for start, data in self._pieces:
+                if start <= self._pos < start + len(data):
+                    n = min(want - done, start + len(data) - self._pos)
+                    at = self._pos - start
+                    buffer[done : done + n] = data[at : at + n]
+                    self._pos += n
+                    done += n
+                    break
+            else:
+                break
+        if done or want <= 0:
+            return done
+        raise OSError(f"read at byte {self._pos}, outside the ranges fetched")
 
 
 def _pandas_table(frame: Any) -> Any:
@@ -196,9 +243,11 @@ class TableShards(ShardedDataset[dict[str, Any]]):
     gather). Needs pyarrow.
 
     Paths may be URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
-    ``file://``; not a remote directory): each file is read through
-    ``cache`` (a ``ferroloader.ShardCache``, by default one with its default
-    directory and budget), whole.
+    ``file://``; not a remote directory), read through ``cache`` (a
+    ``ferroloader.ShardCache``, by default one with its default directory
+    and budget): of a Parquet file only its footer and, per shard, the byte
+    range of its row group's (selected) columns are fetched; an Arrow file
+    whole.
 
     >>> import os, tempfile, pyarrow as pa, pyarrow.parquet as pq, ferroloader
     >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
@@ -232,6 +281,10 @@ class TableShards(ShardedDataset[dict[str, Any]]):
         self.paths = found
         self.columns = None if columns is None else [str(c) for c in columns]
         self._shards: Optional[list[tuple[str, int, int]]] = None
+        # a remote Parquet file's footer and each row group's byte range,
+        # found by shards() in the main process (workers get them pickled)
+        self._footers: dict[str, tuple[int, int]] = {}
+        self._spans: dict[tuple[str, int], tuple[int, int]] = {}
         remote = any(is_url(p) for p in self.paths)
         self.cache = cache if cache is not None or not remote else ShardCache()
 
@@ -240,7 +293,9 @@ class TableShards(ShardedDataset[dict[str, Any]]):
         if self._shards is None:
             out: list[tuple[str, int, int]] = []
             for path in self.paths:
-                if self.cache is not None and is_url(path):
+                if self.cache is not None and is_url(path) and _is_parquet(path):
+                    out += self._remote_parquet_shards(path)
+                elif self.cache is not None and is_url(path):
                     with self.cache.open(path) as local:
                         out += self._file_shards(path, local)
                 else:
@@ -256,6 +311,50 @@ class TableShards(ShardedDataset[dict[str, Any]]):
             groups = range(meta.num_row_groups)
             return [(path, g, meta.row_group(g).num_rows) for g in groups]
         return [(path, -1, _open_ipc(local, "TableShards").num_rows)]
+
+    def _remote_parquet_shards(self, url: str) -> list[tuple[str, int, int]]:
+        """A remote Parquet file's shards from its footer alone (ranged
+        reads): the row groups, and the byte range each shard reads."""
+        assert self.cache is not None
+        size = self.cache.sizes([url])[0]
+        start = max(0, size - _FOOTER_GUESS)
+        with self.cache.open(url, start, size) as local, open(local, "rb") as f:
+            tail = f.read()
+        if len(tail) < 8 or tail[-4:] != _PARQUET_MAGIC:
+            raise ConfigError(f"TableShards: {url} is not a Parquet file (no footer magic)")
+        need = int.from_bytes(tail[-8:-4], "little") + 8
+        if need > len(tail):
+            start = size - need
+        self._footers[url] = (start, size)
+        meta = self._parquet(url, []).metadata
+        out = []
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            lo, hi = size, 0
+            for i in range(rg.num_columns):
+                col = rg.column(i)
+                name = col.path_in_schema.split(".")[0]
+                if self.columns is not None and name not in self.columns:
+                    continue
+                first = col.data_page_offset
+                if col.has_dictionary_page and col.dictionary_page_offset:
+                    first = min(first, col.dictionary_page_offset)
+                lo, hi = min(lo, first), max(hi, first + col.total_compressed_size)
+            self._spans[(url, g)] = (lo, max(hi, lo))
+            out.append((url, g, rg.num_rows))
+        return out
+
+    def _parquet(self, url: str, pieces: list[tuple[int, bytes]]) -> Any:
+        """A ``ParquetFile`` over the fetched pieces of ``url`` (its footer
+        and ``pieces``), reading nothing else."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        assert self.cache is not None
+        start, size = self._footers[url]
+        with self.cache.open(url, start, size) as local, open(local, "rb") as f:
+            footer = f.read()
+        return pq.ParquetFile(pa.PythonFile(_Pieces(size, [(start, footer), *pieces]), mode="r"))
 
     def shard_len(self, shard: Any) -> int:
         return int(shard[2])
@@ -275,14 +374,31 @@ class TableShards(ShardedDataset[dict[str, Any]]):
 
     def iter_shard(self, shard: Any, start: int = 0) -> Any:
         path, group, _ = shard
+        if (path, group) in self._spans:
+            return self._remote_rows(path, group, start)
         if self.cache is not None and is_url(path):
             return self.cache.read(path, lambda local: self._rows(local, group, start))
         return self._rows(path, group, start)
 
-    def _remote(self, shards: Sequence[Any]) -> Optional[tuple[Any, list[Optional[str]]]]:
+    def _remote_rows(self, url: str, group: int, start: int) -> Any:
+        assert self.cache is not None
+        lo, hi = self._spans[(url, group)]
+        pieces = []
+        if hi > lo:
+            with self.cache.open(url, lo, hi) as local, open(local, "rb") as f:
+                pieces.append((lo, f.read()))
+        arrow = self._parquet(url, pieces).read_row_group(group, columns=self.columns)
+        table = _core.ArrowTable(arrow, self.columns, None)
+        return (table.row(i) for i in range(start, len(table)))
+
+    def _remote(self, shards: Sequence[Any]) -> Optional[tuple[Any, list[Any]]]:
         if self.cache is None:
             return None
-        return self.cache, [s[0] if is_url(s[0]) else None for s in shards]
+        out: list[Any] = []
+        for path, group, _ in shards:
+            span = self._spans.get((path, group))
+            out.append(None if not is_url(path) else (path, span) if span else path)
+        return self.cache, out
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)

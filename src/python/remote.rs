@@ -54,25 +54,33 @@ impl PyCache {
         })
     }
 
-    /// The object at `url`, pinned in the cache until `release()`.
-    fn open(&self, py: Python<'_>, url: &str) -> PyResult<PyPinned> {
-        let pinned = py.detach(|| self.cache.open(url)).map_err(to_py)?;
+    /// The object at `url` (or bytes `start..end` of it), pinned in the
+    /// cache until `release()`.
+    #[pyo3(signature = (url, start=None, end=None))]
+    fn open(
+        &self,
+        py: Python<'_>,
+        url: &str,
+        start: Option<u64>,
+        end: Option<u64>,
+    ) -> PyResult<PyPinned> {
+        let range = start.zip(end);
+        let pinned = py
+            .detach(|| self.cache.open_piece(url, range))
+            .map_err(to_py)?;
         Ok(PyPinned {
             path: pinned.path.to_string_lossy().into_owned(),
             pin: Mutex::new(Some(pinned)),
         })
     }
 
-    /// Fetches `urls` in order on `streams` threads until done or dropped;
-    /// `sizes`, when given, saves a request per object.
-    #[pyo3(signature = (urls, sizes=None, streams=4))]
-    fn prefetch(&self, urls: Vec<String>, sizes: Option<Vec<u64>>, streams: usize) -> PyPrefetch {
-        let sized = match sizes {
-            Some(sizes) => urls.into_iter().zip(sizes.into_iter().map(Some)).collect(),
-            None => urls.into_iter().map(|u| (u, None)).collect(),
-        };
+    /// Fetches `items` in order on `streams` threads until done or
+    /// dropped: each `(url, (start, end) or None, size or None)`, a size
+    /// known saving a request.
+    #[pyo3(signature = (items, streams=4))]
+    fn prefetch(&self, items: Vec<crate::remote::cache::Item>, streams: usize) -> PyPrefetch {
         PyPrefetch {
-            inner: Mutex::new(Some(self.cache.prefetch(sized, streams))),
+            inner: Mutex::new(Some(self.cache.prefetch(items, streams))),
         }
     }
 

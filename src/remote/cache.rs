@@ -93,6 +93,18 @@ pub fn key(url: &str) -> String {
     format!("{h:016x}-{tail}")
 }
 
+/// The key of bytes `start..end` of `url`, or of the whole object.
+pub fn piece_key(url: &str, range: Option<(u64, u64)>) -> String {
+    match range {
+        None => key(url),
+        Some((start, end)) => format!("{}.{start}-{end}", key(url)),
+    }
+}
+
+/// What the prefetcher fetches: a URL, the byte range of it (`None`: the
+/// whole object) and the whole object's size when known.
+pub type Item = (String, Option<(u64, u64)>, Option<u64>);
+
 fn lock(file: &File, op: FlockOperation) -> std::io::Result<()> {
     flock(file, op).map_err(std::io::Error::from)
 }
@@ -163,7 +175,14 @@ impl Cache {
     /// The object at `url`, pinned: from the cache, or downloaded now
     /// (waiting for another process's download of it, if one is under way).
     pub fn open(&self, url: &str) -> Result<Pinned> {
-        let k = key(url);
+        self.open_piece(url, None)
+    }
+
+    /// Bytes `start..end` of the object at `url` (`None`: all of it), pinned:
+    /// a part is kept as a file of its own, so formats read by ranges
+    /// (Parquet row groups) fetch only what is read.
+    pub fn open_piece(&self, url: &str, range: Option<(u64, u64)>) -> Result<Pinned> {
+        let k = piece_key(url, range);
         if let Some(p) = self.try_pin(&k)? {
             touch(&p.path, SystemTime::now());
             self.counters.hits.fetch_add(1, Ordering::Relaxed);
@@ -177,7 +196,7 @@ impl Cache {
                 touch(&p.path, SystemTime::now());
                 return Ok(p);
             }
-            if let Some(p) = self.fetch_locked(url, &k, None, None, &|| false)? {
+            if let Some(p) = self.fetch_locked(url, &k, range, None, None, &|| false)? {
                 return Ok(p);
             }
         })();
@@ -196,16 +215,27 @@ impl Cache {
         &self,
         url: &str,
         k: &str,
+        range: Option<(u64, u64)>,
         ahead: Option<u64>,
         known: Option<u64>,
         abort: &dyn Fn() -> bool,
     ) -> Result<Option<Pinned>> {
         let obj = Object::open(url, &self.options)?;
-        // a size known already saves a request (the GET checks it)
-        let (size, etag) = match known {
-            Some(size) => (size, None),
-            None => obj.head()?,
+        // a size known already saves a request (the GET checks it); a part
+        // needs none
+        let (object_size, etag) = match (range, known) {
+            (Some(_), _) => (None, None),
+            (None, Some(size)) => (Some(size), None),
+            (None, None) => {
+                let (size, etag) = obj.head()?;
+                (Some(size), etag)
+            }
         };
+        let bytes = match range {
+            Some((start, end)) => start..end.max(start),
+            None => 0..object_size.unwrap_or(0),
+        };
+        let size = bytes.end - bytes.start;
         if size > self.budget {
             return Err(RemoteError::Budget {
                 url: url.to_string(),
@@ -219,8 +249,8 @@ impl Cache {
         };
         let written = obj.download(
             &part,
-            size,
-            0..size,
+            object_size,
+            bytes,
             etag.as_deref(),
             &self.counters.fetched,
             abort,
@@ -356,12 +386,9 @@ impl Cache {
     /// and within the budget, until done or dropped.
     /// `streams` threads take the objects in order, so that many downloads
     /// overlap their requests' latency.
-    /// `urls` pairs each URL with its size when known (a request saved).
-    pub fn prefetch(
-        self: &Arc<Self>,
-        urls: Vec<(String, Option<u64>)>,
-        streams: usize,
-    ) -> Prefetch {
+    /// Each item a URL, its byte range (or the whole object) and the
+    /// object's size when known (a request saved).
+    pub fn prefetch(self: &Arc<Self>, urls: Vec<Item>, streams: usize) -> Prefetch {
         let control = Arc::new(Control::default());
         let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
         let urls = Arc::new(urls);
@@ -384,22 +411,17 @@ impl Cache {
 
     /// One prefetching thread: takes the next object not yet taken until
     /// none is left.
-    fn prefetch_all(
-        &self,
-        urls: &[(String, Option<u64>)],
-        ctl: &Control,
-        errors: &std::sync::Mutex<Vec<String>>,
-    ) {
+    fn prefetch_all(&self, urls: &[Item], ctl: &Control, errors: &std::sync::Mutex<Vec<String>>) {
         loop {
             let pos = ctl.next.fetch_add(1, Ordering::SeqCst);
-            let Some((url, size)) = urls.get(pos) else {
+            let Some((url, range, size)) = urls.get(pos) else {
                 return;
             };
             loop {
                 if !ctl.enter() {
                     return;
                 }
-                let got = self.prefetch_one(url, *size, pos as u64, &|| ctl.should_yield());
+                let got = self.prefetch_one(url, *range, *size, pos as u64, &|| ctl.should_yield());
                 ctl.busy.fetch_sub(1, Ordering::SeqCst);
                 match got {
                     Ok(true) => break,
@@ -424,11 +446,12 @@ impl Cache {
     fn prefetch_one(
         &self,
         url: &str,
+        range: Option<(u64, u64)>,
         size: Option<u64>,
         pos: u64,
         abort: &dyn Fn() -> bool,
     ) -> Result<bool> {
-        let k = key(url);
+        let k = piece_key(url, range);
         let p = self.path(&k);
         if p.exists() {
             touch(&p, ahead_time(pos)); // keep it for this epoch's reader
@@ -441,7 +464,7 @@ impl Cache {
             return Ok(true);
         }
         let budget_before = self.counters.downloads.load(Ordering::Relaxed);
-        self.fetch_locked(url, &k, Some(pos), size, abort)?;
+        self.fetch_locked(url, &k, range, Some(pos), size, abort)?;
         Ok(self.counters.downloads.load(Ordering::Relaxed) > budget_before)
     }
 }
@@ -667,7 +690,7 @@ mod tests {
         let ctl = Control::default();
         // without readers, three fit; the fourth waits for room
         let done = std::thread::scope(|s| {
-            let sized: Vec<_> = urls.iter().map(|u| (u.clone(), None)).collect();
+            let sized: Vec<_> = urls.iter().map(|u| (u.clone(), None, None)).collect();
             let (c, ctl) = (&c, &ctl);
             let h = s.spawn(move || c.prefetch_all(&sized, ctl, &Default::default()));
             std::thread::sleep(Duration::from_millis(300));
@@ -685,13 +708,33 @@ mod tests {
             drop(c.open(u).unwrap());
         }
         c.prefetch(
-            urls[3..].iter().map(|u| (u.clone(), Some(1000))).collect(),
+            urls[3..]
+                .iter()
+                .map(|u| (u.clone(), None, Some(1000)))
+                .collect(),
             2,
         )
         .join();
         assert!(cached_bytes(&d.cache) <= 3000);
         assert!(d.cache.join(key(&urls[4])).exists());
         assert_eq!(c.counters.hits.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn a_piece_is_fetched_and_kept_alone() {
+        let d = tempdir::Dirs::new();
+        let p = d.src.join("obj.bin");
+        std::fs::write(&p, (0..=255u8).cycle().take(10_000).collect::<Vec<_>>()).unwrap();
+        let url = format!("file://{}", p.display());
+        let c = Cache::new(&d.cache, 10_000, vec![]).unwrap();
+        let piece = c.open_piece(&url, Some((300, 812))).unwrap();
+        let want: Vec<u8> = (300..812).map(|i| (i % 256) as u8).collect();
+        assert_eq!(std::fs::read(&piece.path).unwrap(), want);
+        assert_eq!(c.counters.fetched.load(Ordering::Relaxed), 512);
+        drop(piece);
+        let _again = c.open_piece(&url, Some((300, 812))).unwrap();
+        assert_eq!(c.counters.downloads.load(Ordering::Relaxed), 1);
+        assert_eq!(cached_bytes(&d.cache), 512);
     }
 
     #[test]

@@ -328,16 +328,16 @@ impl Object {
         }
     }
 
-    /// Writes bytes `range` of the object (`size` bytes long) at the same
-    /// offsets of `file`: the whole object as a plain GET, which any HTTP
-    /// server answers. A transfer that breaks off resumes where it stopped
+    /// Writes bytes `range` of the object (`size` bytes long, when known)
+    /// into `file` from its start: the whole object as a plain GET, which
+    /// any HTTP server answers, a part as a ranged GET. A transfer that breaks off resumes where it stopped
     /// (a ranged GET of the rest, with backoff), up to `retries` times (an
     /// option) in a row; the ETag, when given, keeps every piece from the
     /// same version of the object.
     pub fn download(
         &self,
         file: &File,
-        size: u64,
+        size: Option<u64>,
         range: std::ops::Range<u64>,
         etag: Option<&str>,
         fetched: &std::sync::atomic::AtomicU64,
@@ -356,7 +356,7 @@ impl Object {
         while at < range.end {
             // the whole object as a plain GET (any HTTP server answers it);
             // a part of it as a range
-            let whole = at == 0 && range.start == 0 && range.end == size;
+            let whole = at == 0 && range.start == 0 && Some(range.end) == size;
             let opts = GetOptions {
                 range: (!whole).then_some(GetRange::Bounded(at..range.end)),
                 if_match: etag.clone(),
@@ -369,7 +369,7 @@ impl Object {
                         Ok(g) => g,
                         Err(e) => return Err(e),
                     };
-                    if got.meta.size != size {
+                    if size.is_some_and(|n| got.meta.size != n) {
                         // not the object whose size the cache reserved
                         changed = true;
                         return Ok(None);
@@ -394,7 +394,7 @@ impl Object {
                                         range.end
                                     )));
                                 }
-                                if let Err(e) = file.write_all_at(&bytes, at) {
+                                if let Err(e) = file.write_all_at(&bytes, at - range.start) {
                                     return Err(object_store::Error::Generic {
                                         store: "ferroloader cache",
                                         source: Box::new(DiskError(e)),
