@@ -427,3 +427,10 @@ def test_a_remote_parquet_file_is_read_by_ranges(tmp_path, s3_server):
         else:
             assert held < size / 2  # one column of three, and the footer
         assert fetched == held  # each piece downloaded once
+
+
+def test_streams_must_be_a_positive_int(tmp_path):
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(fl.ConfigError, match="streams"):
+            fl.ShardCache(dir=str(tmp_path), streams=bad)
+    assert fl.ShardCache(dir=str(tmp_path)).streams == 8

@@ -575,7 +575,7 @@ class ShardCacheCore:
     def prefetch(
         self,
         items: list[tuple[str, Optional[tuple[int, int]], Optional[int]]],
-        streams: int = 4,
+        streams: int = 8,
     ) -> ShardPrefetch:
         """Fetches ``(url, (start, end) or None, size or None)`` items in
         order on ``streams`` threads."""

@@ -109,6 +109,8 @@ class ShardCache:
     for the stores, on top of their environment (``object_store``'s keys,
     such as ``aws_endpoint``, ``aws_region``, ``allow_http``,
     ``google_service_account``, ``azure_storage_account_name``).
+    ``streams``: how many downloads the prefetcher runs at once (each takes
+    the next shard in the epoch's order).
 
     >>> import os, tempfile, ferroloader
     >>> src = os.path.join(tempfile.mkdtemp(), "part-0.txt")
@@ -125,6 +127,7 @@ class ShardCache:
         dir: Optional[str] = None,
         budget: Any = None,
         options: Optional[Mapping[str, str]] = None,
+        streams: int = 8,
     ) -> None:
         self.dir = os.path.abspath(os.fspath(dir)) if dir is not None else _default_dir()
         if budget is None:
@@ -140,6 +143,9 @@ class ShardCache:
         else:
             self.budget = budget
         self.options = {str(k): str(v) for k, v in (options or {}).items()}
+        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+            raise ConfigError(f"ShardCache streams should be a positive int, but got {streams!r}")
+        self.streams = streams
         # names this cache's per-process counters (see stats())
         self._token = uuid.uuid4().hex
         self._native_box: list[Any] = []
@@ -189,7 +195,7 @@ class ShardCache:
         """``prefetch`` of ``(url, (start, end) or None)`` pieces: parts of
         objects (Parquet row groups) or whole ones."""
         items = [(u, r, self._sizes.get(u)) for u, r in pieces]
-        return Prefetch(self._native().prefetch(items))
+        return Prefetch(self._native().prefetch(items, self.streams))
 
     def size(self, url: str) -> int:
         """The object's size in bytes (one request)."""

@@ -77,7 +77,7 @@ impl PyCache {
     /// Fetches `items` in order on `streams` threads until done or
     /// dropped: each `(url, (start, end) or None, size or None)`, a size
     /// known saving a request.
-    #[pyo3(signature = (items, streams=4))]
+    #[pyo3(signature = (items, streams=8))]
     fn prefetch(&self, items: Vec<crate::remote::cache::Item>, streams: usize) -> PyPrefetch {
         PyPrefetch {
             inner: Mutex::new(Some(self.cache.prefetch(items, streams))),
