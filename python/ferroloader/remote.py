@@ -197,10 +197,6 @@ class ShardCache:
         items = [(u, r, self._sizes.get(u)) for u, r in pieces]
         return Prefetch(self._native().prefetch(items, self.streams))
 
-    def size(self, url: str) -> int:
-        """The object's size in bytes (one request)."""
-        return int(self._native().size(url))
-
     def sizes(self, urls: list[str]) -> list[int]:
         """The objects' sizes in bytes (asked 32 at a time), remembered by
         this cache object."""
@@ -308,17 +304,6 @@ class Prefetch:
 
     def stop(self) -> None:
         self._native.stop()
-
-    @property
-    def finished(self) -> bool:
-        return bool(self._native.finished)
-
-    @property
-    def errors(self) -> list[str]:
-        return list(self._native.errors)
-
-    def join(self) -> None:
-        self._native.join()
 
 
 _LIVE: weakref.WeakSet[Prefetch] = weakref.WeakSet()

@@ -38,17 +38,8 @@ pub struct PyCache {
 #[pymethods]
 impl PyCache {
     #[new]
-    #[pyo3(signature = (dir, budget, options, room_wait=None))]
-    fn new(
-        dir: PathBuf,
-        budget: u64,
-        options: Vec<(String, String)>,
-        room_wait: Option<f64>,
-    ) -> PyResult<Self> {
-        let mut cache = Cache::new(dir, budget, options).map_err(to_py)?;
-        if let Some(w) = room_wait {
-            cache = cache.with_room_wait(std::time::Duration::from_secs_f64(w.max(0.0)));
-        }
+    fn new(dir: PathBuf, budget: u64, options: Vec<(String, String)>) -> PyResult<Self> {
+        let cache = Cache::new(dir, budget, options).map_err(to_py)?;
         Ok(PyCache {
             cache: Arc::new(cache),
         })
@@ -103,15 +94,6 @@ impl PyCache {
         py.detach(|| crate::remote::store::Object::sizes(&urls, &options))
             .map_err(to_py)
     }
-
-    /// The size of the object at `url` (one HEAD request).
-    fn size(&self, py: Python<'_>, url: &str) -> PyResult<u64> {
-        let options = self.cache.options().to_vec();
-        py.detach(|| {
-            crate::remote::store::Object::open(url, &options).and_then(|o| o.head().map(|h| h.0))
-        })
-        .map_err(to_py)
-    }
 }
 
 /// An object pinned in the cache.
@@ -142,27 +124,6 @@ impl PyPrefetch {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
-    /// Whether it fetched (or found) everything it was given, or stopped.
-    #[getter]
-    fn finished(&self) -> bool {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .is_none_or(Prefetch::finished)
-    }
-
-    /// Errors met so far (each also raised to the reader that needs it).
-    #[getter]
-    fn errors(&self) -> Vec<String> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(Prefetch::errors)
-            .unwrap_or_default()
-    }
-
     /// Stops downloading until `resume()`: a download under way is given up
     /// and every cache lock released before this returns, so a process
     /// forked now inherits none of them (a worker started with `fork`).
@@ -181,14 +142,6 @@ impl PyPrefetch {
             .as_ref()
         {
             p.resume();
-        }
-    }
-
-    /// Waits until it has finished (tests, benches).
-    fn join(&self, py: Python<'_>) {
-        let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(p) = taken {
-            py.detach(|| p.join());
         }
     }
 }

@@ -123,6 +123,7 @@ impl Cache {
     }
 
     /// The same cache with a shorter wait for room (tests).
+    #[cfg(test)]
     pub fn with_room_wait(mut self, wait: Duration) -> Cache {
         self.room_wait = wait;
         self
@@ -390,28 +391,22 @@ impl Cache {
     /// object's size when known (a request saved).
     pub fn prefetch(self: &Arc<Self>, urls: Vec<Item>, streams: usize) -> Prefetch {
         let control = Arc::new(Control::default());
-        let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
         let urls = Arc::new(urls);
         let handles = (0..streams.max(1))
             .filter_map(|_| {
-                let (cache, ctl, errs, urls) =
-                    (self.clone(), control.clone(), errors.clone(), urls.clone());
+                let (cache, ctl, urls) = (self.clone(), control.clone(), urls.clone());
                 std::thread::Builder::new()
                     .name("ferroloader-prefetch".into())
-                    .spawn(move || cache.prefetch_all(&urls, &ctl, &errs))
+                    .spawn(move || cache.prefetch_all(&urls, &ctl))
                     .ok()
             })
             .collect();
-        Prefetch {
-            control,
-            errors,
-            handles,
-        }
+        Prefetch { control, handles }
     }
 
     /// One prefetching thread: takes the next object not yet taken until
     /// none is left.
-    fn prefetch_all(&self, urls: &[Item], ctl: &Control, errors: &std::sync::Mutex<Vec<String>>) {
+    fn prefetch_all(&self, urls: &[Item], ctl: &Control) {
         loop {
             let pos = ctl.next.fetch_add(1, Ordering::SeqCst);
             let Some((url, range, size)) = urls.get(pos) else {
@@ -429,14 +424,8 @@ impl Cache {
                     Ok(false) => std::thread::sleep(Duration::from_millis(25)),
                     // paused or stopped: `enter` waits or ends
                     Err(RemoteError::Aborted) => {}
-                    Err(e) => {
-                        // the reader that needs it meets the error itself
-                        errors
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(e.to_string());
-                        break;
-                    }
+                    // the reader that needs it meets the error itself
+                    Err(_) => break,
                 }
             }
         }
@@ -524,7 +513,6 @@ impl Control {
 /// given up).
 pub struct Prefetch {
     control: Arc<Control>,
-    errors: Arc<std::sync::Mutex<Vec<String>>>,
     handles: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -532,14 +520,6 @@ impl Prefetch {
     /// Whether it has fetched (or found) everything it was given.
     pub fn finished(&self) -> bool {
         self.handles.iter().all(|h| h.is_finished())
-    }
-
-    /// The errors met so far (each also raised to the reader that needs it).
-    pub fn errors(&self) -> Vec<String> {
-        self.errors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
     }
 
     /// Gives up the downloads under way and waits until no thread holds a
@@ -692,7 +672,7 @@ mod tests {
         let done = std::thread::scope(|s| {
             let sized: Vec<_> = urls.iter().map(|u| (u.clone(), None, None)).collect();
             let (c, ctl) = (&c, &ctl);
-            let h = s.spawn(move || c.prefetch_all(&sized, ctl, &Default::default()));
+            let h = s.spawn(move || c.prefetch_all(&sized, ctl));
             std::thread::sleep(Duration::from_millis(300));
             let n = c.counters.downloads.load(Ordering::Relaxed);
             ctl.stop.store(true, Ordering::SeqCst);

@@ -139,56 +139,59 @@ fn retry(options: &Options) -> RetryConfig {
     }
 }
 
+/// `builder` with the user's options applied (keys the builder does not
+/// know are left to the others: one options dict serves every store).
+macro_rules! with_options {
+    ($builder:expr, $options:expr) => {
+        $options.iter().fold($builder, |b, (k, v)| match k.parse() {
+            Ok(k) => b.with_config(k, v),
+            Err(_) => b,
+        })
+    };
+}
+
 fn build(
     url: &Url,
     scheme: ObjectStoreScheme,
     options: &Options,
 ) -> object_store::Result<Arc<dyn ObjectStore>> {
-    let client = || ClientOptions::new().with_allow_http(true);
+    let retry = retry(options);
     Ok(match scheme {
         ObjectStoreScheme::Local => Arc::new(LocalFileSystem::new()),
-        ObjectStoreScheme::AmazonS3 => {
-            let b = options.iter().fold(
-                AmazonS3Builder::from_env().with_url(url.as_str()),
-                |b, (k, v)| match k.parse() {
-                    Ok(k) => b.with_config(k, v),
-                    Err(_) => b,
-                },
-            );
-            Arc::new(b.with_retry(retry(options)).build()?)
-        }
-        ObjectStoreScheme::GoogleCloudStorage => {
-            let b = options.iter().fold(
+        ObjectStoreScheme::AmazonS3 => Arc::new(
+            with_options!(AmazonS3Builder::from_env().with_url(url.as_str()), options)
+                .with_retry(retry)
+                .build()?,
+        ),
+        ObjectStoreScheme::GoogleCloudStorage => Arc::new(
+            with_options!(
                 GoogleCloudStorageBuilder::from_env().with_url(url.as_str()),
-                |b, (k, v)| match k.parse() {
-                    Ok(k) => b.with_config(k, v),
-                    Err(_) => b,
-                },
-            );
-            Arc::new(b.with_retry(retry(options)).build()?)
-        }
-        ObjectStoreScheme::MicrosoftAzure => {
-            let b = options.iter().fold(
+                options
+            )
+            .with_retry(retry)
+            .build()?,
+        ),
+        ObjectStoreScheme::MicrosoftAzure => Arc::new(
+            with_options!(
                 MicrosoftAzureBuilder::from_env().with_url(url.as_str()),
-                |b, (k, v)| match k.parse() {
-                    Ok(k) => b.with_config(k, v),
-                    Err(_) => b,
-                },
-            );
-            Arc::new(b.with_retry(retry(options)).build()?)
-        }
+                options
+            )
+            .with_retry(retry)
+            .build()?,
+        ),
         ObjectStoreScheme::Http => {
             let base = &url[..url::Position::BeforePath];
-            let b = options.iter().fold(
-                HttpBuilder::new()
-                    .with_url(base)
-                    .with_client_options(client()),
-                |b, (k, v)| match k.parse() {
-                    Ok(k) => b.with_config(k, v),
-                    Err(_) => b,
-                },
-            );
-            Arc::new(b.with_retry(retry(options)).build()?)
+            let client = ClientOptions::new().with_allow_http(true);
+            Arc::new(
+                with_options!(
+                    HttpBuilder::new()
+                        .with_url(base)
+                        .with_client_options(client),
+                    options
+                )
+                .with_retry(retry)
+                .build()?,
+            )
         }
         other => {
             return Err(object_store::Error::NotSupported {
