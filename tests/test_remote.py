@@ -434,3 +434,55 @@ def test_streams_must_be_a_positive_int(tmp_path):
         with pytest.raises(fl.ConfigError, match="streams"):
             fl.ShardCache(dir=str(tmp_path), streams=bad)
     assert fl.ShardCache(dir=str(tmp_path)).streams == 8
+
+
+def test_a_process_forked_while_the_prefetcher_downloads_holds_no_lock(tmp_path, s3_server,
+                                                                        proxy):
+    """Workers may be forked while the prefetcher holds a lock on the cache:
+    the forked copy of the descriptor must not keep it (another process
+    would wait on it for as long as the child lives)."""
+    import signal
+    import warnings
+
+    lens = [400] * 10  # 3,200 bytes a shard
+    _, local, urls = _uploaded(s3_server, str(tmp_path / "src"), lens)
+    proxy.latency = 0.05  # each download holds its object's lock that long
+    options = {"aws_endpoint": proxy.url}
+    cache_dir = str(tmp_path / "cache")
+    cache = fl.ShardCache(dir=cache_dir, budget=3200 * 3, options=options, streams=2)
+    children = []
+    try:
+        prefetch = cache.prefetch(urls)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork beside threads
+            for _ in range(12):
+                pid = os.fork()
+                if pid == 0:  # the child only sleeps, holding what it inherited
+                    time.sleep(120)
+                    os._exit(0)
+                children.append(pid)
+                time.sleep(0.02)
+        prefetch.stop()
+        # the children still live: every object can be downloaded, evicted
+        # and pinned again, by another cache on the same directory
+        reader = fl.ShardCache(dir=cache_dir, budget=3200 * 3, options=options)
+        got: list[bytes] = []
+
+        def read_all() -> None:
+            for url in reversed(urls):
+                with reader.open(url) as path, open(path, "rb") as f:
+                    got.append(f.read())
+
+        t = threading.Thread(target=read_all, daemon=True)
+        t.start()
+        t.join(60)
+        assert not t.is_alive(), "a lock of the cache was still held by a forked child"
+        want = []
+        for p in reversed(local):
+            with open(p, "rb") as f:
+                want.append(f.read())
+        assert got == want
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)

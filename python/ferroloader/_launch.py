@@ -30,7 +30,6 @@ from ferroloader import _core, _machine, _worker
 from ferroloader._env import _INITIAL_ARENA, shm_limit
 from ferroloader._epoch import Plan
 from ferroloader.errors import ConfigError, ThreadSafetyWarning
-from ferroloader.remote import paused_prefetch
 from ferroloader.worker import thread_aware
 
 # A ferroloader DataLoader: not imported, as dataloader.py imports this
@@ -75,8 +74,7 @@ def start_workers(
     pids: list[int] = []
     try:
         start = _start_threads if threads else _start_processes
-        with paused_prefetch():
-            start(loader, jobs, plan.base_seed, socks, procs, pids)
+        start(loader, jobs, plan.base_seed, socks, procs, pids)
     except BaseException:
         for sock in socks:
             sock.close()

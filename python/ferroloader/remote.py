@@ -14,7 +14,6 @@ downloaded once while it fits. See ``docs/guide/remote.md``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import struct
@@ -300,29 +299,9 @@ class Prefetch:
 
     def __init__(self, native: Any) -> None:
         self._native = native
-        _LIVE.add(self)
 
     def stop(self) -> None:
         self._native.stop()
-
-
-_LIVE: weakref.WeakSet[Prefetch] = weakref.WeakSet()
-
-
-@contextlib.contextmanager
-def paused_prefetch() -> Iterator[None]:
-    """Pauses this process's prefetchers while workers start: a download
-    under way is given up and its locks released first, so a worker forked
-    meanwhile inherits no lock on the cache (it would hold it as long as it
-    lives)."""
-    live = list(_LIVE)
-    for p in live:
-        p._native.pause()
-    try:
-        yield
-    finally:
-        for p in live:
-            p._native.resume()
 
 
 class _Opened:

@@ -123,27 +123,6 @@ impl PyPrefetch {
     fn stop(&self) {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
-
-    /// Stops downloading until `resume()`: a download under way is given up
-    /// and every cache lock released before this returns, so a process
-    /// forked now inherits none of them (a worker started with `fork`).
-    fn pause(&self, py: Python<'_>) {
-        let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = guard.as_ref() {
-            py.detach(|| p.pause());
-        }
-    }
-
-    fn resume(&self) {
-        if let Some(p) = self
-            .inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            p.resume();
-        }
-    }
 }
 
 /// Whether `path` is a URL the shard cache reads (`s3://`, `gs://`,

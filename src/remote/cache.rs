@@ -57,8 +57,37 @@ pub struct Cache {
 
 /// An object in the cache, pinned while this lives.
 pub struct Pinned {
-    _file: File,
+    _file: Locked,
     pub path: PathBuf,
+}
+
+/// A file holding an `flock`, released by `LOCK_UN` when this is dropped in
+/// the process that took it. The close alone would not release it while a
+/// worker forked meanwhile keeps its copy of the descriptor, and that
+/// worker would hold the lock for as long as it lived; `LOCK_UN` releases
+/// it through any copy. A forked copy that is dropped only closes (it must
+/// not release the parent's lock).
+struct Locked {
+    file: File,
+    pid: u32,
+}
+
+impl Locked {
+    fn new(file: File, op: FlockOperation) -> std::io::Result<Locked> {
+        lock(&file, op)?;
+        Ok(Locked {
+            file,
+            pid: std::process::id(),
+        })
+    }
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        if self.pid == std::process::id() {
+            let _ = flock(&self.file, FlockOperation::Unlock);
+        }
+    }
 }
 
 /// A cached object: its file name, modification time and length.
@@ -145,14 +174,16 @@ impl Cache {
         self.dir.join(name)
     }
 
-    fn open_lock(&self, name: &str) -> Result<File> {
+    /// The lock file `name`, held exclusively until dropped.
+    fn lock_file(&self, name: &str) -> Result<Locked> {
         let p = self.path(name);
-        OpenOptions::new()
+        let file = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&p)
-            .map_err(disk(&p))
+            .map_err(disk(&p))?;
+        Locked::new(file, FlockOperation::LockExclusive).map_err(disk(&self.dir))
     }
 
     /// `k` pinned, if it is there (not evicted between open and pin).
@@ -163,8 +194,8 @@ impl Cache {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(disk(&p)(e)),
         };
-        lock(&file, FlockOperation::LockShared).map_err(disk(&p))?;
-        if file.metadata().map_err(disk(&p))?.nlink() == 0 {
+        let file = Locked::new(file, FlockOperation::LockShared).map_err(disk(&p))?;
+        if file.file.metadata().map_err(disk(&p))?.nlink() == 0 {
             return Ok(None); // evicted before the pin took
         }
         Ok(Some(Pinned {
@@ -191,8 +222,7 @@ impl Cache {
         }
         let t0 = Instant::now();
         let out = (|| loop {
-            let guard = self.open_lock(&format!("{k}.lock"))?;
-            lock(&guard, FlockOperation::LockExclusive).map_err(disk(&self.dir))?;
+            let _guard = self.lock_file(&format!("{k}.lock"))?;
             if let Some(p) = self.try_pin(&k)? {
                 touch(&p.path, SystemTime::now());
                 return Ok(p);
@@ -262,25 +292,22 @@ impl Cache {
         }
         // pinned before it is visible: nothing can evict it between the
         // rename and the reader's open
-        if ahead.is_none() {
-            lock(&part, FlockOperation::LockShared).map_err(disk(&part_path))?;
-        }
+        let pin = match ahead {
+            None => Some(Locked::new(part, FlockOperation::LockShared).map_err(disk(&part_path))?),
+            Some(_) => None,
+        };
         let final_path = self.path(k);
         std::fs::rename(&part_path, &final_path).map_err(disk(&final_path))?;
         self.counters.downloads.fetch_add(1, Ordering::Relaxed);
-        match ahead {
-            None => {
-                touch(&final_path, SystemTime::now());
-                Ok(Some(Pinned {
-                    _file: part,
-                    path: final_path,
-                }))
-            }
-            Some(pos) => {
-                touch(&final_path, ahead_time(pos));
-                Ok(None)
-            }
+        if let Some(pos) = ahead {
+            touch(&final_path, ahead_time(pos));
+            return Ok(None);
         }
+        touch(&final_path, SystemTime::now());
+        Ok(pin.map(|pin| Pinned {
+            _file: pin,
+            path: final_path,
+        }))
     }
 
     /// Reserves `size` bytes as `part_path` (created at its full length),
@@ -297,8 +324,7 @@ impl Cache {
         let start = Instant::now();
         let now = SystemTime::now();
         loop {
-            let index = self.open_lock(".index.lock")?;
-            lock(&index, FlockOperation::LockExclusive).map_err(disk(&self.dir))?;
+            let index = self.lock_file(".index.lock")?;
             let (mut used, mut objects) = self.scan(k)?;
             objects.sort_by_key(|o| o.1);
             for (name, mtime, len) in objects {
@@ -413,18 +439,17 @@ impl Cache {
                 return;
             };
             loop {
-                if !ctl.enter() {
+                if ctl.stop.load(Ordering::SeqCst) {
                     return;
                 }
-                let got = self.prefetch_one(url, *range, *size, pos as u64, &|| ctl.should_yield());
-                ctl.busy.fetch_sub(1, Ordering::SeqCst);
-                match got {
+                let stop = || ctl.stop.load(Ordering::SeqCst);
+                match self.prefetch_one(url, *range, *size, pos as u64, &stop) {
                     Ok(true) => break,
                     // no room yet: the readers free some as they go
                     Ok(false) => std::thread::sleep(Duration::from_millis(25)),
-                    // paused or stopped: `enter` waits or ends
+                    // stopped: the check above ends it; any other error the
+                    // reader that needs the object meets itself
                     Err(RemoteError::Aborted) => {}
-                    // the reader that needs it meets the error itself
                     Err(_) => break,
                 }
             }
@@ -446,8 +471,7 @@ impl Cache {
             touch(&p, ahead_time(pos)); // keep it for this epoch's reader
             return Ok(true);
         }
-        let guard = self.open_lock(&format!("{k}.lock"))?;
-        lock(&guard, FlockOperation::LockExclusive).map_err(disk(&self.dir))?;
+        let _guard = self.lock_file(&format!("{k}.lock"))?;
         if p.exists() {
             touch(&p, ahead_time(pos));
             return Ok(true);
@@ -475,67 +499,24 @@ fn touch(path: &Path, when: SystemTime) {
 #[derive(Default)]
 struct Control {
     stop: AtomicBool,
-    paused: AtomicBool,
-    /// Threads holding cache locks or files (between `enter` and the end
-    /// of one object).
-    busy: AtomicUsize,
     /// The position of the next object to take.
     next: AtomicUsize,
 }
 
-impl Control {
-    /// Before each object: waits out a pause; `false` once stopped. Counts
-    /// itself busy and checks again (a pause that saw no thread busy may
-    /// not find this one inside).
-    fn enter(&self) -> bool {
-        loop {
-            if self.stop.load(Ordering::SeqCst) {
-                return false;
-            }
-            if !self.paused.load(Ordering::SeqCst) {
-                self.busy.fetch_add(1, Ordering::SeqCst);
-                if !self.paused.load(Ordering::SeqCst) && !self.stop.load(Ordering::SeqCst) {
-                    return true;
-                }
-                self.busy.fetch_sub(1, Ordering::SeqCst);
-                continue;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-
-    fn should_yield(&self) -> bool {
-        self.paused.load(Ordering::SeqCst) || self.stop.load(Ordering::SeqCst)
-    }
-}
-
 /// A prefetch under way; dropping it stops it (a download under way is
-/// given up).
+/// given up). Workers may be forked while it runs: the cache's locks are
+/// released by `LOCK_UN` (`Locked`), so a forked copy of a descriptor
+/// holds none of them.
 pub struct Prefetch {
     control: Arc<Control>,
+    // detached when dropped; joined only by tests
+    #[cfg_attr(not(test), allow(dead_code))]
     handles: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Prefetch {
-    /// Whether it has fetched (or found) everything it was given.
-    pub fn finished(&self) -> bool {
-        self.handles.iter().all(|h| h.is_finished())
-    }
-
-    /// Gives up the downloads under way and waits until no thread holds a
-    /// cache lock or file; they wait for `resume()`.
-    pub fn pause(&self) {
-        self.control.paused.store(true, Ordering::SeqCst);
-        while self.control.busy.load(Ordering::SeqCst) > 0 && !self.finished() {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    pub fn resume(&self) {
-        self.control.paused.store(false, Ordering::SeqCst);
-    }
-
     /// Waits for it to finish (tests).
+    #[cfg(test)]
     pub fn join(mut self) {
         for h in self.handles.drain(..) {
             let _ = h.join();

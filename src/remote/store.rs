@@ -94,7 +94,7 @@ impl fmt::Display for RemoteError {
             RemoteError::Disk { path, source } => {
                 write!(f, "shard cache {}: {source}", path.display())
             }
-            RemoteError::Aborted => write!(f, "download given up (the prefetcher paused)"),
+            RemoteError::Aborted => write!(f, "download given up (the prefetch was stopped)"),
         }
     }
 }
