@@ -79,8 +79,9 @@ autotune       num_workers="auto" on six jobs (JPEG decoding with a random   >= 
 remote         shards on moto's S3 server behind a proxy adding 20 ms per    >= 2x,
                request (200 MiB/s shared), 3x64x64 uint8 images in shards
                of 256, batch 32, 2 workers: a cold epoch streamed through
-               FileShards against litdata's StreamingDataset on its own
-               chunks; a warm cache against local disk;                    >= 0.8x
+               FileShards against litdata's and MosaicML Streaming's
+               StreamingDataset, each on its own format;
+               a warm cache against local disk;                            >= 0.8x
                two ranks sharing one cache: objects downloaded / shards    <= 1x
 =============  ==========================================================  =========
 

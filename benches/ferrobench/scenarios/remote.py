@@ -6,16 +6,22 @@ of 256 (about 3 MB), batch 32, shuffled, 2 workers.
 - streamed (a cold cache each round): ferroloader's ``FileShards`` over
   ``s3://`` URLs (one ``.npz`` per shard) against litdata's
   ``StreamingDataset`` over its own chunks (``litdata.optimize``, chunks of
-  the same size) on the same server through the same proxy; whole epochs,
-  each loader new each round (both start their workers per round);
+  the same size) and MosaicML Streaming's ``StreamingDataset`` over its own
+  MDS shards (``MDSWriter``, shards of the same size), on the same server
+  through the same proxy; whole epochs, each loader new each round, each
+  epoch in a fresh interpreter;
 - a warm cache against the same job from local disk (persistent workers);
 - two ranks on one machine sharing one cache (elastic sharding, read one
   after the other): the objects the ranks download, against the shards.
 
-MosaicML Streaming is not run: installing mosaicml-streaming 0.13 beside the
-test and bench extras downgrades transformers to 4.57 and huggingface-hub
-to 0.36, which datasets 5 refuses. litdata reads through boto3 here: its
-obstore path cannot reach a plain-HTTP endpoint (below).
+MosaicML Streaming pins ``transformers<5`` and ``numpy<2.2``, which the
+test and bench extras outgrow, so it is not an extra: ``scripts/bench``
+installs it without its dependencies into a folder of its own
+(``.venv/peers/streaming``, or ``$FERROBENCH_STREAMING_PATH``), and only its
+epochs' interpreters put that folder on their path. What it imports to read
+MDS shards from S3 (numpy, torch, boto3) is in the venv. litdata reads
+through boto3 here: its obstore path cannot reach a plain-HTTP endpoint
+(below).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -123,8 +129,10 @@ def _run(st: Settings, fl: Any, store: _Store, root: str, n_shards: int) -> List
                              persistent_workers=persistent)
 
     checks = []
-    streamed = Check("samples/s streamed from S3 (20 ms a request, 200 MiB/s), cold cache",
-                     "samples/s", "litdata StreamingDataset", target=2.0)
+    measure = "samples/s streamed from S3 (20 ms a request, 200 MiB/s), cold cache"
+    streamed = {"litdata": Check(measure, "samples/s", "litdata StreamingDataset", target=2.0),
+                "streaming": Check(measure, "samples/s", "MosaicML Streaming StreamingDataset",
+                                   target=2.0)}
     def epoch(loader: Any) -> float:
         for _ in loader:
             pass
@@ -134,26 +142,34 @@ def _run(st: Settings, fl: Any, store: _Store, root: str, n_shards: int) -> List
 
     def cold(kind: str) -> float:
         """One cold epoch in a fresh interpreter (its start and imports not
-        timed): neither loader meets what the other left running (litdata's
+        timed): no loader meets what another left running (litdata's
         threads and processes slowed ferroloader's epochs 5x when they
         shared this process)."""
         nonlocal rounds
         rounds += 1
         args = [kind, bucket, str(n_shards), os.path.join(root, "cache", f"cold-{rounds}"),
                 store.proxy, str(shard_bytes)]
-        out = subprocess.run([sys.executable, "-m", "ferrobench.scenarios.remote", *args],
-                             cwd=_BENCHES, capture_output=True, text=True, timeout=600)
-        if out.returncode != 0:
-            raise RuntimeError(f"the {kind} epoch failed:\n{out.stderr[-3000:]}")
-        return n / float(out.stdout.split()[-1])
+        return n / float(_child(args, streaming if kind == "streaming" else None))
 
+    peers = []
     if _LitOverHttp is None:
-        streamed.note = "litdata not installed: no baseline"
+        streamed["litdata"].note = "litdata not installed: no baseline"
     else:
         _litdata(root, store, bucket, n, shard_bytes)  # writes and uploads its chunks
-        for _ in range(st.repeats):
-            streamed.add(cold("litdata"), cold("ferroloader"))
-        checks.append(streamed)
+        peers.append("litdata")
+    streaming = _streaming_path()
+    if streaming is None:
+        streamed["streaming"].note = ("mosaicml-streaming not found (scripts/bench installs it "
+                                      "into .venv/peers/streaming): no baseline")
+    else:  # its MDS shards, written and uploaded where it can be imported
+        _child(["write-mds", bucket, str(n), root, store.moto, str(shard_bytes)], streaming)
+        peers.append("streaming")
+    for _ in range(st.repeats):
+        theirs = {kind: cold(kind) for kind in peers}
+        ours = cold("ferroloader")
+        for kind in peers:
+            streamed[kind].add(theirs[kind], ours)
+    checks.extend(streamed[kind] for kind in peers)
 
     warm = Check("samples/s, warm cache", "samples/s", "the same job from local disk", target=0.8)
     warm_loader = ferro(urls, cache("warm"), persistent=True)
@@ -198,6 +214,42 @@ def _litdata(root: str, store: _Store, bucket: str, n: int, chunk_bytes: int) ->
         store.s3.upload_file(os.path.join(out, name), bucket, f"lit/{name}")
 
 
+def _streaming_path() -> Optional[str]:
+    """The folder MosaicML Streaming was installed into, if it was."""
+    path = os.environ.get("FERROBENCH_STREAMING_PATH") or os.path.join(
+        sys.prefix, "peers", "streaming")
+    return path if os.path.isdir(os.path.join(path, "streaming")) else None
+
+
+def _child(args: List[str], path: Optional[str]) -> str:
+    """Runs this module in a fresh interpreter, ``path`` first on its
+    ``sys.path``; returns the last word it printed."""
+    env = dict(os.environ)
+    if path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [path, env.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-m", "ferrobench.scenarios.remote", *args],
+                         cwd=_BENCHES, capture_output=True, text=True, timeout=600, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"{args[0]} failed:\n{out.stderr[-3000:]}")
+    return out.stdout.split()[-1]
+
+
+def _write_mds(bucket: str, n: int, root: str, endpoint: str, shard_bytes: int) -> None:
+    """Streaming's MDS shards of the same samples (``MDSWriter``, shards of
+    the ``.npz`` shards' size), uploaded beside them."""
+    import boto3
+    from streaming import MDSWriter
+
+    out = os.path.join(root, "mds")
+    columns = {"image": f"ndarray:uint8:{','.join(map(str, SHAPE))}", "label": "int"}
+    with MDSWriter(out=out, columns=columns, size_limit=shard_bytes) as writer:
+        for i in range(n):
+            writer.write(_litdata_item(i))
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    for name in os.listdir(out):
+        s3.upload_file(os.path.join(out, name), bucket, f"mds/{name}")
+
+
 def _cold_epoch(kind: str, bucket: str, n_shards: int, cache_dir: str, proxy: str,
                 shard_bytes: int) -> float:
     """Seconds of one cold epoch of ``kind`` (a fresh cache), loader built
@@ -212,6 +264,21 @@ def _cold_epoch(kind: str, bucket: str, n_shards: int, cache_dir: str, proxy: st
                           storage_options={"endpoint_url": proxy})
         t0 = time.perf_counter()
         loader: Any = litdata.StreamingDataLoader(ds, batch_size=BATCH, num_workers=2)
+    elif kind == "streaming":
+        import streaming
+
+        os.environ["S3_ENDPOINT_URL"] = proxy
+        # built before the clock starts, as litdata's is (it reads the index)
+        sds = streaming.StreamingDataset(remote=f"s3://{bucket}/mds", local=cache_dir,
+                                         shuffle=True, shuffle_seed=0, batch_size=BATCH)
+        # Its S3 client read the index here, and forked workers would share
+        # that client's open connection: their GETs crossed (a worker read
+        # another's shard, or stalled 60 s until its retry made a new
+        # client). Dropped, each worker makes its own.
+        for stream in sds.streams:
+            stream._downloader.clean_up()
+        t0 = time.perf_counter()
+        loader = streaming.StreamingDataLoader(sds, batch_size=BATCH, num_workers=2)
     else:
         import ferroloader as fl
 
@@ -253,5 +320,10 @@ except ImportError:  # litdata is a bench extra; the scenario notes its absence
 
 
 if __name__ == "__main__":
-    kind_, bucket_, shards_, cache_, proxy_, bytes_ = sys.argv[1:]
-    print(_cold_epoch(kind_, bucket_, int(shards_), cache_, proxy_, int(bytes_)))
+    if sys.argv[1] == "write-mds":
+        bucket_, n_, root_, endpoint_, bytes_ = sys.argv[2:]
+        _write_mds(bucket_, int(n_), root_, endpoint_, int(bytes_))
+        print("done")
+    else:
+        kind_, bucket_, shards_, cache_, proxy_, bytes_ = sys.argv[1:]
+        print(_cold_epoch(kind_, bucket_, int(shards_), cache_, proxy_, int(bytes_)))
