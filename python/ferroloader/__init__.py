@@ -67,6 +67,7 @@ from ferroloader.shards import FileShards, ShardedDataset, Sharding
 from ferroloader.stateful_dataloader import Stateful, StatefulDataLoader
 from ferroloader.stats import LoaderStats, WorkerStats
 from ferroloader.table import TableDataset, TableShards
+from ferroloader.tar import TarShards
 from ferroloader.worker import get_worker_info
 
 __all__ = [
@@ -112,6 +113,7 @@ __all__ = [
     "SubsetRandomSampler",
     "TableDataset",
     "TableShards",
+    "TarShards",
     "TensorDataset",
     "ThreadSafetyWarning",
     "WeightedRandomSampler",
