@@ -486,3 +486,33 @@ def test_a_process_forked_while_the_prefetcher_downloads_holds_no_lock(tmp_path,
         for pid in children:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+def test_table_dataset_maps_an_arrow_file_at_a_url_from_the_cache(tmp_path, s3_server):
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    table = pa.table({"x": np.arange(100, dtype=np.int64), "y": np.arange(100) * 0.5})
+    path = str(tmp_path / "t.arrow")
+    with ipc.new_file(path, table.schema) as w:
+        w.write_table(table, max_chunksize=30)
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    s3_server.bucket(bucket)
+    with open(path, "rb") as f:
+        s3_server.put(bucket, "t.arrow", f.read())
+    s3_server.put(bucket, "t.parquet", b"PAR1 not arrow PAR1")
+    cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB")
+    remote = fl.TableDataset(f"s3://{bucket}/t.arrow", cache=cache)
+    local = fl.TableDataset(path)
+    assert len(remote) == 100 and remote.columns == ["x", "y"]
+
+    def batches(ds: Any) -> list[list[float]]:
+        loader = fl.DataLoader(ds, batch_size=16, shuffle=True, seed=1, num_workers=2)
+        return [b["x"].tolist() + b["y"].tolist() for b in loader]
+
+    assert batches(remote) == batches(local)
+    assert cache.stats().downloads == 1  # the workers mapped the main process's copy
+    with pytest.raises(FileNotFoundError, match=r"missing\.arrow"):
+        fl.TableDataset(f"s3://{bucket}/missing.arrow", cache=cache)
+    with pytest.raises(fl.ConfigError, match=re.escape(f"s3://{bucket}/t.parquet")):
+        fl.TableDataset(f"s3://{bucket}/t.parquet", cache=cache)

@@ -175,6 +175,14 @@ class ShardCache:
         both naming the URL."""
         return _Opened(self, url, start, end)
 
+    def pin(self, url: str) -> Any:
+        """The object at ``url`` pinned until the returned handle is
+        collected (or its ``release()``): its ``path`` stays in the cache,
+        for a file that is mapped rather than read (``TableDataset``)."""
+        pin = self._native().open(url)
+        self._publish()
+        return pin
+
     def read(self, url: str, read: Callable[[str], Iterable[_T]]) -> Iterator[_T]:
         """The items of ``read(local_path)``, the object pinned while they
         are read (the object is fetched at the first item)."""

@@ -160,7 +160,11 @@ class TableDataset(Dataset[dict[str, Any]]):
     DataFrame (its columns, not its index; NaN in a float column loads as
     NaN), a path to an Arrow IPC file (memory-mapped; for Parquet see
     ``TableShards``), or a ``datasets.Dataset`` (its Arrow table, through
-    its ``select``/``shuffle`` indices mapping).
+    its ``select``/``shuffle`` indices mapping). The path may be a URL
+    (``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``): the file
+    is downloaded once into ``cache`` (a ``ShardCache``; a default one
+    when none is given), kept there while the dataset lives, and mapped
+    from there by every process.
     ``columns``: the columns to load, in order (default: all).
     ``transform``: called on each collated batch (a dict), inside the worker.
     With torch's own ``DataLoader``, pass ``collate_fn=ds.collate`` to apply it.
@@ -178,11 +182,16 @@ class TableDataset(Dataset[dict[str, Any]]):
         table: Union[Any, str, os.PathLike[str]],
         columns: Optional[Sequence[str]] = None,
         transform: Optional[Callable[[dict[str, Any]], Any]] = None,
+        *,
+        cache: Optional[ShardCache] = None,
     ) -> None:
         self.transform = transform
         self._columns = None if columns is None else [str(c) for c in columns]
         self._source = table if not isinstance(table, os.PathLike) else os.fspath(table)
+        remote = isinstance(self._source, str) and is_url(self._source)
+        self.cache = cache if cache is not None or not remote else ShardCache()
         self._table: Optional[Any] = None
+        self._pin: Optional[Any] = None  # a URL's file, kept in the cache while mapped
         self._native()  # open now: a bad table or column fails here, not in a worker
 
     def _native(self) -> Any:
@@ -190,7 +199,13 @@ class TableDataset(Dataset[dict[str, Any]]):
         if self._table is None:
             src = self._source
             mapping = None
-            if isinstance(src, str):
+            if isinstance(src, str) and self.cache is not None and is_url(src):
+                self._pin = self.cache.pin(src)
+                try:
+                    arrow = _open_ipc(self._pin.path)
+                except ConfigError as e:  # named by its URL, not its place in the cache
+                    raise ConfigError(str(e).replace(self._pin.path, src)) from None
+            elif isinstance(src, str):
                 arrow = _open_ipc(src)
             elif _is_pandas_frame(src):
                 arrow = _pandas_table(src)
@@ -224,6 +239,7 @@ class TableDataset(Dataset[dict[str, Any]]):
         # path maps the same file, so the pages stay shared)
         state = dict(self.__dict__)
         state["_table"] = None
+        state["_pin"] = None
         return state
 
 
