@@ -37,14 +37,14 @@ def _samples(s: int, n: int) -> list[tuple[str, list[tuple[str, bytes]]]]:
                                ("cls", str(k % 10).encode())]) for k in range(n)]
 
 
-def reference(path: str) -> list[dict[str, Any]]:
+def reference(path: str, url: str = "") -> list[dict[str, Any]]:
     """The tar's samples as tarfile reads them (members grouped by key)."""
     out: list[dict[str, Any]] = []
     with tarfile.open(path) as tar:
         for m in tar:
             key, ext = m.name.split(".", 1)
             if not out or out[-1]["__key__"] != key:
-                out.append({"__key__": key})
+                out.append({"__key__": key, "__url__": url or path})
             f = tar.extractfile(m)
             assert f is not None
             out[-1][ext] = f.read()
@@ -151,7 +151,7 @@ def test_remote_tars_give_the_local_batches(request, tmp_path, tars, store, mode
            for s in b]
     # every sample's bytes are tarfile's (elastic sharding pads the tail
     # with repeats, so keys are compared as a set)
-    every = {s["__key__"]: s for p in tars for s in reference(p)}
+    every = {s["__key__"]: s for p, u in zip(tars, urls) for s in reference(p, u)}
     assert all(every[s["__key__"]] == s for s in got)
     assert {s["__key__"] for s in got} == set(every)
 
@@ -166,9 +166,9 @@ def test_one_rank_of_two_fetches_only_its_shards_bytes(tmp_path, s3_tars, tars):
     total = sum(os.path.getsize(p) for p in tars)
     index = sum(os.path.getsize(p + ".idx.json") for p in tars)
     # its half of the shards' members, and the indexes; not the tars
-    members = sum(len(v) for s in got for k, v in s.items() if k != "__key__")
+    members = sum(len(v) for s in got for k, v in s.items() if not k.startswith("__"))
     assert members <= stats.fetched_bytes - index < 0.5 * total
-    every = {s["__key__"]: s for p in tars for s in reference(p)}
+    every = {s["__key__"]: s for p, u in zip(tars, s3_tars) for s in reference(p, u)}
     assert all(every[s["__key__"]] == s for s in got)
 
 
@@ -203,6 +203,28 @@ def test_resume_mid_epoch_on_another_worker_count(tmp_path, s3_tars, tars):
     assert head + list(again) == want
 
 
+def test_samples_are_webdatasets_samples(tmp_path):
+    """The same tars through webdataset's own reader: the same samples, in
+    the same order (keys with directories and dots, uppercase extensions,
+    members webdataset skips)."""
+    wds = pytest.importorskip("webdataset", reason="webdataset is a test extra")
+    path = str(tmp_path / "w.tar")
+    members = [("a/000.JPG", b"x"), ("a/000.seg.png", b"y"), ("__meta__", b"m"),
+               ("b.c/001.txt", b"z"), ("noext", b"q"), ("b.c/001.cls", b"3"),
+               ("__info__/x.txt", b"i"), ("002.txt", b"w" * 700)]
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    theirs = [{k: v for k, v in s.items() if k != "__local_path__"}
+              for s in wds.WebDataset([path], shardshuffle=False, empty_check=False)]
+    assert len(theirs) == 3
+    assert list(fl.TarShards([path])) == theirs
+    split = fl.TarShards([path], samples_per_shard=2)
+    assert [x for sh in split.shards() for x in split.iter_shard(sh)] == theirs
+
+
 def test_bad_input_is_a_clear_error(tmp_path, tars):
     gz = str(tmp_path / "a.tar.gz")
     with tarfile.open(gz, "w:gz") as tar:
@@ -214,6 +236,9 @@ def test_bad_input_is_a_clear_error(tmp_path, tars):
             fl.TarShards(tars, samples_per_shard=bad)
     with pytest.raises(fl.ConfigError, match="a list of paths"):
         fl.TarShards(tars[0])
+    twice = write_tar(str(tmp_path / "twice.tar"), [("k", [("txt", b"a"), ("TXT", b"b")])])
+    with pytest.raises(fl.ConfigError, match="two 'txt' members"):
+        fl.TarShards([twice]).shards()
 
 
 def test_a_broken_index_is_a_clear_error(tmp_path, s3_server, tars):

@@ -32,7 +32,9 @@ _INDEX_FORMAT = "ferroloader-tar-index"
 
 # webdataset's split of a member name: the key is everything up to the first
 # dot of the file name (directories included), the extension the rest
-_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)\.([^/]*)$")
+# members webdataset skips as metadata (``__meta__``, ``__x__/...``)
+_META = re.compile(r"__[^/]*__($|/)")
 
 
 def _scan(path: str, name: str) -> list[_Sample]:
@@ -42,14 +44,18 @@ def _scan(path: str, name: str) -> list[_Sample]:
     try:
         with tarfile.open(path, mode="r:") as tar:
             for m in tar:
-                if not m.isfile():
+                if not m.isfile() or _META.match(m.name):
                     continue
                 match = _KEY_EXT.match(m.name)
                 if match is None:
                     continue  # no extension: not part of a sample (webdataset skips it too)
-                key, ext = match.groups()
+                key, ext = match.group(1), match.group(2).lower()
                 if not samples or samples[-1][0] != key:
                     samples.append((key, []))
+                if any(e == ext for e, _, _ in samples[-1][1]):
+                    raise ConfigError(
+                        f"TarShards: {name} has two {ext!r} members for the sample {key!r}"
+                    )
                 samples[-1][1].append((ext, m.offset_data, m.size))
     except tarfile.ReadError as e:
         raise ConfigError(
@@ -72,7 +78,9 @@ def _parse_index(text: str, name: str) -> list[_Sample]:
 
 class TarShards(ShardedDataset[dict[str, Any]]):
     """Tar files in webdataset layout as shards: each sample a dict of its
-    members' bytes by extension, with its ``"__key__"``.
+    members' bytes by extension (lowercased), with its ``"__key__"`` and
+    the tar's path or URL as ``"__url__"``: webdataset's samples (members
+    are grouped and named as ``webdataset.WebDataset`` groups them).
 
     ``tars``: paths or URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
     ``file://``) of uncompressed tars. ``samples_per_shard``: split each tar
@@ -96,8 +104,9 @@ class TarShards(ShardedDataset[dict[str, Any]]):
     >>> ds = ferroloader.TarShards([path], samples_per_shard=4)
     >>> [(s[0][-11:], s[1], s[2]) for s in ds.shards()]
     [('shard-0.tar', 0, 4), ('shard-0.tar', 4, 2)]
-    >>> next(iter(ds))
-    {'__key__': '0000', 'txt': b'sample 0', 'cls': b'0'}
+    >>> sample = next(iter(ds))
+    >>> sample["__key__"], sample["txt"], sample["cls"]
+    ('0000', b'sample 0', b'0')
 
     A custom ``collate_fn`` decodes a batch of these (the default collate
     gives lists of bytes).
@@ -194,10 +203,10 @@ class TarShards(ShardedDataset[dict[str, Any]]):
             else:
                 lo, hi = self._span(shard)  # the whole shard's piece, as prefetched
             with self.cache.open(tar, lo if hi else None, hi) as local, open(local, "rb") as f:
-                yield from _read(f, samples, lo)
+                yield from _read(f, tar, samples, lo)
         else:
             with open(tar, "rb") as f:
-                yield from _read(f, samples, 0)
+                yield from _read(f, tar, samples, 0)
 
     def _remote(self, shards: Sequence[Any]) -> Optional[tuple[Any, list[Any]]]:
         if self.cache is None:
@@ -213,11 +222,11 @@ class TarShards(ShardedDataset[dict[str, Any]]):
         return self.cache, pieces
 
 
-def _read(f: Any, samples: list[_Sample], base: int) -> Iterator[dict[str, Any]]:
-    """The samples' members from ``f``, which holds the tar's bytes from
-    offset ``base`` on."""
+def _read(f: Any, tar: str, samples: list[_Sample], base: int) -> Iterator[dict[str, Any]]:
+    """The samples' members from ``f``, which holds the bytes of ``tar``
+    from offset ``base`` on."""
     for key, members in samples:
-        sample: dict[str, Any] = {"__key__": key}
+        sample: dict[str, Any] = {"__key__": key, "__url__": tar}
         for ext, offset, size in members:
             f.seek(offset - base)
             data = f.read(size)
