@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -149,7 +149,11 @@ def _run(st: Settings, fl: Any, store: _Store, root: str, n_shards: int) -> List
         rounds += 1
         args = [kind, bucket, str(n_shards), os.path.join(root, "cache", f"cold-{rounds}"),
                 store.proxy, str(shard_bytes)]
-        return n / float(_child(args, streaming if kind == "streaming" else None))
+        whole, seconds = _child(args, streaming if kind == "streaming" else None)
+        if whole != "1":  # every loader reads each sample once, or its rate means nothing
+            for check in streamed.values():
+                check.note = f"MISMATCH: {kind}'s epoch did not read each sample once"
+        return n / float(seconds)
 
     peers = []
     if _LitOverHttp is None:
@@ -221,9 +225,9 @@ def _streaming_path() -> Optional[str]:
     return path if os.path.isdir(os.path.join(path, "streaming")) else None
 
 
-def _child(args: List[str], path: Optional[str]) -> str:
+def _child(args: List[str], path: Optional[str]) -> List[str]:
     """Runs this module in a fresh interpreter, ``path`` first on its
-    ``sys.path``; returns the last word it printed."""
+    ``sys.path``; returns the words of its last line."""
     env = dict(os.environ)
     if path is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [path, env.get("PYTHONPATH")]))
@@ -231,7 +235,7 @@ def _child(args: List[str], path: Optional[str]) -> str:
                          cwd=_BENCHES, capture_output=True, text=True, timeout=600, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"{args[0]} failed:\n{out.stderr[-3000:]}")
-    return out.stdout.split()[-1]
+    return out.stdout.strip().splitlines()[-1].split()
 
 
 def _write_mds(bucket: str, n: int, root: str, endpoint: str, shard_bytes: int) -> None:
@@ -251,7 +255,7 @@ def _write_mds(bucket: str, n: int, root: str, endpoint: str, shard_bytes: int) 
 
 
 def _cold_epoch(kind: str, bucket: str, n_shards: int, cache_dir: str, proxy: str,
-                shard_bytes: int) -> float:
+                shard_bytes: int) -> Tuple[float, bool]:
     """Seconds of one cold epoch of ``kind`` (a fresh cache), loader built
     and iterated; run in a child interpreter (``__main__`` below)."""
     import time
@@ -288,9 +292,14 @@ def _cold_epoch(kind: str, bucket: str, n_shards: int, cache_dir: str, proxy: st
         loader = fl.DataLoader(
             fl.FileShards(urls, read_shard, lengths=[PER_SHARD] * n_shards, cache=cache),
             batch_size=BATCH, shuffle=True, seed=0, num_workers=2)
-    for _ in loader:
-        pass
-    return time.perf_counter() - t0
+    labels = []
+    for batch in loader:
+        labels.append(batch["label"])
+    seconds = time.perf_counter() - t0
+    import torch
+
+    read = sorted(torch.cat([torch.as_tensor(x) for x in labels]).tolist())
+    return seconds, read == list(range(n_shards * PER_SHARD))
 
 
 _BENCHES = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -326,4 +335,5 @@ if __name__ == "__main__":
         print("done")
     else:
         kind_, bucket_, shards_, cache_, proxy_, bytes_ = sys.argv[1:]
-        print(_cold_epoch(kind_, bucket_, int(shards_), cache_, proxy_, int(bytes_)))
+        seconds_, whole_ = _cold_epoch(kind_, bucket_, int(shards_), cache_, proxy_, int(bytes_))
+        print(int(whole_), seconds_)
