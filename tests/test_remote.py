@@ -516,3 +516,48 @@ def test_table_dataset_maps_an_arrow_file_at_a_url_from_the_cache(tmp_path, s3_s
         fl.TableDataset(f"s3://{bucket}/missing.arrow", cache=cache)
     with pytest.raises(fl.ConfigError, match=re.escape(f"s3://{bucket}/t.parquet")):
         fl.TableDataset(f"s3://{bucket}/t.parquet", cache=cache)
+
+
+def test_a_mixture_fetches_its_remote_shards_ahead_in_draw_order(tmp_path, s3_urls, local_shards,
+                                                                   monkeypatch):
+    import bisect
+
+    import ferroloader.mixture as mixture_mod
+
+    cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB")
+
+    def mix(paths: list[str], c: Any = None) -> Any:
+        return fl.Mixture({"a": fl.FileShards(paths[:6], read_ints, lengths=LENS[:6], cache=c),
+                           "m": list(range(-20, 0)),
+                           "b": fl.FileShards(paths[6:], read_ints, lengths=LENS[6:], cache=c)},
+                          weights={"a": 1, "m": 1, "b": 2}, seed=5)
+
+    def batches(m: Any) -> list[list[int]]:
+        return [b.tolist() for b in fl.DataLoader(m, batch_size=4, num_workers=2)]
+
+    real, seen = mixture_mod.fetch_ahead, []
+
+    def recorded(c: Any, pieces: Any) -> Any:
+        seen.append(list(pieces))
+        return real(c, pieces)
+
+    monkeypatch.setattr(mixture_mod, "fetch_ahead", recorded)
+    remote = mix(s3_urls, cache)
+    loader = fl.DataLoader(remote, batch_size=4, num_workers=2)
+    assert [b.tolist() for b in loader] == batches(mix(local_shards))
+    stats = loader.stats().remote
+    assert stats.downloads == sum(n > 0 for n in LENS)  # each shard once
+    # one prefetch at iter(), of the shards in the order the epoch's draws
+    # first reach them
+    idx = fl.MixtureBatchSampler(mix(s3_urls, cache), 4).indices()
+    want: list[str] = []
+    for i in idx:
+        name, j = remote.locate(i)
+        if name == "m":
+            continue
+        lens, urls = (LENS[:6], s3_urls[:6]) if name == "a" else (LENS[6:], s3_urls[6:])
+        starts = np.cumsum([0, *lens]).tolist()
+        url = urls[bisect.bisect_right(starts, j) - 1]
+        if url not in want:
+            want.append(url)
+    assert len(seen) == 2 and seen[0] == want  # the loader's epoch, then the sampler above

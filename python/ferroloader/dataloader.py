@@ -22,7 +22,7 @@ from ferroloader._iterators import _is_datapipe, _MultiProcessIter, _single_proc
 from ferroloader.errors import ConfigError
 from ferroloader.mixture import Mixture, MixtureBatchSampler
 from ferroloader.patch import record_dataset, register_loader
-from ferroloader.remote import ShardCache
+from ferroloader.remote import CacheStats, ShardCache
 from ferroloader.sampler import (
     RandomSampler,
     SequentialSampler,
@@ -298,9 +298,14 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             total = total + of_iterator(live)
         if self._tuner is not None:
             total.autotune = self._tuner.report()
-        cache = getattr(self.dataset, "cache", None)
-        if isinstance(cache, ShardCache):
-            total.remote = cache.stats()
+        # the shard caches the dataset reads through (a mixture's sources'),
+        # each once
+        holders = [self.dataset, *(self.dataset.sources if isinstance(self.dataset, Mixture)
+                                   else [])]
+        caches = {id(c): c for c in (getattr(d, "cache", None) for d in holders)
+                  if isinstance(c, ShardCache)}
+        if caches:
+            total.remote = sum((c.stats() for c in caches.values()), CacheStats())
         return total
 
     def __getstate__(self) -> dict[str, Any]:

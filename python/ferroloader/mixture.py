@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from torch.utils.data import Dataset, IterableDataset
 
@@ -33,7 +33,7 @@ from ferroloader import _core
 from ferroloader.errors import ConfigError
 from ferroloader.sampler import ElasticBatchSampler, _tail
 from ferroloader.seeds import epoch_seed
-from ferroloader.shards import ShardedDataset
+from ferroloader.shards import ShardedDataset, fetch_ahead
 
 EXHAUSTED = ("stop_first", "drop", "cycle")
 # torchdata's StopCriteria names (torchdata.nodes.MultiNodeWeightedSampler)
@@ -217,6 +217,38 @@ class Mixture(Dataset[Any]):
         s, i = self._source_of(int(index))
         return self._readers[s][i]
 
+    def _fetch_ahead(self, indices: Sequence[int]) -> list[Any]:
+        """Sharded sources at URLs: their shards fetched ahead of the
+        workers, in the order these draws (a rank's epoch) first reach them,
+        each cache's in one prefetch. The handles stop it when collected."""
+        remote = []
+        for s, r in enumerate(self._readers):
+            if isinstance(r, _ShardedReader):
+                got = r.ds._remote(r.shards)
+                if got is not None:
+                    remote.append((s, r, *got))
+        if not remote or len(indices) == 0:
+            return []
+        import numpy as np
+
+        at = np.asarray(indices, dtype=np.int64)
+        source = np.searchsorted(np.asarray(self.offsets), at, side="right") - 1
+        by_cache: dict[int, tuple[Any, list[tuple[int, Any]]]] = {}
+        for s, reader, cache, pieces in remote:
+            where = np.nonzero(source == s)[0]
+            shard = np.searchsorted(np.asarray(reader.starts), at[where] - self.offsets[s],
+                                    side="right") - 1
+            shards, first = np.unique(shard, return_index=True)
+            entry = by_cache.setdefault(id(cache), (cache, []))
+            entry[1].extend((int(where[f]), pieces[int(k)]) for k, f in zip(shards, first))
+        handles = []
+        for cache, found in by_cache.values():
+            found.sort(key=lambda t: t[0])
+            handle = fetch_ahead(cache, [piece for _, piece in found])
+            if handle is not None:
+                handles.append(handle)
+        return handles
+
 
 class _ShardedReader:
     """A ``ShardedDataset`` read by position: its shards laid end to end in
@@ -313,6 +345,11 @@ class MixtureBatchSampler(ElasticBatchSampler):
         # the current epoch's weights, each in force from a position on
         self.segments: Segments = [[0, mixture.weight_list()]]
         self._cache: Optional[tuple[Any, tuple[int, list[int]]]] = None
+        self._prefetch: list[Any] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a prefetch under way belongs to this process
+        return {k: ([] if k == "_prefetch" else v) for k, v in self.__dict__.items()}
 
     def _plan(self) -> tuple[int, Segments]:
         """The next iteration's start position and weight segments."""
@@ -361,6 +398,9 @@ class MixtureBatchSampler(ElasticBatchSampler):
     def indices(self) -> list[int]:
         start, segments = self._plan()
         n, idx = self._draw(start, segments)
+        # remote shards of sharded sources, fetched in this epoch's order
+        # (the previous epoch's prefetch stops when replaced)
+        self._prefetch = self.mixture._fetch_ahead(idx)
         self._resume = None
         self._saved_segments = None
         self._start = start

@@ -67,6 +67,9 @@ def _parse_bytes(text: str) -> int:
     return int(float(num) * units[unit])
 
 
+_STATS_FIELDS = ("fetched_bytes", "downloads", "hits", "misses", "waited")
+
+
 @dataclass
 class CacheStats:
     """What the shard cache did for one loader, summed over its processes:
@@ -86,6 +89,9 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     waited: float = 0.0
+
+    def __add__(self, other: CacheStats) -> CacheStats:
+        return CacheStats(*(getattr(self, f) + getattr(other, f) for f in _STATS_FIELDS))
 
     def __str__(self) -> str:
         return (

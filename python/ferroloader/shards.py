@@ -354,22 +354,9 @@ class ShardEpoch:
         them, ahead of the readers (stopped when this epoch is collected);
         a cache that cannot hold one of them is an error now."""
         remote = dataset._remote(self.descriptors)
-        if remote is None:
-            return
-        cache, pieces = remote
-        wanted: list[tuple[str, Optional[tuple[int, int]]]] = []
-        seen: set[Any] = set()
-        for s in order:
-            piece = pieces[s]
-            if piece is None:
-                continue
-            item = (piece, None) if isinstance(piece, str) else (piece[0], tuple(piece[1]))
-            if item not in seen:
-                seen.add(item)
-                wanted.append(item)
-        if wanted:
-            cache.check([u for u, _ in wanted], [r for _, r in wanted])
-            self.prefetch = cache.prefetch_pieces(wanted)
+        if remote is not None:
+            cache, pieces = remote
+            self.prefetch = fetch_ahead(cache, [pieces[s] for s in order])
 
     def source(self, seeder: Any) -> tuple[Any, Any, Any]:
         """``(iter_shard, descriptors, seeder)`` for the engine."""
@@ -405,6 +392,26 @@ class ShardEpoch:
             return len(self.addresses)
         assert self.plan is not None
         return self.plan.batches
+
+
+def fetch_ahead(cache: ShardCache, pieces: Sequence[Any]) -> Optional[Any]:
+    """Starts fetching ``pieces`` into ``cache`` in the order given (each a
+    URL, ``(url, (start, end))``, or ``None`` for a local shard; repeats
+    are fetched once), after checking the cache can hold each: the
+    prefetch handle, or ``None`` when nothing is remote."""
+    wanted: list[tuple[str, Optional[tuple[int, int]]]] = []
+    seen: set[Any] = set()
+    for piece in pieces:
+        if piece is None:
+            continue
+        item = (piece, None) if isinstance(piece, str) else (piece[0], tuple(piece[1]))
+        if item not in seen:
+            seen.add(item)
+            wanted.append(item)
+    if not wanted:
+        return None
+    cache.check([u for u, _ in wanted], [r for _, r in wanted])
+    return cache.prefetch_pieces(wanted)
 
 
 def _check_resume(ep: ShardEpoch, resume: dict[str, Any]) -> None:
