@@ -181,6 +181,21 @@ class ShardCache:
         both naming the URL."""
         return _Opened(self, url, start, end)
 
+    def each(self, fn: Callable[[Any], _T], items: Iterable[Any], threads: int = 16) -> list[_T]:
+        """``[fn(x) for x in items]``, ``threads`` at a time: for reading
+        many objects' footers or indexes through this cache, where each
+        call waits on the network (without the GIL). The first error is
+        raised."""
+        items = list(items)
+        if len(items) <= 1:
+            return [fn(x) for x in items]
+        self._native()
+        self._publish()  # opened once here, not raced for by the threads
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(threads, len(items))) as pool:
+            return list(pool.map(fn, items))
+
     def pin(self, url: str) -> Any:
         """The object at ``url`` pinned until the returned handle is
         collected (or its ``release()``): its ``path`` stays in the cache,

@@ -307,16 +307,18 @@ class TableShards(ShardedDataset[dict[str, Any]]):
     def shards(self) -> list[tuple[str, int, int]]:
         """``(path, row group or -1 for a whole Arrow file, rows)`` each."""
         if self._shards is None:
-            out: list[tuple[str, int, int]] = []
-            for path in self.paths:
+
+            def one(path: str) -> list[tuple[str, int, int]]:
                 if self.cache is not None and is_url(path) and _is_parquet(path):
-                    out += self._remote_parquet_shards(path)
-                elif self.cache is not None and is_url(path):
+                    return self._remote_parquet_shards(path)
+                if self.cache is not None and is_url(path):
                     with self.cache.open(path) as local:
-                        out += self._file_shards(path, local)
-                else:
-                    out += self._file_shards(path, path)
-            self._shards = out
+                        return self._file_shards(path, local)
+                return self._file_shards(path, path)
+
+            # remote files' footers are read side by side (each a round trip)
+            each = self.cache.each if self.cache is not None else lambda f, xs: list(map(f, xs))
+            self._shards = [s for found in each(one, self.paths) for s in found]
         return self._shards
 
     def _file_shards(self, path: str, local: str) -> list[tuple[str, int, int]]:

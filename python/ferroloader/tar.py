@@ -172,6 +172,8 @@ class TarShards(ShardedDataset[dict[str, Any]]):
         return got
 
     def shards(self) -> list[tuple[str, int, int]]:
+        if self.cache is not None:  # remote indexes read side by side
+            self.cache.each(self._samples, [t for t in self.tars if t not in self._index])
         out = []
         for tar in self.tars:
             n = len(self._samples(tar))
