@@ -561,3 +561,41 @@ def test_a_mixture_fetches_its_remote_shards_ahead_in_draw_order(tmp_path, s3_ur
         if url not in want:
             want.append(url)
     assert len(seen) == 2 and seen[0] == want  # the loader's epoch, then the sampler above
+
+
+def test_footers_and_indexes_are_read_side_by_side(tmp_path):
+    """shards() of many remote files reads their footers (indexes) through
+    ShardCache.each: calls at once, not one round trip after another."""
+    cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB")
+    barrier = threading.Barrier(4, timeout=30)  # broken unless 4 calls overlap
+    assert cache.each(lambda x: (barrier.wait(), 2 * x)[1], range(4)) == [0, 2, 4, 6]
+    with pytest.raises(ZeroDivisionError):
+        cache.each(lambda x: 1 // x, [1, 0, 2])
+
+
+def test_a_forked_child_drops_its_copy_of_a_prefetch_safely(tmp_path, s3_urls):
+    """A worker forked while a prefetch handle lives holds a copy of it;
+    collecting that copy must not touch the parent's threads (it did:
+    SIGSEGV in pthread_detach)."""
+    import signal
+    import warnings
+
+    cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB")
+    handles = [cache.prefetch(s3_urls) for _ in range(3)]
+    for url in s3_urls:  # the prefetch done: its threads have ended
+        with cache.open(url):
+            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork beside threads
+        pid = os.fork()
+    if pid == 0:
+        try:
+            handles.clear()
+            import gc
+
+            gc.collect()
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert not os.WIFSIGNALED(status), f"the child died of {signal.Signals(os.WTERMSIG(status))}"
+    assert os.WEXITSTATUS(status) == 0

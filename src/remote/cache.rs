@@ -297,7 +297,13 @@ impl Cache {
             Some(_) => None,
         };
         let final_path = self.path(k);
-        std::fs::rename(&part_path, &final_path).map_err(disk(&final_path))?;
+        {
+            // under the index lock: a scan that read `k.part` before the
+            // rename could miss `k` after it, count neither, and reserve
+            // past the budget
+            let _index = self.lock_file(".index.lock")?;
+            std::fs::rename(&part_path, &final_path).map_err(disk(&final_path))?;
+        }
         self.counters.downloads.fetch_add(1, Ordering::Relaxed);
         if let Some(pos) = ahead {
             touch(&final_path, ahead_time(pos));
@@ -427,7 +433,11 @@ impl Cache {
                     .ok()
             })
             .collect();
-        Prefetch { control, handles }
+        Prefetch {
+            control,
+            handles,
+            pid: std::process::id(),
+        }
     }
 
     /// One prefetching thread: takes the next object not yet taken until
@@ -510,8 +520,9 @@ struct Control {
 pub struct Prefetch {
     control: Arc<Control>,
     // detached when dropped; joined only by tests
-    #[cfg_attr(not(test), allow(dead_code))]
     handles: Vec<std::thread::JoinHandle<()>>,
+    // the process whose threads these are
+    pid: u32,
 }
 
 impl Prefetch {
@@ -527,6 +538,12 @@ impl Prefetch {
 impl Drop for Prefetch {
     fn drop(&mut self) {
         self.control.stop.store(true, Ordering::SeqCst);
+        if self.pid != std::process::id() {
+            // a forked child's copy (collected with the parent's objects):
+            // its threads are not in this process, and detaching them
+            // would touch thread records that are not either
+            std::mem::forget(std::mem::take(&mut self.handles));
+        }
     }
 }
 

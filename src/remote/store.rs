@@ -114,8 +114,22 @@ struct PerThread {
     stores: HashMap<String, Arc<dyn ObjectStore>>,
 }
 
+/// The thread's `PerThread`, forgotten rather than dropped in a forked
+/// child (where the thread-local of the forking thread is a copy): the
+/// parent's runtime and connections are not in the child, and dropping
+/// them would wait on threads that are not there.
+struct Slot(Option<PerThread>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if self.0.as_ref().is_some_and(|s| s.pid != std::process::id()) {
+            std::mem::forget(self.0.take());
+        }
+    }
+}
+
 thread_local! {
-    static STATE: RefCell<Option<PerThread>> = const { RefCell::new(None) };
+    static STATE: RefCell<Slot> = const { RefCell::new(Slot(None)) };
 }
 
 /// Retries of a failed request (timeouts, 5xx, dropped connections), with
@@ -227,7 +241,7 @@ impl Object {
         .map_err(|e| bad(e.to_string()))?;
         let key = format!("{scheme:?} {}", &parsed[..url::Position::BeforePath]);
         let pid = std::process::id();
-        STATE.with_borrow_mut(|state| {
+        STATE.with_borrow_mut(|Slot(state)| {
             if state.as_ref().is_some_and(|s| s.pid != pid) {
                 // a forked child's copy: the parent's runtime and
                 // connections are not here, so it is neither used nor
