@@ -19,7 +19,7 @@ import shutil
 import struct
 import uuid
 import weakref
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar
 
 from ferroloader import _core
@@ -67,9 +67,6 @@ def _parse_bytes(text: str) -> int:
     return int(float(num) * units[unit])
 
 
-_STATS_FIELDS = ("fetched_bytes", "downloads", "hits", "misses", "waited")
-
-
 @dataclass
 class CacheStats:
     """What the shard cache did for one loader, summed over its processes:
@@ -91,7 +88,7 @@ class CacheStats:
     waited: float = 0.0
 
     def __add__(self, other: CacheStats) -> CacheStats:
-        return CacheStats(*(getattr(self, f) + getattr(other, f) for f in _STATS_FIELDS))
+        return CacheStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
 
     def __str__(self) -> str:
         return (
@@ -189,7 +186,6 @@ class ShardCache:
         items = list(items)
         if len(items) <= 1:
             return [fn(x) for x in items]
-        self._native()
         self._publish()  # opened once here, not raced for by the threads
         from concurrent.futures import ThreadPoolExecutor
 
@@ -292,15 +288,9 @@ class ShardCache:
         for name in names:
             try:
                 with open(os.path.join(d, name), "rb") as f:
-                    record = f.read(_COUNTERS.size)
-                fetched, downloads, hits, misses, waited = _COUNTERS.unpack(record)
+                    out += CacheStats(*_COUNTERS.unpack(f.read(_COUNTERS.size)))
             except (OSError, struct.error):
                 continue
-            out.fetched_bytes += fetched
-            out.downloads += downloads
-            out.hits += hits
-            out.misses += misses
-            out.waited += waited
         return out
 
 
@@ -309,6 +299,15 @@ def _remove_owned(owner: int, path: str) -> None:
     copy of the cache object is collected in the worker)."""
     if os.getpid() == owner:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def cache_for(paths: Iterable[Any], cache: Optional[ShardCache]) -> Optional[ShardCache]:
+    """The cache a dataset over ``paths`` reads URLs through: ``cache``, or
+    a default ``ShardCache`` when one of them is a URL (``None`` when all
+    are local)."""
+    if cache is not None or not any(is_url(p) for p in paths):
+        return cache
+    return ShardCache()
 
 
 def _held_bytes(dir: str) -> int:

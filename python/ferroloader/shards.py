@@ -51,7 +51,7 @@ import torch
 from ferroloader import _core
 from ferroloader.dataset import IterableDataset
 from ferroloader.errors import ConfigError
-from ferroloader.remote import ShardCache, is_url
+from ferroloader.remote import ShardCache, cache_for, is_url
 from ferroloader.seeds import epoch_seed
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -182,8 +182,7 @@ class FileShards(ShardedDataset[_T_co]):
         if lengths is not None and not callable(lengths) and len(lengths) != len(self.paths):
             raise ConfigError(f"FileShards: {len(lengths)} lengths for {len(self.paths)} paths")
         self._seeks = _takes_start(reader)
-        remote = any(is_url(p) for p in self.paths)
-        self.cache = cache if cache is not None or not remote else ShardCache()
+        self.cache = cache_for(self.paths, cache)
 
     def shards(self) -> list[str]:
         return self.paths

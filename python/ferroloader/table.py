@@ -25,7 +25,7 @@ from ferroloader import _core
 from ferroloader.collate import default_collate
 from ferroloader.dataset import Dataset
 from ferroloader.errors import ConfigError
-from ferroloader.remote import ShardCache, is_url
+from ferroloader.remote import ShardCache, cache_for, is_url
 from ferroloader.shards import ShardedDataset
 
 
@@ -188,8 +188,7 @@ class TableDataset(Dataset[dict[str, Any]]):
         self.transform = transform
         self._columns = None if columns is None else [str(c) for c in columns]
         self._source = table if not isinstance(table, os.PathLike) else os.fspath(table)
-        remote = isinstance(self._source, str) and is_url(self._source)
-        self.cache = cache if cache is not None or not remote else ShardCache()
+        self.cache = cache_for([self._source] if isinstance(self._source, str) else [], cache)
         self._table: Optional[Any] = None
         self._pin: Optional[Any] = None  # a URL's file, kept in the cache while mapped
         self._native()  # open now: a bad table or column fails here, not in a worker
@@ -301,8 +300,7 @@ class TableShards(ShardedDataset[dict[str, Any]]):
         # found by shards() in the main process (workers get them pickled)
         self._footers: dict[str, tuple[int, int]] = {}
         self._spans: dict[tuple[str, int], tuple[int, int]] = {}
-        remote = any(is_url(p) for p in self.paths)
-        self.cache = cache if cache is not None or not remote else ShardCache()
+        self.cache = cache_for(self.paths, cache)
 
     def shards(self) -> list[tuple[str, int, int]]:
         """``(path, row group or -1 for a whole Arrow file, rows)`` each."""
@@ -317,8 +315,9 @@ class TableShards(ShardedDataset[dict[str, Any]]):
                 return self._file_shards(path, path)
 
             # remote files' footers are read side by side (each a round trip)
-            each = self.cache.each if self.cache is not None else lambda f, xs: list(map(f, xs))
-            self._shards = [s for found in each(one, self.paths) for s in found]
+            found = (self.cache.each(one, self.paths) if self.cache is not None
+                     else [one(p) for p in self.paths])
+            self._shards = [s for shards in found for s in shards]
         return self._shards
 
     def _file_shards(self, path: str, local: str) -> list[tuple[str, int, int]]:

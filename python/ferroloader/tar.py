@@ -22,7 +22,7 @@ import tarfile
 from typing import Any, Iterator, Optional, Sequence, Union
 
 from ferroloader.errors import ConfigError
-from ferroloader.remote import ShardCache, is_url
+from ferroloader.remote import ShardCache, cache_for, is_url
 from ferroloader.shards import ShardedDataset
 
 # (key, [(extension, data offset, size), ...]): one sample of a tar
@@ -132,8 +132,7 @@ class TarShards(ShardedDataset[dict[str, Any]]):
                 f"{samples_per_shard!r}"
             )
         self.samples_per_shard = samples_per_shard
-        remote = any(is_url(t) for t in self.tars)
-        self.cache = cache if cache is not None or not remote else ShardCache()
+        self.cache = cache_for(self.tars, cache)
         # each tar's samples, read once (in the main process; workers get
         # them with the dataset)
         self._index: dict[str, list[_Sample]] = {}

@@ -114,17 +114,25 @@ struct PerThread {
     stores: HashMap<String, Arc<dyn ObjectStore>>,
 }
 
-/// The thread's `PerThread`, forgotten rather than dropped in a forked
-/// child (where the thread-local of the forking thread is a copy): the
-/// parent's runtime and connections are not in the child, and dropping
-/// them would wait on threads that are not there.
+/// The thread's `PerThread`. In a forked child the forking thread's slot
+/// holds the parent's copy: its runtime and connections are not in the
+/// child, so it is forgotten, neither used nor dropped (a drop would wait
+/// on threads that are not there).
 struct Slot(Option<PerThread>);
 
-impl Drop for Slot {
-    fn drop(&mut self) {
+impl Slot {
+    /// This process's state, if any (a parent's copy forgotten first).
+    fn here(&mut self) -> &mut Option<PerThread> {
         if self.0.as_ref().is_some_and(|s| s.pid != std::process::id()) {
             std::mem::forget(self.0.take());
         }
+        &mut self.0
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.here();
     }
 }
 
@@ -240,14 +248,8 @@ impl Object {
         }
         .map_err(|e| bad(e.to_string()))?;
         let key = format!("{scheme:?} {}", &parsed[..url::Position::BeforePath]);
-        let pid = std::process::id();
-        STATE.with_borrow_mut(|Slot(state)| {
-            if state.as_ref().is_some_and(|s| s.pid != pid) {
-                // a forked child's copy: the parent's runtime and
-                // connections are not here, so it is neither used nor
-                // dropped (a drop would wait on them)
-                std::mem::forget(state.take());
-            }
+        STATE.with_borrow_mut(|slot| {
+            let state = slot.here();
             if state.is_none() {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -257,7 +259,7 @@ impl Object {
                         why: format!("cannot start the I/O runtime: {e}"),
                     })?;
                 *state = Some(PerThread {
-                    pid,
+                    pid: std::process::id(),
                     runtime: Rc::new(runtime),
                     stores: HashMap::new(),
                 });
@@ -347,10 +349,11 @@ impl Object {
 
     /// Writes bytes `range` of the object (`size` bytes long, when known)
     /// into `file` from its start: the whole object as a plain GET, which
-    /// any HTTP server answers, a part as a ranged GET. A transfer that breaks off resumes where it stopped
-    /// (a ranged GET of the rest, with backoff), up to `retries` times (an
-    /// option) in a row; the ETag, when given, keeps every piece from the
-    /// same version of the object.
+    /// any HTTP server answers, a part as a ranged GET. A transfer that
+    /// breaks off resumes where it stopped (a ranged GET of the rest, with
+    /// backoff), up to `retries` times (an option) in a row; the ETag
+    /// (given, or the first answer's) keeps every piece from the same
+    /// version of the object.
     pub fn download(
         &self,
         file: &File,
