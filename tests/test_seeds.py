@@ -92,6 +92,21 @@ def test_epoch_order_is_torch_shuffle_under_the_documented_seed(seed):
         assert got[e] == [int(i) for b in ref for i in b]
 
 
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+def test_persistent_workers_keep_the_seeded_order_of_every_epoch(method):
+    """With seed=, persistent workers (which draw no new base seed after
+    the first epoch, as torch's) give every epoch the order of any other
+    layout: the loader's own generator still makes the draw it makes for
+    new workers."""
+    def orders(nw: int, persistent: bool) -> list[list[int]]:
+        extra = {"worker_method": method} if nw else {}
+        loader = fl.DataLoader(torch.arange(40), batch_size=40, shuffle=True, seed=7,
+                               num_workers=nw, persistent_workers=persistent, **extra)
+        return [next(iter(loader)).tolist() for _ in range(3)]
+
+    assert orders(2, True) == orders(2, False) == orders(0, False)
+
+
 def test_explicit_generator_keeps_priority():
     """With generator= as well as seed=, the order is the generator's, as
     without seed=."""

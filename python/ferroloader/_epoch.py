@@ -172,12 +172,9 @@ def build(loader: Any, reset_seed: Optional[int] = None) -> Plan:
     """A multi-process epoch's plan; ``reset_seed``: the base seed of the
     persistent workers it runs on (torch draws none for them)."""
     rec, resume, now = open_epoch(loader)
-    if reset_seed is not None:
-        rec.reset, rec.base_seed = True, reset_seed
     ep: Optional[ShardEpoch] = None
     if loader._sharded():
-        if reset_seed is None:
-            base_seed(loader, rec, resume)
+        base_seed(loader, rec, resume, reset_seed)
         # a sharded epoch draws nothing from the generators (its shard
         # list was read when the state was loaded: checked against it)
         restore_generators(rec, now)
@@ -186,8 +183,8 @@ def build(loader: Any, reset_seed: Optional[int] = None) -> Plan:
         resume = None  # the lanes' plan carries the position
     else:
         source = index_source(loader)
+        base_seed(loader, rec, resume, reset_seed)
         if reset_seed is None:
-            base_seed(loader, rec, resume)
             elastic = isinstance(loader._index_sampler, ElasticBatchSampler)
             if not rec.reset and not elastic:
                 # An elastic sampler (a mixture's too) draws from no
@@ -299,11 +296,20 @@ def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
     return rec, resume, now
 
 
-def base_seed(loader: Any, rec: Epoch, resume: Optional[dict[str, Any]]) -> int:
-    """The workers' base seed for an epoch on new workers: drawn where torch
-    draws it, unless the epoch (or, between epochs, the next one) began on
-    persistent workers, which draw none; then the seed they had."""
-    if resume is not None and resume.get("reset"):
+def base_seed(
+    loader: Any, rec: Epoch, resume: Optional[dict[str, Any]], reset_seed: Optional[int] = None
+) -> int:
+    """The workers' base seed for an epoch: drawn where torch draws it,
+    unless the epoch (or, between epochs, the next one) began on persistent
+    workers (``reset_seed``: theirs), which draw none; then the seed they
+    had. With ``seed=`` the draw is made on persistent workers too and
+    thrown away: the loader's own generator then gives the sampler the same
+    draws on every layout (torch's persistent workers, with the global
+    generator or ``generator=``, shift the sampler's draws; that is kept)."""
+    if reset_seed is not None:
+        seed = reset_seed
+        rec.reset = True
+    elif resume is not None and resume.get("reset"):
         seed = int(resume["base_seed"])
         rec.reset = True
     elif resume is None and loader._next_base_seed is not None:
@@ -311,9 +317,17 @@ def base_seed(loader: Any, rec: Epoch, resume: Optional[dict[str, Any]]) -> int:
         rec.reset = True
     else:
         seed = draw_base_seed(loader)
+    if rec.reset and _seeded(loader):
+        draw_base_seed(loader)
     loader._next_base_seed = None
     rec.base_seed = seed
     return seed
+
+
+def _seeded(loader: Any) -> bool:
+    """The loader draws from its ``seed=`` generator (no ``generator=``)."""
+    own = getattr(loader, "_seeded_generator", None)
+    return own is not None and loader.generator is own
 
 
 def draw_base_seed(loader: Any) -> int:
