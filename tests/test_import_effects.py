@@ -55,3 +55,34 @@ def test_import_leaves_torch_dataloader_signature_and_help() -> None:
     assert out.returncode == 0, out.stderr
     assert "import: unchanged" in out.stdout
     assert "hooked: signatures unchanged" in out.stdout
+
+
+_REBIND = textwrap.dedent(
+    """
+    import torch, torch.utils.data, torch.utils.data.dataloader
+    import ferroloader
+
+    # the swap people make in code they cannot edit
+    torch.utils.data.dataloader.DataLoader = ferroloader.DataLoader
+    torch.utils.data.DataLoader = ferroloader.DataLoader
+    for nw, method in ((0, "multiprocessing"), (2, "multiprocessing"), (2, "thread"),
+                       (5, "multiprocessing")):
+        extra = {"worker_method": method} if nw else {}
+        loader = torch.utils.data.DataLoader(torch.arange(8), batch_size=4, num_workers=nw,
+                                             **extra)
+        assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    print("rebound: loads")
+    """
+)
+
+
+def test_torch_names_rebound_to_ferroloader_load_without_recursion() -> None:
+    """torch's names rebound to ferroloader's class: every loader still
+    loads (torch's own methods are looked up on the class captured at
+    import, not through the names)."""
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _REBIND], capture_output=True, text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "rebound: loads" in out.stdout

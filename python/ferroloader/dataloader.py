@@ -32,6 +32,13 @@ from ferroloader.stats import LoaderStats, of_iterator
 
 _T_co = TypeVar("_T_co", covariant=True)
 
+# torch's classes, captured once: code that cannot be edited is often made
+# to use ferroloader by rebinding torch's names to ferroloader's class
+# (``torch.utils.data.dataloader.DataLoader = ferroloader.DataLoader``); a
+# lookup through those names at call time would then find ours, and recurse.
+_TorchDataLoader = _tdl.DataLoader
+_TorchMultiProcessIter = _tdl._MultiProcessingDataLoaderIter
+
 WORKER_METHODS = ("multiprocessing", "thread")
 
 
@@ -106,8 +113,8 @@ _ADDED_DOC = """
 """
 
 
-class DataLoader(_tdl.DataLoader[_T_co]):
-    __doc__ = (_tdl.DataLoader.__doc__ or "").rstrip() + "\n" + _ADDED_DOC
+class DataLoader(_TorchDataLoader[_T_co]):
+    __doc__ = (_TorchDataLoader.__doc__ or "").rstrip() + "\n" + _ADDED_DOC
 
     def __init__(
         self,
@@ -416,7 +423,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
         hands it out, so no frame of ours comes between), ours for threads."""
         if getattr(self, "worker_method", "multiprocessing") == "thread":
             return self._check_thread_count
-        return _tdl.DataLoader.check_worker_number_rationality.__get__(self)
+        return _TorchDataLoader.check_worker_number_rationality.__get__(self)
 
     def _check_thread_count(self) -> None:
         """torch's warning when more workers than CPUs would start, for
@@ -458,7 +465,7 @@ class DataLoader(_tdl.DataLoader[_T_co]):
             self.check_worker_number_rationality()
         if _is_datapipe(self.dataset):
             # DataPipes (deprecated in torch) need torch's sharding and seeding.
-            return _tdl._MultiProcessingDataLoaderIter(self)
+            return _TorchMultiProcessIter(self)
         return _MultiProcessIter.start(self)
 
 
