@@ -239,16 +239,18 @@ def test_a_budget_below_one_shard_is_an_error_at_iter(tmp_path, s3_urls):
     assert "s3://" in str(info.value)
 
 
-def test_a_missing_object_is_an_error_naming_it_in_the_training_loop(tmp_path, s3_server,
-                                                                     s3_urls):
+@pytest.mark.parametrize("mode", ["static", "dynamic", "elastic"])
+def test_a_missing_object_is_an_error_naming_it_at_iter(tmp_path, s3_server, s3_urls, mode):
+    """The remote page's promise: the sizes of a rank's shards are read at
+    iter(), so a missing one is named there, before any worker starts."""
     bucket = s3_urls[0].split("/")[2]
     missing = f"s3://{bucket}/data/not-there.bin"
     urls = [*s3_urls[:3], missing]
     cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB")
     ds = fl.FileShards(urls, read_ints, lengths=[*LENS[:3], 4], cache=cache)
-    loader = fl.DataLoader(ds, batch_size=4, num_workers=2)
+    loader = fl.DataLoader(ds, batch_size=4, num_workers=2, sharding=fl.Sharding(mode=mode))
     with pytest.raises(FileNotFoundError, match=r"not-there\.bin"):
-        list(loader)
+        iter(loader)
 
 
 def test_an_object_deleted_mid_epoch_is_named_and_nothing_is_read_twice(tmp_path, s3_server):

@@ -59,8 +59,9 @@ __all__ = [
 _LaneSnapshot = tuple[
     list[Optional[tuple[int, int, int]]], int, int, Optional[Sequence[Sequence[int]]]
 ]
-# (iter_shard, shard descriptors, per-item seed hook or None)
-_ShardsArg = tuple[Any, list[Any], Optional[Any]]
+# (iter_shard, shard descriptors, per-item seed hook or None, the cache's
+# short_of_room check or None)
+_ShardsArg = tuple[Any, list[Any], Optional[Any], Optional[Callable[[], bool]]]
 # main (wait, decode, pin, loop, batches) ns, per worker (fetch, collate, transfer, batches)
 _StatsTuple = tuple[tuple[int, int, int, int, int], list[tuple[int, int, int, int]]]
 # (a table's columns, its batch transform or None)
@@ -581,6 +582,19 @@ class ShardCacheCore:
     def counters(self) -> tuple[int, int, int, int, float]:
         """``(bytes fetched, downloads, hits, misses, seconds waited)`` of this process."""
     def sizes(self, urls: list[str]) -> list[int]: ...
+    def lease(self, bytes: int) -> CacheLease:
+        """Claims ``bytes`` of room for a loader's readers' pins between
+        batches, until ``release()`` (or collection)."""
+    def short_of_room(self) -> bool:
+        """Whether the live leases claim more than the budget."""
+    def leased(self) -> int:
+        """The bytes the live leases claim."""
+
+@final
+class CacheLease:
+    """A loader's lease on a shard cache's room."""
+
+    def release(self) -> None: ...
 
 @final
 class PinnedShard:

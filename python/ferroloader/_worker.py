@@ -308,7 +308,7 @@ def _serve(
     if job["shards"] is not None:
         # a sharded dataset: the engine's lanes read it through iter_shard
         descriptors, seeder = job["shards"]
-        sharded = (dataset.iter_shard, descriptors, seeder)
+        sharded = (dataset.iter_shard, descriptors, seeder, dataset._short_of_room())
         if seeder is not None:
             on_epoch = seeder.start_epoch
     try:

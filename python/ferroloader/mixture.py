@@ -272,6 +272,7 @@ class _ShardedReader:
         for n in self.shard_lens:
             self.starts.append(self.starts[-1] + n)
         self._open = threading.local()
+        self._short_of_room = ds._short_of_room()
 
     def __len__(self) -> int:
         return self.starts[-1]
@@ -290,7 +291,15 @@ class _ShardedReader:
             raise IndexError(
                 f"shard {self.shards[k]!r} ended before its shard_len() ({self.shard_lens[k]})"
             ) from None
-        self._open.held = ((k, offset + 1), it)
+        if self._short_of_room is not None and self._short_of_room():
+            # the cache is short of room: no shard stays open (pinned)
+            # between draws; the next draw reopens it where it stood
+            self._open.held = None
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+        else:
+            self._open.held = ((k, offset + 1), it)
         return item
 
     def __getstate__(self) -> dict[str, Any]:

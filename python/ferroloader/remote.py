@@ -55,16 +55,38 @@ def _default_budget() -> int:
         raise ConfigError(f"FERROLOADER_CACHE_BUDGET: {e}") from None
 
 
+# SI units are powers of 1000 (10 MB is 10,000,000 bytes), IEC units and
+# bare letters powers of 1024 (10 MiB and 10M are 10,485,760 bytes)
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": _GIB,
+          "gib": _GIB, "t": 1 << 40, "tib": 1 << 40}
+# the engine counts bytes in 64 bits
+_MAX_BYTES = (1 << 64) - 1
+
+
 def _parse_bytes(text: str) -> int:
-    units = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
-             "mb": 1 << 20, "mib": 1 << 20, "g": _GIB, "gb": _GIB, "gib": _GIB,
-             "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+    """A positive number of bytes from ``"500MiB"``, ``"20 GB"``, ``"1e9"``."""
     s = text.strip().lower()
     num = s.rstrip("kmgtib ")
     unit = s[len(num):].strip()
-    if unit not in units or not num:
-        raise ValueError(f"{text!r} is not a size (like 500MiB or 20GiB)")
-    return int(float(num) * units[unit])
+    try:
+        value = float(num) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise ValueError(
+            f"{text!r} is not a size (like 500MiB or 20GB: KiB, MiB, GiB, TiB and K, M, G, T "
+            "are powers of 1024; kB, MB, GB, TB powers of 1000)"
+        ) from None
+    if not 1 <= value <= _MAX_BYTES:  # (NaN fails this too)
+        raise ValueError(f"{text!r} is not a positive size of at most 2**64 - 1 bytes")
+    return int(value)
+
+
+def _show_bytes(n: int) -> str:
+    """``n`` bytes as the shortest exact IEC size (``"20GiB"``), else bytes."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", _GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n}B"
 
 
 @dataclass
@@ -109,7 +131,8 @@ class ShardCache:
     is being read, so it must hold as many shards as are read at once (the
     lanes of static sharding, the workers of dynamic). ``options``: settings
     for the stores, on top of their environment (``object_store``'s keys,
-    such as ``aws_endpoint``, ``aws_region``, ``allow_http``,
+    such as ``aws_endpoint``, ``aws_region``, ``allow_http`` (every store;
+    ``aws_allow_http`` is the same for S3),
     ``google_service_account``, ``azure_storage_account_name``).
     ``streams``: how many downloads the prefetcher runs at once (each takes
     the next shard in the epoch's order).
@@ -123,6 +146,12 @@ class ShardCache:
     ...     open(path).read().split()
     ['a', 'b']
     """
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardCache(dir={self.dir!r}, budget={_show_bytes(self.budget)!r}, "
+            f"streams={self.streams})"
+        )
 
     def __init__(
         self,
@@ -139,9 +168,10 @@ class ShardCache:
                 self.budget = _parse_bytes(budget)
             except ValueError as e:
                 raise ConfigError(f"ShardCache budget: {e}") from None
-        elif isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-            raise ConfigError(f"ShardCache budget should be a positive int or a size string, "
-                              f"but got {budget!r}")
+        elif (isinstance(budget, bool) or not isinstance(budget, int)
+              or not 1 <= budget <= _MAX_BYTES):
+            raise ConfigError(f"ShardCache budget should be a positive int (at most 2**64 - 1) "
+                              f"or a size string, but got {budget!r}")
         else:
             self.budget = budget
         self.options = {str(k): str(v) for k, v in (options or {}).items()}
@@ -210,16 +240,30 @@ class ShardCache:
             pin.release()
             self._publish()
 
+    def short_of_room(self) -> bool:
+        """Whether the loaders reading through this cache's directory claim
+        more room for the shards their readers keep open between batches
+        than the budget holds (each loader claims it at ``iter()``: its
+        lanes times its largest shards). Readers then let go of their
+        shards after each batch and reopen them where they stood, so a
+        budget of one shard still finishes the epoch, only slower."""
+        return bool(self._native().short_of_room())
+
     def prefetch(self, urls: Iterable[str]) -> Prefetch:
         """Starts fetching ``urls`` in order, ahead of their readers and
         within the budget; the handle's ``stop()`` (or its collection) ends it."""
         return self.prefetch_pieces([(u, None) for u in urls if is_url(u)])
 
-    def prefetch_pieces(self, pieces: Iterable[tuple[str, Optional[tuple[int, int]]]]) -> Prefetch:
+    def prefetch_pieces(
+        self, pieces: Iterable[tuple[str, Optional[tuple[int, int]]]], hold: int = 0
+    ) -> Prefetch:
         """``prefetch`` of ``(url, (start, end) or None)`` pieces: parts of
-        objects (Parquet row groups) or whole ones."""
+        objects (Parquet row groups) or whole ones. ``hold``: the bytes the
+        loader's readers may keep open between batches, claimed as a lease
+        on the cache's room while the handle lives (see ``short_of_room``)."""
         items = [(u, r, self._sizes.get(u)) for u, r in pieces]
-        return Prefetch(self._native().prefetch(items, self.streams))
+        lease = self._native().lease(hold) if hold > 0 else None
+        return Prefetch(self._native().prefetch(items, self.streams), lease)
 
     def sizes(self, urls: list[str]) -> list[int]:
         """The objects' sizes in bytes (asked 32 at a time), remembered by
@@ -230,13 +274,13 @@ class ShardCache:
         return [self._sizes[u] for u in urls]
 
     def check(self, urls: list[str], ranges: Optional[list[Optional[tuple[int, int]]]] = None
-              ) -> None:
+              ) -> list[int]:
         """A clear error now, rather than at the first read, when the cache
         cannot hold one of the objects at ``urls`` (or the byte ranges of
         them given by ``ranges``): larger than the budget, or than the disk
-        has free."""
+        has free. Returns their sizes."""
         if not urls:
-            return
+            return []
         spans = ranges or [None] * len(urls)
         wholes = [u for u, r in zip(urls, spans) if r is None]
         known = dict(zip(wholes, self.sizes(wholes)))
@@ -255,6 +299,7 @@ class ShardCache:
                 28, f"the shard cache's disk ({self.dir}) has {free} bytes free, less than one "
                 f"shard ({url}: {size} bytes)"
             )
+        return sizes
 
     def _counters_dir(self) -> str:
         return os.path.join(self.dir, ".stats", self._token)
@@ -323,10 +368,13 @@ def _held_bytes(dir: str) -> int:
 
 
 class Prefetch:
-    """A prefetch under way (``ShardCache.prefetch``)."""
+    """A prefetch under way (``ShardCache.prefetch``), and the loader's
+    lease on the cache's room, both ended when it is collected; ``stop()``
+    ends the downloads only."""
 
-    def __init__(self, native: Any) -> None:
+    def __init__(self, native: Any, lease: Any = None) -> None:
         self._native = native
+        self._lease = lease
 
     def stop(self) -> None:
         self._native.stop()

@@ -113,6 +113,13 @@ class ShardedDataset(IterableDataset[_T_co]):
         ``None`` (a local shard)."""
         return None
 
+    def _short_of_room(self) -> Optional[Callable[[], bool]]:
+        """For shards read through a ``ShardCache`` (``self.cache``): its
+        check whether readers should let go of their shards between
+        batches, else ``None``."""
+        cache = getattr(self, "cache", None)
+        return cache.short_of_room if isinstance(cache, ShardCache) else None
+
     def __iter__(self) -> Iterator[_T_co]:
         rank, world = distributed_rank()
         info = torch.utils.data.get_worker_info()
@@ -316,7 +323,8 @@ class ShardEpoch:
                     "tail": tail,
                 }
             )
-            self._start_prefetch(dataset, self.addresses.read_order)
+            # (reads by address hold no shard open between batches)
+            self._start_prefetch(dataset, self.addresses.read_order, 0)
             return
         dynamic = sharding.mode == "dynamic"
         lanes = max(loader._workers, 1) if dynamic else sharding.lanes
@@ -346,20 +354,24 @@ class ShardEpoch:
                 "resume": saved,
             }
         )
-        self._start_prefetch(dataset, self.plan.read_order)
+        # each lane keeps at most one shard open between its batches
+        self._start_prefetch(dataset, self.plan.read_order, lanes)
+        self.short_of_room = dataset._short_of_room()
 
-    def _start_prefetch(self, dataset: Any, order: Sequence[int]) -> None:
+    def _start_prefetch(self, dataset: Any, order: Sequence[int], holders: int) -> None:
         """Remote shards: fetch this rank's in the order the epoch reads
-        them, ahead of the readers (stopped when this epoch is collected);
-        a cache that cannot hold one of them is an error now."""
+        them, ahead of the readers (stopped when this epoch is collected),
+        and claim room for what ``holders`` readers keep open between
+        batches; a cache that cannot hold one of them is an error now."""
+        self.short_of_room: Optional[Callable[[], bool]] = None
         remote = dataset._remote(self.descriptors)
         if remote is not None:
             cache, pieces = remote
-            self.prefetch = fetch_ahead(cache, [pieces[s] for s in order])
+            self.prefetch = fetch_ahead(cache, [pieces[s] for s in order], holders)
 
-    def source(self, seeder: Any) -> tuple[Any, Any, Any]:
-        """``(iter_shard, descriptors, seeder)`` for the engine."""
-        return (self.iter_shard, list(self.descriptors), seeder)
+    def source(self, seeder: Any) -> tuple[Any, Any, Any, Any]:
+        """``(iter_shard, descriptors, seeder, short_of_room)`` for the engine."""
+        return (self.iter_shard, list(self.descriptors), seeder, self.short_of_room)
 
     def snapshot(self, it: Any) -> dict[str, Any]:
         """Where the epoch stands, read from its iterator between batches."""
@@ -393,11 +405,13 @@ class ShardEpoch:
         return self.plan.batches
 
 
-def fetch_ahead(cache: ShardCache, pieces: Sequence[Any]) -> Optional[Any]:
+def fetch_ahead(cache: ShardCache, pieces: Sequence[Any], holders: int = 0) -> Optional[Any]:
     """Starts fetching ``pieces`` into ``cache`` in the order given (each a
     URL, ``(url, (start, end))``, or ``None`` for a local shard; repeats
     are fetched once), after checking the cache can hold each: the
-    prefetch handle, or ``None`` when nothing is remote."""
+    prefetch handle, or ``None`` when nothing is remote. ``holders``
+    readers may each keep one piece open between batches: the handle holds
+    a lease on the room the largest of them take (``ShardCache.short_of_room``)."""
     wanted: list[tuple[str, Optional[tuple[int, int]]]] = []
     seen: set[Any] = set()
     for piece in pieces:
@@ -409,8 +423,9 @@ def fetch_ahead(cache: ShardCache, pieces: Sequence[Any]) -> Optional[Any]:
             wanted.append(item)
     if not wanted:
         return None
-    cache.check([u for u, _ in wanted], [r for _, r in wanted])
-    return cache.prefetch_pieces(wanted)
+    sizes = cache.check([u for u, _ in wanted], [r for _, r in wanted])
+    hold = sum(sorted(sizes, reverse=True)[:holders])
+    return cache.prefetch_pieces(wanted, hold)
 
 
 def _check_resume(ep: ShardEpoch, resume: dict[str, Any]) -> None:

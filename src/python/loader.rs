@@ -129,7 +129,7 @@ impl SingleProcessIter {
             resumed,
         } = spec;
         let py = source.py();
-        let shards = sharded.map(|(f, shards, seed)| PyShards::new(f, shards, seed));
+        let shards = sharded.map(PyShards::new);
         let batch = auto_collation.then_some(batch_size);
         let source = match (shards, plan) {
             (Some(src), Some(plan)) => Source::Lanes {

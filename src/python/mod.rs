@@ -73,6 +73,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<remote::PyCache>()?;
     m.add_class::<remote::PyPinned>()?;
     m.add_class::<remote::PyPrefetch>()?;
+    m.add_class::<remote::PyLease>()?;
     m.add_function(wrap_pyfunction!(remote::is_url, m)?)?;
     Ok(())
 }

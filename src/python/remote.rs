@@ -10,6 +10,7 @@ use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyPermissionError, PyValu
 use pyo3::prelude::*;
 
 use super::error::Class;
+use crate::remote::cache::Lease;
 use crate::remote::{Cache, Pinned, Prefetch, RemoteError};
 
 fn to_py(e: RemoteError) -> PyErr {
@@ -88,6 +89,26 @@ impl PyCache {
         )
     }
 
+    /// Claims `bytes` of room for a loader's readers' pins between
+    /// batches, until the lease is released (or collected).
+    fn lease(&self, bytes: u64) -> PyResult<PyLease> {
+        let lease = self.cache.lease(bytes).map_err(to_py)?;
+        Ok(PyLease {
+            inner: Mutex::new(Some(lease)),
+        })
+    }
+
+    /// Whether the live leases claim more than the budget: readers then
+    /// let go of their shards between batches.
+    fn short_of_room(&self) -> bool {
+        self.cache.short_of_room()
+    }
+
+    /// The bytes the live leases claim.
+    fn leased(&self) -> u64 {
+        self.cache.leased()
+    }
+
     /// The sizes of the objects at `urls` (HEAD requests, 32 at once).
     fn sizes(&self, py: Python<'_>, urls: Vec<String>) -> PyResult<Vec<u64>> {
         let options = self.cache.options().to_vec();
@@ -109,6 +130,19 @@ impl PyPinned {
     /// Lets the cache evict it again.
     fn release(&self) {
         self.pin.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
+/// A loader's lease on the cache's room (`ShardCacheCore.lease`).
+#[pyclass(module = "ferroloader._core", frozen, name = "CacheLease")]
+pub struct PyLease {
+    inner: Mutex<Option<Lease>>,
+}
+
+#[pymethods]
+impl PyLease {
+    fn release(&self) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }
 

@@ -21,23 +21,34 @@ pub struct PyShards {
     iter_shard: Py<PyAny>,
     shards: Vec<Py<PyAny>>,
     seed: Option<Py<PyAny>>,
+    short_of_room: Option<Py<PyAny>>,
 }
 
-/// How Python hands a sharded dataset over: `(iter_shard, shards, seed)`.
-pub type ShardsArg = (Py<PyAny>, Vec<Py<PyAny>>, Option<Py<PyAny>>);
+/// How Python hands a sharded dataset over: `(iter_shard, shards, seed,
+/// short_of_room)`; the last, for shards read through a cache, answers
+/// whether lanes should let go of their shards between batches.
+pub type ShardsArg = (
+    Py<PyAny>,
+    Vec<Py<PyAny>>,
+    Option<Py<PyAny>>,
+    Option<Py<PyAny>>,
+);
 
 impl PyShards {
-    pub fn new(iter_shard: Py<PyAny>, shards: Vec<Py<PyAny>>, seed: Option<Py<PyAny>>) -> Self {
+    pub fn new(arg: ShardsArg) -> Self {
+        let (iter_shard, shards, seed, short_of_room) = arg;
         PyShards {
             iter_shard,
             shards,
             seed,
+            short_of_room,
         }
     }
 
     pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.iter_shard)?;
         visit.call(&self.seed)?;
+        visit.call(&self.short_of_room)?;
         for s in &self.shards {
             visit.call(s)?;
         }
@@ -72,6 +83,19 @@ impl crate::worker::lanes::ShardSource for PyShards {
 
     fn share(&mut self, item: &Py<PyAny>) -> Py<PyAny> {
         Python::attach(|py| item.clone_ref(py))
+    }
+
+    fn short_of_room(&mut self) -> bool {
+        let Some(f) = &self.short_of_room else {
+            return false;
+        };
+        // best effort: a check that fails keeps the shards open, as before
+        Python::attach(|py| {
+            f.bind(py)
+                .call0()
+                .and_then(|v| v.is_truthy())
+                .unwrap_or(false)
+        })
     }
 }
 

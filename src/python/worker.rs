@@ -17,7 +17,7 @@ use super::shards::{missing, PyShards, ShardsArg};
 use super::torch::torch;
 use crate::sampler::shards::Blocks;
 use crate::wire::protocol::{LanePos, TaskIndices, Work};
-use crate::worker::lanes::{BlockReader, Lane, LaneConfig, Pull};
+use crate::worker::lanes::{BlockReader, Lane, LaneConfig, Pull, ShardSource};
 use crate::worker::{serve, Blocking, Config, Host, Records, Reply};
 
 /// A sharded dataset in this worker: its shards, this epoch's lanes, and
@@ -165,6 +165,9 @@ impl<'py> PyHost<'py> {
             .ok_or_else(|| Class::Protocol.err(format!("lane {l} is not this worker's")))?;
         match lane.pull(&mut sh.src)? {
             Pull::Batch(items) => {
+                if sh.src.short_of_room() {
+                    lane.let_go();
+                }
                 sh.last = lane.pos().map(|p| (l, p));
                 self.collate_items(items, batched).map(LaneOut::Batch)
             }
@@ -421,8 +424,8 @@ pub fn worker_loop(py: Python<'_>, fd: i32, spec: WorkerSpec) -> PyResult<()> {
         on_epoch,
         replica,
         stateless_epoch: false,
-        sharded: sharded.map(|(iter_shard, shards, seed)| Sharded {
-            src: PyShards::new(iter_shard, shards, seed),
+        sharded: sharded.map(|arg| Sharded {
+            src: PyShards::new(arg),
             batch: batch_size.filter(|_| auto_collation),
             drop_last,
             lanes: HashMap::new(),

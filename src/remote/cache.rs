@@ -13,6 +13,12 @@
 //! - `.index.lock`: held while space is reserved and objects evicted, so
 //!   the objects and reservations never add up to more than the budget.
 //!
+//! - `.leases/<name>`: one per loader epoch reading from the cache, the
+//!   bytes its readers may keep pinned between batches, `flock`ed by the
+//!   loader while it lives. When the live leases add up to more than the
+//!   budget the cache is *short of room*, and readers let go of their
+//!   shards between batches (see [`Cache::short_of_room`]).
+//!
 //! An object's modification time orders eviction (oldest first). A reader
 //! sets it to now; the prefetcher sets an object it fetched ahead of the
 //! readers to a time far in the future (later positions nearer to now), so
@@ -23,7 +29,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use rustix::fs::{flock, FlockOperation};
@@ -53,7 +59,32 @@ pub struct Cache {
     pub counters: Arc<Counters>,
     /// How long a reader waits for room before `NoRoom`.
     room_wait: Duration,
+    /// The last reading of the leases: the directory's modification time,
+    /// when it was read, and whether they exceed the budget.
+    leases_seen: Mutex<Option<(SystemTime, Instant, bool)>>,
 }
+
+/// A loader's claim on the room its readers may keep pinned between
+/// batches (`.leases/<name>`, holding the bytes as text). Its lock lives
+/// as long as it does, or as its process: a lease whose lock is free is
+/// gone, and the next reading of the leases removes its file.
+pub struct Lease {
+    file: Locked,
+    path: PathBuf,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // (the lock is released after this, by `Locked`'s drop)
+        if self.file.pid == std::process::id() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// How long a reading of the leases is trusted while their directory is
+/// unchanged (a lease whose process died changes nothing in it).
+const LEASES_FRESH: Duration = Duration::from_secs(1);
 
 /// An object in the cache, pinned while this lives.
 pub struct Pinned {
@@ -148,7 +179,92 @@ impl Cache {
             options,
             counters: Arc::default(),
             room_wait: Duration::from_secs(120),
+            leases_seen: Mutex::new(None),
         })
+    }
+
+    fn leases_dir(&self) -> PathBuf {
+        self.dir.join(".leases")
+    }
+
+    /// Claims `bytes` of room for the pins a loader's readers may keep
+    /// between batches, until the lease is dropped.
+    pub fn lease(&self, bytes: u64) -> Result<Lease> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let dir = self.leases_dir();
+        std::fs::create_dir_all(&dir).map_err(disk(&dir))?;
+        let name = format!(
+            "{}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed),
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0)
+        );
+        // written and locked under a name readings skip, then renamed into
+        // place: a reading never finds a lease whose lock is not taken yet
+        let tmp = dir.join(format!(".{name}"));
+        std::fs::write(&tmp, bytes.to_string()).map_err(disk(&tmp))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .open(&tmp)
+            .map_err(disk(&tmp))?;
+        let file = Locked::new(file, FlockOperation::LockExclusive).map_err(disk(&tmp))?;
+        let path = dir.join(name);
+        std::fs::rename(&tmp, &path).map_err(disk(&path))?;
+        Ok(Lease { file, path })
+    }
+
+    /// The bytes the live leases claim; the files of leases that are gone
+    /// are removed.
+    pub fn leased(&self) -> u64 {
+        let dir = self.leases_dir();
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return 0;
+        };
+        let mut total: u64 = 0;
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let Ok(f) = File::open(e.path()) else {
+                continue;
+            };
+            if flock(&f, FlockOperation::NonBlockingLockShared).is_ok() {
+                // its loader is gone
+                let _ = std::fs::remove_file(e.path());
+                continue;
+            }
+            let bytes = std::fs::read_to_string(e.path()).unwrap_or_default();
+            total = total.saturating_add(bytes.trim().parse().unwrap_or(0));
+        }
+        total
+    }
+
+    /// Whether the loaders reading from this cache claim more room for
+    /// their readers' pins than the budget has: then each reader lets go of
+    /// its shards between batches, so that only readers at work hold any
+    /// and every budget of at least one shard makes progress. Cheap (one
+    /// `stat`) while the leases are unchanged; it runs after each batch.
+    pub fn short_of_room(&self) -> bool {
+        let dir = self.leases_dir();
+        let Ok(mtime) = std::fs::metadata(&dir).and_then(|m| m.modified()) else {
+            return false;
+        };
+        let mut seen = self.leases_seen.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, when, short)) = *seen {
+            if at == mtime && when.elapsed() < LEASES_FRESH {
+                return short;
+            }
+        }
+        let short = self.leased() > self.budget;
+        // the reading may have removed a gone lease: read the time again
+        let mtime = std::fs::metadata(&dir)
+            .and_then(|m| m.modified())
+            .unwrap_or(mtime);
+        *seen = Some((mtime, Instant::now(), short));
+        short
     }
 
     /// The same cache with a shorter wait for room (tests).
@@ -713,6 +829,37 @@ mod tests {
         let _again = c.open_piece(&url, Some((300, 812))).unwrap();
         assert_eq!(c.counters.downloads.load(Ordering::Relaxed), 1);
         assert_eq!(cached_bytes(&d.cache), 512);
+    }
+
+    #[test]
+    fn leases_beyond_the_budget_make_the_cache_short_of_room() {
+        let d = tempdir::Dirs::new();
+        let c = Cache::new(&d.cache, 1000, vec![]).unwrap();
+        assert!(!c.short_of_room());
+        let a = c.lease(600).unwrap();
+        assert_eq!(c.leased(), 600);
+        assert!(!c.short_of_room());
+        let b = c.lease(600).unwrap();
+        assert_eq!(c.leased(), 1200);
+        assert!(c.short_of_room(), "two leases of 600 in a budget of 1000");
+        drop(b);
+        assert!(!c.short_of_room());
+        drop(a);
+        assert_eq!(c.leased(), 0);
+    }
+
+    #[test]
+    fn a_lease_whose_holder_is_gone_is_removed() {
+        let d = tempdir::Dirs::new();
+        let c = Cache::new(&d.cache, 1000, vec![]).unwrap();
+        let lease = c.lease(5000).unwrap();
+        // its lock released as by the death of its process, the file left
+        let _ = flock(&lease.file.file, FlockOperation::Unlock);
+        let path = lease.path.clone();
+        std::mem::forget(lease);
+        assert!(path.exists());
+        assert_eq!(c.leased(), 0);
+        assert!(!path.exists());
     }
 
     #[test]

@@ -87,6 +87,9 @@ impl<S: ShardSource> LaneSet<S> {
             }
             match pulled? {
                 Pull::Batch(items) => {
+                    if src.short_of_room() {
+                        self.lanes[l].let_go();
+                    }
                     self.positions[l] = self.lanes[l].pos().map(|p| self.plan.absolute(l, p));
                     self.handed += 1;
                     return Ok(Some(items));

@@ -38,6 +38,13 @@ pub trait ShardSource {
     ) -> Result<Option<Self::Item>, Self::Error>;
     /// Another reference to `item` (reads by address may repeat an item).
     fn share(&mut self, item: &Self::Item) -> Self::Item;
+    /// Whether a lane should let go of its open shards after each batch
+    /// ([`Lane::let_go`]): the store they are read through is short of
+    /// room, and a lane waiting for its next turn must not hold a shard
+    /// that another reader needs room for.
+    fn short_of_room(&mut self) -> bool {
+        false
+    }
 }
 
 /// What a lane gave for a task.
@@ -60,7 +67,9 @@ pub enum Pull<I> {
 /// The shard a lane is reading.
 struct Reading<I, It> {
     shard: u32,
-    iter: It,
+    /// `None` once the shard is read to its end or the work's limit, or
+    /// after the lane let go of it: then reopened at `raw` when needed.
+    iter: Option<It>,
     /// The offset of the next item `iter` yields.
     raw: u64,
     /// Items of the shard order emitted so far.
@@ -143,7 +152,7 @@ impl<I, It> Reading<I, It> {
         };
         Ok(Reading {
             shard: work.shard,
-            iter: src.open(work.shard, start)?,
+            iter: Some(src.open(work.shard, start)?),
             raw: start,
             emitted: work.emitted,
             block: VecDeque::new(),
@@ -153,6 +162,38 @@ impl<I, It> Reading<I, It> {
             end: work.end,
             limit,
         })
+    }
+
+    /// The item at `raw` (`None`: the shard or the work's limit ended),
+    /// reopening the shard there if the lane let go of it. The iterator is
+    /// dropped as soon as nothing more is needed from it, so a lane holds
+    /// at most one shard open (a shard read through a cache stays pinned
+    /// while its iterator lives).
+    fn read<S: ShardSource<Item = I, Iter = It>>(
+        &mut self,
+        src: &mut S,
+    ) -> Result<Option<I>, S::Error> {
+        if self.raw >= self.limit {
+            self.iter = None;
+            return Ok(None);
+        }
+        let it = match &mut self.iter {
+            Some(it) => it,
+            None => self.iter.insert(src.open(self.shard, self.raw)?),
+        };
+        match src.next(it, self.shard, self.raw)? {
+            Some(item) => {
+                self.raw += 1;
+                if self.raw >= self.limit {
+                    self.iter = None;
+                }
+                Ok(Some(item))
+            }
+            None => {
+                self.iter = None;
+                Ok(None)
+            }
+        }
     }
 }
 
@@ -237,7 +278,20 @@ impl<S: ShardSource> Lane<S> {
         for r in self.reading.iter().chain(&self.next) {
             r.block.iter().for_each(&mut *item);
             r.ahead.iter().for_each(&mut *item);
-            iter(&r.iter);
+            if let Some(it) = &r.iter {
+                iter(it);
+            }
+        }
+    }
+
+    /// Closes the shards the lane has open (the one it reads, the next it
+    /// reads ahead into); each is reopened where it stood when the lane
+    /// reads from it again. Between its batches a lane then holds nothing
+    /// open: fewer shards pinned at once when the cache is short of room,
+    /// for the cost of a reopen per batch.
+    pub fn let_go(&mut self) {
+        for r in self.reading.iter_mut().chain(self.next.iter_mut()) {
+            r.iter = None;
         }
     }
 
@@ -346,12 +400,10 @@ impl<S: ShardSource> Lane<S> {
             let item = match self.config.blocks {
                 None => {
                     let r = self.reading.as_mut().expect("opened above");
-                    if r.ended || r.raw >= r.limit {
+                    if r.ended {
                         None
                     } else {
-                        let item = src.next(&mut r.iter, r.shard, r.raw)?;
-                        r.raw += 1;
-                        item
+                        r.read(src)?
                     }
                 }
                 Some(b) => {
@@ -511,16 +563,9 @@ fn read_ahead<S: ShardSource>(
     src: &mut S,
     r: &mut Reading<S::Item, S::Iter>,
 ) -> Result<(), S::Error> {
-    if r.raw >= r.limit {
-        // past the block of the work's last item: not needed
-        r.ended = true;
-        return Ok(());
-    }
-    match src.next(&mut r.iter, r.shard, r.raw)? {
-        Some(item) => {
-            r.ahead.push(item);
-            r.raw += 1;
-        }
+    // (past the block of the work's last item: not needed)
+    match r.read(src)? {
+        Some(item) => r.ahead.push(item),
         None => r.ended = true,
     }
     Ok(())
@@ -553,6 +598,9 @@ fn next_block<S: ShardSource>(
 #[cfg(test)]
 /// A shard source for the tests of lanes and of the scheduler's lane set.
 pub(crate) mod test_source {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
     use super::ShardSource;
 
     /// Shard `s` holds `lens[s]` items `(s, 0), (s, 1), ...`; `fail` makes
@@ -563,32 +611,64 @@ pub(crate) mod test_source {
         /// Opening this shard is an error.
         pub(crate) fail_open: Option<u32>,
         pub(crate) opens: usize,
+        /// Iterators alive now, and the most alive at once.
+        pub(crate) live: Rc<Cell<usize>>,
+        pub(crate) most_live: usize,
+        /// What `short_of_room` answers.
+        pub(crate) short: bool,
+    }
+
+    /// An open shard: where it stands, counted while it lives.
+    pub(crate) struct Open {
+        shard: u32,
+        pos: u64,
+        live: Rc<Cell<usize>>,
+    }
+
+    impl Drop for Open {
+        fn drop(&mut self) {
+            self.live.set(self.live.get() - 1);
+        }
     }
 
     impl ShardSource for Shards {
         type Item = (u32, u64);
-        type Iter = ();
+        type Iter = Open;
         type Error = String;
-        fn open(&mut self, shard: u32, _start: u64) -> Result<(), String> {
+        fn open(&mut self, shard: u32, start: u64) -> Result<Open, String> {
             self.opens += 1;
             if self.fail_open == Some(shard) {
                 return Err(format!("open {shard}"));
             }
-            Ok(())
+            self.live.set(self.live.get() + 1);
+            self.most_live = self.most_live.max(self.live.get());
+            Ok(Open {
+                shard,
+                pos: start,
+                live: self.live.clone(),
+            })
         }
         fn next(
             &mut self,
-            _: &mut (),
+            it: &mut Open,
             shard: u32,
             offset: u64,
         ) -> Result<Option<(u32, u64)>, String> {
+            // the iterator yields what lies where it stands: a lane that
+            // reopened a shard at the wrong place reads the wrong items
+            assert_eq!((it.shard, it.pos), (shard, offset), "read out of place");
             if self.fail == Some((shard, offset)) {
                 return Err(format!("item {shard}/{offset}"));
             }
-            Ok((offset < self.lens[shard as usize]).then_some((shard, offset)))
+            let item = (it.pos < self.lens[shard as usize]).then_some((shard, it.pos));
+            it.pos += 1;
+            Ok(item)
         }
         fn share(&mut self, item: &(u32, u64)) -> (u32, u64) {
             *item
+        }
+        fn short_of_room(&mut self) -> bool {
+            self.short
         }
     }
 
@@ -598,13 +678,16 @@ pub(crate) mod test_source {
             fail: None,
             fail_open: None,
             opens: 0,
+            live: Rc::default(),
+            most_live: 0,
+            short: false,
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::test_source::{src, Shards};
+    use super::test_source::{src, Open, Shards};
     use super::*;
     use crate::sampler::shards::ShardAddresses;
     use proptest::prelude::*;
@@ -794,14 +877,14 @@ mod tests {
 
     impl ShardSource for Counting {
         type Item = (u32, u64);
-        type Iter = ();
+        type Iter = Open;
         type Error = String;
-        fn open(&mut self, shard: u32, start: u64) -> Result<(), String> {
+        fn open(&mut self, shard: u32, start: u64) -> Result<Open, String> {
             self.inner.open(shard, start)
         }
         fn next(
             &mut self,
-            it: &mut (),
+            it: &mut Open,
             shard: u32,
             offset: u64,
         ) -> Result<Option<(u32, u64)>, String> {
@@ -959,6 +1042,40 @@ mod tests {
             let got: Vec<(u32, u64)> = drain(&mut lane, &mut s).concat();
             let mut a = ShardAddresses::new(order, &lens, blocks);
             let want: Vec<(u32, u64)> = (0..a.len()).map(|p| a.address(p)).collect();
+            prop_assert_eq!(got, want);
+        }
+
+        /// A lane that lets go of its shards after every batch (a cache
+        /// short of room) gives the same batches, and holds at most one
+        /// shard open at any time (none between its batches); one that
+        /// keeps them holds at most one too.
+        #[test]
+        fn letting_go_changes_no_batch_and_holds_one_shard(lens in proptest::collection::vec(0u64..25, 1..5), root in any::<u64>(), size in 1u64..7, batch in 1usize..5, shuffle in any::<bool>()) {
+            let blocks = shuffle.then_some(Blocks { root, size });
+            let order: Vec<u32> = (0..lens.len() as u32).collect();
+            let cfg = config(Some(batch), false, blocks);
+            let mut s = src(&lens);
+            let mut kept = Lane::new(cfg);
+            kept.assign(works(&order), true);
+            let want = drain(&mut kept, &mut s);
+            prop_assert!(s.most_live <= 1, "kept: {} open at once", s.most_live);
+            let mut s = src(&lens);
+            s.short = true;
+            let mut lane = Lane::new(cfg);
+            lane.assign(works(&order), true);
+            let mut got = Vec::new();
+            loop {
+                match lane.pull(&mut s).unwrap() {
+                    Pull::Batch(b) => got.push(b),
+                    Pull::Exhausted => break,
+                    other => panic!("{other:?}"),
+                }
+                if s.short_of_room() {
+                    lane.let_go();
+                }
+                prop_assert_eq!(s.live.get(), 0, "a shard open between batches");
+            }
+            prop_assert!(s.most_live <= 1, "let go: {} open at once", s.most_live);
             prop_assert_eq!(got, want);
         }
 
