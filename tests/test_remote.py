@@ -282,6 +282,23 @@ def test_bad_urls_and_budgets_are_clear_errors(tmp_path):
             pass
 
 
+@pytest.mark.parametrize("budget", ["-1", "-5GiB", "0", "0.1", "nan", "inf", "1e30", "10 XB",
+                                    -1, 0, 2**64, 1.5, True])
+def test_budgets_that_are_not_positive_sizes_are_refused(tmp_path, budget):
+    with pytest.raises(fl.ConfigError, match="budget"):
+        fl.ShardCache(dir=str(tmp_path), budget=budget)
+
+
+@pytest.mark.parametrize("text,size,shown", [
+    ("10 MB", 10**7, "10000000B"), ("10MiB", 10 << 20, "10MiB"), ("10M", 10 << 20, "10MiB"),
+    ("1.5GB", 15 * 10**8, "1500000000B"), ("2 gib", 2 << 30, "2GiB"), ("4096", 4096, "4KiB"),
+    ("1kB", 1000, "1000B"), ("1KiB", 1024, "1KiB")])
+def test_budget_units_are_si_or_iec_as_written(tmp_path, text, size, shown):
+    cache = fl.ShardCache(dir=str(tmp_path), budget=text)
+    assert cache.budget == size
+    assert f"budget={shown!r}" in repr(cache)
+
+
 def test_file_urls_read_like_paths(tmp_path, local_shards):
     cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB")
     urls = ["file://" + p for p in local_shards]
