@@ -23,7 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCapsule, PyDict, PyList, PyString, PyTuple};
 use pyo3::{PyTraverseError, PyVisit};
 
-use super::collate::{Collator, Pending, PendingLeaf, Sink, WriteRows};
+use super::collate::{Pending, PendingLeaf, Sink, WriteRows};
 use super::error::Class;
 use super::ffi::{import_arrow_array, import_arrow_stream, DlDtype, FreshTensor};
 use super::torch::torch;
@@ -558,14 +558,11 @@ impl ArrowTable {
                     .iter()
                     .map(|&r| me.row_value(py, c, r as usize))
                     .collect::<PyResult<Vec<_>>>()?;
-                let first_null = items.first().is_some_and(|x| x.is_none());
-                let list = PyList::new(py, items)?.into_any();
-                if first_null {
-                    // default_collate decides by the first value: torch's
-                    // own error for a null there
-                    return Collator::default(py, Sink::InProcess)?.collate(&list);
-                }
-                Ok(list)
+                // a list with None where a row is null, wherever the null
+                // falls (default_collate over rows decides by the first
+                // value, and raises when that one is null: a shuffled run
+                // would pass or fail by chance)
+                Ok(PyList::new(py, items)?.into_any())
             }
             Kind::List { dtype, large } => {
                 let mut width = None;
