@@ -337,18 +337,42 @@ def test_elastic_batch_sampler_resumes_on_another_number_of_ranks(after):
     assert sorted(seen + rest) == data
 
 
-def test_elastic_even_modes_give_every_rank_full_batches():
-    """Elastic even mode pads the last global batch (or drops it with
-    drop_last=True): every rank yields the same number of full batches."""
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_elastic_even_modes_give_every_rank_the_same_batches(world):
+    """Elastic even mode splits the last global batch evenly, padded to a
+    multiple of the ranks as DistributedSampler pads (or drops it with
+    drop_last=True): every rank yields the same number of batches and
+    items, all full but the last; the items are DistributedSampler's count."""
+    total = len(all_items())
     for drop_last in (False, True):
-        counts = []
-        for r in range(3):
-            ld = _loader("elastic", rank=r, world=3, even=True, drop_last=drop_last)
+        sizes = []
+        seen: list[int] = []
+        for r in range(world):
+            ld = _loader("elastic", rank=r, world=world, even=True, drop_last=drop_last)
             batches = list(ld)
-            assert all(len(b) == 3 for b in batches)
+            assert all(len(b) == 3 for b in batches[:-1])
             assert len(ld) == len(batches)
-            counts.append(len(batches))
-        assert len(set(counts)) == 1
+            sizes.append([len(b) for b in batches])
+            seen += [int(x) for b in batches for x in b]
+        assert all(s == sizes[0] for s in sizes)
+        if not drop_last:
+            padded = len(torch.utils.data.DistributedSampler(range(total), num_replicas=world,
+                                                             rank=0, shuffle=False))
+            assert sum(sizes[0]) == padded
+            assert sorted(set(seen)) == all_items()
+        else:
+            assert all(n == 3 for n in sizes[0])
+
+
+def test_one_rank_reads_every_item_once_as_distributed_sampler_does():
+    """One rank pads nothing: ElasticBatchSampler(100, 8) yields the 100
+    indices DistributedSampler(num_replicas=1) yields, elastic sharding each
+    item once."""
+    s = fl.ElasticBatchSampler(100, 8, rank=0, world_size=1)
+    got = [i for b in s for i in b]
+    assert sorted(got) == list(range(100)) and len(s) == 13
+    ld = _loader("elastic", rank=0, world=1, even=True)
+    assert sorted(int(x) for b in ld for x in b) == all_items()
 
 
 @pytest.mark.parametrize("mode", ["static", "dynamic", "elastic"])

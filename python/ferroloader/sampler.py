@@ -162,8 +162,10 @@ class ElasticBatchSampler(_ts.Sampler[list[int]]):
     exactly the rest of it (the loader's ``state_dict()`` records the
     global position).
 
-    ``drop_last=False`` pads the last global batch by wrapping around (as
-    ``DistributedSampler`` does), ``True`` drops it; ``even=False`` splits it
+    ``drop_last=False`` splits the last global batch evenly, padding it by
+    wrapping around to a multiple of ``world_size`` (as
+    ``DistributedSampler`` pads: one rank pads nothing), so every rank's
+    last batch has the same, possibly smaller, size; ``True`` drops it; ``even=False`` splits it
     as it falls (every index once, the last batches shorter or missing on
     some ranks). Call ``set_epoch(epoch)`` before each epoch, as with
     ``DistributedSampler``.

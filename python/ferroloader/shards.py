@@ -229,8 +229,9 @@ class Sharding:
     - ``even``: every rank yields the same number of batches per epoch, so
       DDP never waits on a rank that ran out (needs ``shard_len``). Static
       and dynamic modes stop each rank after the fewest batches any rank can
-      make; elastic mode pads the last global batch by wrapping around, or
-      drops it with ``drop_last=True``. ``even=False`` reads every item
+      make; elastic mode splits the last global batch evenly, padded by
+      wrapping around to a multiple of the ranks (as ``DistributedSampler``
+      pads), or drops it with ``drop_last=True``. ``even=False`` reads every item
       exactly once, with uneven batch counts.
     - ``rank``, ``world_size``: given explicitly, or from ``torch.distributed``
       when it is initialised, else one rank.

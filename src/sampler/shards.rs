@@ -45,8 +45,10 @@ impl Blocks {
 /// not fill every rank's batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tail {
-    /// Completed by wrapping around to the start of the global sequence
-    /// (as `DistributedSampler` pads): every rank gets full batches.
+    /// Padded, by wrapping around to the start of the global sequence,
+    /// to a multiple of the number of ranks (as `DistributedSampler`
+    /// pads): every rank gets an equal last batch, short when the tail is
+    /// (one rank pads nothing).
     Pad,
     /// Dropped: every rank gets the same number of full batches.
     Drop,
@@ -70,7 +72,10 @@ pub fn elastic_positions(
 ) -> Vec<u64> {
     assert!(batch > 0 && world > 0 && rank < world);
     let left = n.saturating_sub(start);
-    let step = batch * world;
+    // (saturating: a step past the sequence leaves one short global batch;
+    // every position below is then at most `n` plus a batch, within u64 as
+    // `n` and a rank's share of a tail are)
+    let step = batch.saturating_mul(world);
     let full = left / step;
     let mut out = Vec::new();
     for g in 0..full {
@@ -81,12 +86,20 @@ pub fn elastic_positions(
     if rest == 0 {
         return out;
     }
-    let s = start + full * step + rank * batch;
+    let tail_start = start + full * step;
     match tail {
         Tail::Drop => {}
-        Tail::Split => out.extend(s..(s + batch).min(n)),
-        // positions past the end wrap around to the start of the sequence
-        Tail::Pad => out.extend((s..s + batch).map(|p| if p < n { p } else { (p - n) % n })),
+        Tail::Split => {
+            let s = tail_start.saturating_add(rank.saturating_mul(batch)).min(n);
+            out.extend(s..s.saturating_add(batch).min(n));
+        }
+        Tail::Pad => {
+            // each rank an equal share of the tail, padded up to a multiple
+            // of the ranks; positions past the end wrap around to the start
+            let share = rest.div_ceil(world);
+            let s = tail_start + rank * share;
+            out.extend((s..s + share).map(|p| if p < n { p } else { (p - n) % n }));
+        }
     }
     out
 }
@@ -198,9 +211,20 @@ mod tests {
             elastic_positions(10, 0, 2, 2, 0, Tail::Drop),
             vec![0, 1, 4, 5]
         );
+        // a tail of 2 over 2 ranks: one each, nothing padded
         assert_eq!(
             elastic_positions(10, 0, 2, 2, 1, Tail::Pad),
-            vec![2, 3, 6, 7, 0, 1]
+            vec![2, 3, 6, 7, 9]
+        );
+        // a tail of 3 over 2 ranks: two each, the fourth wraps to 0
+        assert_eq!(
+            elastic_positions(11, 0, 2, 2, 1, Tail::Pad),
+            vec![2, 3, 6, 7, 10, 0]
+        );
+        // one rank pads nothing: DistributedSampler's 100, not 104
+        assert_eq!(
+            elastic_positions(100, 0, 8, 1, 0, Tail::Pad),
+            (0..100).collect::<Vec<u64>>()
         );
     }
 
@@ -218,16 +242,42 @@ mod tests {
             prop_assert_eq!(all, (start.min(n)..n).collect::<Vec<u64>>());
         }
 
-        /// Pad and drop give every rank the same number of full batches.
+        /// Pad and drop give every rank the same number of items, in the
+        /// same number of batches; drop only full ones. Pad covers the rest
+        /// of the sequence and adds what `DistributedSampler` adds: fewer
+        /// than one position per rank.
         #[test]
         fn pad_and_drop_are_even(n in 1u64..200, start in 0u64..200, batch in 1u64..9, world in 1u64..6) {
             for tail in [Tail::Pad, Tail::Drop] {
                 let lens: Vec<usize> = (0..world)
                     .map(|r| elastic_positions(n, start, batch, world, r, tail).len())
                     .collect();
-                prop_assert!(lens.iter().all(|&l| l == lens[0] && l as u64 % batch == 0));
+                prop_assert!(lens.iter().all(|&l| l == lens[0]));
+                if tail == Tail::Drop {
+                    prop_assert!(lens[0] as u64 % batch == 0);
+                }
                 for r in 0..world {
                     prop_assert!(elastic_positions(n, start, batch, world, r, tail).iter().all(|&p| p < n));
+                }
+            }
+            let mut all: Vec<u64> = (0..world)
+                .flat_map(|r| elastic_positions(n, start, batch, world, r, Tail::Pad))
+                .collect();
+            let left = n.saturating_sub(start);
+            prop_assert_eq!(all.len() as u64, left.div_ceil(world) * world);
+            all.sort_unstable();
+            prop_assert!((start.min(n)..n).all(|p| all.binary_search(&p).is_ok()));
+        }
+
+        /// Huge batches and world sizes neither overflow nor allocate
+        /// beyond the sequence.
+        #[test]
+        fn huge_batches_stay_within_the_sequence(n in 0u64..50, batch_exp in 30u32..64, world in 1u64..4) {
+            let batch = 1u64 << batch_exp;
+            for tail in [Tail::Pad, Tail::Drop, Tail::Split] {
+                for r in 0..world {
+                    let got = elastic_positions(n, 0, batch, world, r, tail);
+                    prop_assert!(got.len() as u64 <= n.max(1));
                 }
             }
         }
