@@ -147,6 +147,27 @@ def test_even_counts_are_equal_and_need_shard_len():
         list(_loader(rank=0, world=2, even=True, known=False))
 
 
+def test_file_shards_without_lengths_are_told_to_pass_lengths(tmp_path):
+    """A FileShards user gives lengths with lengths=, not shard_len(): every
+    error that needs them says so."""
+    paths = []
+    for s in range(3):
+        p = tmp_path / f"part-{s}.txt"
+        p.write_text("a\nb\n")
+        paths.append(str(p))
+    ds = fl.FileShards(paths, lambda path: open(path).read().split())
+    for mode, world in (("static", 2), ("dynamic", 2), ("elastic", 1)):
+        loader = fl.DataLoader(ds, sharding=fl.Sharding(mode=mode, rank=0, world_size=world))
+        with pytest.raises(fl.ConfigError, match=r"FileShards\(\.\.\., lengths=\.\.\.\)") as e:
+            iter(loader)
+        assert "shard_len" not in str(e.value)
+    with pytest.raises(TypeError, match=r"lengths=") as e:
+        len(fl.DataLoader(ds))
+    assert "shard_len" not in str(e.value)
+    with pytest.raises(TypeError, match=r"lengths="):
+        len(ds)
+
+
 def test_len_is_the_batches_this_rank_yields():
     """len(loader) is the number of batches the rank yields (static, exact)."""
     for rank in range(2):

@@ -540,6 +540,8 @@ def test_resume_with_other_workers_is_refused_with_a_reason(make):
             iter(other)
         assert isinstance(err.value, AssertionError)
         assert "num_workers=2" in str(err.value)
+        # raised by iter(), which its text says (not load_state_dict())
+        assert str(err.value).startswith("iter(): the state given to load_state_dict()")
 
 
 @pytest.mark.parametrize(

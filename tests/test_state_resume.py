@@ -362,8 +362,8 @@ def test_a_state_drawn_past_the_epochs_end_is_a_clear_error(layout):
     with pytest.raises(fl.ConfigError) as e:
         next(iter(resumed))
     assert str(e.value) == (
-        "load_state_dict(): the state is 50 batches into the epoch, but this loader's epoch "
-        "has 10"
+        "iter(): the state given to load_state_dict() is 50 batches into the epoch, but this "
+        "loader's epoch has 10"
     )
 
 

@@ -264,8 +264,8 @@ class _ShardedReader:
         lens = [ds.shard_len(sh) for sh in self.shards]
         if any(n is None for n in lens):
             raise ConfigError(
-                f"Mixture source {name!r} is a ShardedDataset whose shard_len() does not know "
-                "every shard: a mixture needs each source's length"
+                f"Mixture source {name!r} is a ShardedDataset whose shards' lengths are not all "
+                f"known: a mixture needs each source's length ({ds._lengths_hint()})"
             )
         self.shard_lens = [int(n) for n in lens if n is not None]
         self.starts = [0]

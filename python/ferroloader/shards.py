@@ -113,6 +113,10 @@ class ShardedDataset(IterableDataset[_T_co]):
         ``None`` (a local shard)."""
         return None
 
+    def _lengths_hint(self) -> str:
+        """How a user gives this dataset its shards' lengths (for errors)."""
+        return f"define shard_len() on {type(self).__name__}"
+
     def _short_of_room(self) -> Optional[Callable[[], bool]]:
         """For shards read through a ``ShardCache`` (``self.cache``): its
         check whether readers should let go of their shards between
@@ -133,7 +137,8 @@ class ShardedDataset(IterableDataset[_T_co]):
             n = self.shard_len(s)
             if n is None:
                 raise TypeError(
-                    f"{type(self).__name__} has no len(): shard_len() does not know every shard"
+                    f"{type(self).__name__} has no len(): the length of shard {s!r} is not "
+                    f"known ({self._lengths_hint()})"
                 )
             total += int(n)
         return total
@@ -208,6 +213,12 @@ class FileShards(ShardedDataset[_T_co]):
         if self.cache is None:
             return None
         return self.cache, [s if is_url(s) else None for s in shards]
+
+    def _lengths_hint(self) -> str:
+        return (
+            "pass FileShards(..., lengths=...): a sequence in path order, or a function of "
+            "the path"
+        )
 
     def shard_len(self, shard: Any) -> Optional[int]:
         if self.lengths is None:
@@ -300,8 +311,8 @@ class ShardEpoch:
         if sharding.mode == "elastic":
             if self.lens is None:
                 raise ConfigError(
-                    "elastic sharding reads items by position, so it needs shard_len() for "
-                    "every shard"
+                    "elastic sharding reads items by position, so it needs the length of every "
+                    f"shard: {dataset._lengths_hint()}"
                 )
             if not loader.in_order:
                 raise ConfigError(
@@ -327,6 +338,13 @@ class ShardEpoch:
             # (reads by address hold no shard open between batches)
             self._start_prefetch(dataset, self.addresses.read_order, 0)
             return
+        if sharding.even and self.world > 1 and self.lens is None:
+            raise ConfigError(
+                "every rank must yield the same number of batches (even=True with more than one "
+                f"rank), which needs the length of every shard: {dataset._lengths_hint()}, or "
+                "pass Sharding(even=False) to read every item exactly once with uneven batch "
+                "counts"
+            )
         dynamic = sharding.mode == "dynamic"
         lanes = max(loader._workers, 1) if dynamic else sharding.lanes
         saved = None
@@ -433,20 +451,23 @@ def _check_resume(ep: ShardEpoch, resume: dict[str, Any]) -> None:
     mode = ep.sharding.mode
     if resume.get("mode") != mode:
         raise ConfigError(
-            f"load_state_dict(): the state was saved with {resume.get('mode')!r} sharding, "
+            f"iter(): the state given to load_state_dict() was saved with "
+            f"{resume.get('mode')!r} sharding, "
             f"this loader shards {mode!r}"
         )
     if mode == "elastic":
         return
     if resume["world"] != ep.world:
         raise ConfigError(
-            f"load_state_dict(): the state was saved with world_size {resume['world']}, this "
+            f"iter(): the state given to load_state_dict() was saved with world_size "
+            f"{resume['world']}, this "
             f"process has {ep.world}; {mode} sharding resumes on the same number of ranks "
             "(elastic sharding resumes on any)"
         )
     if resume["rank"] != ep.rank:
         raise ConfigError(
-            f"load_state_dict(): the state was saved by rank {resume['rank']}, this process is "
+            f"iter(): the state given to load_state_dict() was saved by rank {resume['rank']}, "
+            "this process is "
             f"rank {ep.rank}; {mode} sharding keeps a state per rank (save each rank's "
             "state_dict())"
         )

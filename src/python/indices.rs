@@ -267,7 +267,7 @@ pub fn resume_stream<'py>(
 /// A loaded state past the end of this loader's epoch.
 fn past_end(drawn: u64, batches: u64) -> PyErr {
     super::error::Class::Config.err(format!(
-        "load_state_dict(): the state is {drawn} batches into the epoch, but this \
-         loader's epoch has {batches}"
+        "iter(): the state given to load_state_dict() is {drawn} batches into the epoch, \
+         but this loader's epoch has {batches}"
     ))
 }
