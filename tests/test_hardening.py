@@ -416,3 +416,90 @@ def test_steady_state_stays_fault_free_after_memory_is_given_back():
     assert holding - _shmem_mib() > 20  # it did trim
     after_burst = _paced_faults(it, pid, 100) * 160 / 60  # per epoch
     assert after_burst < plain + 256, (after_burst, plain)
+
+
+# Arguments and data that reached a Rust panic or overflow (the audit of
+# the engine's asserts, unwraps and arithmetic): each is now torch's
+# behaviour or a clear error, never a BaseException or a hang.
+
+
+@time_limit(60)
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+def test_prefetch_factor_zero_is_torchs_assertion_at_iter(method):
+    loader = fl.DataLoader(torch.arange(10), num_workers=2, prefetch_factor=0,
+                           worker_method=method)
+    with pytest.raises(AssertionError, match="prefetch_factor must be greater than 0"):
+        iter(loader)
+
+
+@time_limit(60)
+def test_a_huge_prefetch_factor_loads_the_epoch():
+    """torch takes any prefetch_factor; the window past 2**16 tasks changes
+    nothing but memory (torch loops 2**64 times filling it)."""
+    loader = fl.DataLoader(torch.arange(10), batch_size=3, num_workers=2, prefetch_factor=2**63)
+    assert [b.tolist() for b in loader] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+
+
+@time_limit(60)
+def test_an_infinite_timeout_is_torchs_overflow_error():
+    for make in (tud.DataLoader, fl.DataLoader):
+        with pytest.raises(OverflowError):
+            list(make(torch.arange(10), num_workers=2, timeout=float("inf")))
+
+
+@time_limit(60)
+def test_a_huge_batch_size_on_an_iterable_with_workers_is_one_batch_per_worker():
+    class Ten(tud.IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    got = [b.tolist() for b in fl.DataLoader(Ten(), batch_size=2**40, num_workers=2)]
+    assert got == [list(range(10)), list(range(10))]
+
+
+def test_huge_sampler_and_sharding_arguments_are_errors_or_work():
+    # a step past u64 and a padded tail past memory: neither overflows
+    assert [i for b in fl.ElasticBatchSampler(10, 2**63, rank=0, world_size=2) for i in b] != []
+    assert sorted(i for b in fl.ElasticBatchSampler(10, 2**62, rank=0, world_size=1)
+                  for i in b) == list(range(10))
+    with pytest.raises(fl.ConfigError, match="lanes"):
+        fl.Sharding(lanes=2**62)
+    with pytest.raises(fl.ConfigError, match="seq_len"):
+        fl.Packing(seq_len=2**62, rows=4)
+    with pytest.raises(fl.ConfigError, match="rows"):
+        fl.Packing(seq_len=2**30, rows=2**20)
+    # torch's own error where torch would run out of memory padding
+    for cls in (tud.DistributedSampler, fl.DistributedSampler):
+        with pytest.raises(MemoryError):
+            list(cls(range(10), num_replicas=2**62, rank=0))
+
+
+def test_packer_lengths_that_overflow_are_refused():
+    packer = fl.Packing(8, rows=2).packer()
+    with pytest.raises(fl.ConfigError, match="ragged batch"):
+        packer.push({"tokens": torch.tensor([1, 2, 3]),
+                     "lengths": torch.tensor([2**63 - 1, 2**63 - 1, 5])})
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e30", "soon"])
+def test_shard_cache_retry_options_must_be_numbers(tmp_path, value):
+    for key in ("retries", "retry_timeout"):
+        with pytest.raises(fl.ConfigError, match=key):
+            fl.ShardCache(dir=str(tmp_path), options={key: value})
+
+
+@ferro_only
+def test_an_elastic_epoch_with_a_huge_batch_size_loads():
+    class Ranges(fl.ShardedDataset):
+        def shards(self):
+            return [0, 1]
+
+        def iter_shard(self, shard, start=0):
+            return iter(range(10 * shard + start, 10 * shard + 10))
+
+        def shard_len(self, shard):
+            return 10
+
+    loader = fl.DataLoader(Ranges(), batch_size=2**61, drop_last=False, num_workers=1,
+                           sharding=fl.Sharding(mode="elastic"))
+    assert sorted(int(v) for b in loader for v in b) == list(range(20))

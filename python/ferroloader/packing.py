@@ -68,6 +68,15 @@ class Packing:
         for name, v in (("seq_len", seq_len), ("rows", rows)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"Packing {name} should be a positive integer, got {v!r}")
+        # positions are int32 (torch's position ids), and a batch of rows is
+        # one allocation of rows * seq_len tokens
+        if seq_len > 2**31 - 1:
+            raise ConfigError(f"Packing seq_len should be at most 2**31 - 1, got {seq_len}")
+        if rows * seq_len > 2**40:
+            raise ConfigError(
+                f"Packing rows * seq_len should be at most 2**40 tokens a batch, got "
+                f"{rows} * {seq_len}"
+            )
         if method not in METHODS:
             raise ConfigError(f"Packing method should be one of {METHODS}, got {method!r}")
         if isinstance(pad_id, bool) or not isinstance(pad_id, int):

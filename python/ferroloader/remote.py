@@ -81,6 +81,18 @@ def _parse_bytes(text: str) -> int:
     return int(value)
 
 
+def _check_option(key: str, text: str) -> None:
+    """``retries`` and ``retry_timeout`` (seconds) are non-negative finite numbers."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1e12:  # (NaN fails this too)
+        raise ConfigError(
+            f"ShardCache option {key!r} should be a non-negative number, but got {text!r}"
+        )
+
+
 def _show_bytes(n: int) -> str:
     """``n`` bytes as the shortest exact IEC size (``"20GiB"``), else bytes."""
     for unit, scale in (("TiB", 1 << 40), ("GiB", _GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -175,6 +187,9 @@ class ShardCache:
         else:
             self.budget = budget
         self.options = {str(k): str(v) for k, v in (options or {}).items()}
+        for key in ("retries", "retry_timeout"):
+            if key in self.options:
+                _check_option(key, self.options[key])
         if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
             raise ConfigError(f"ShardCache streams should be a positive int, but got {streams!r}")
         self.streams = streams

@@ -57,6 +57,9 @@ from ferroloader.seeds import epoch_seed
 _T_co = TypeVar("_T_co", covariant=True)
 
 _MODES = ("static", "dynamic", "elastic")
+# each lane is a reader the engine keeps (and numbers in 32 bits): far more
+# than any machine runs at once
+_MAX_LANES = 1 << 16
 
 
 def distributed_rank() -> tuple[int, int]:
@@ -267,10 +270,12 @@ class Sharding:
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
             raise ConfigError(f"Sharding mode should be one of {_MODES}, but got {self.mode!r}")
-        for name in ("lanes", "shuffle_block"):
+        for name, most in (("lanes", _MAX_LANES), ("shuffle_block", 2**63 - 1)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"Sharding {name} should be a positive int, but got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise ConfigError(
+                    f"Sharding {name} should be a positive int (at most {most}), but got {value!r}"
+                )
         if (self.rank is None) != (self.world_size is None):
             raise ConfigError("Sharding needs both rank and world_size, or neither")
         if self.rank is not None:

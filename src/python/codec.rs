@@ -364,11 +364,11 @@ impl<'py> TreeEncoder<'_, 'py> {
             self.out.put(Token::Float(f.value()));
         } else if let Ok(st) = obj.cast_exact::<PyString>() {
             match st.to_cow() {
-                Ok(text) => self.out.put(Token::Str(&text)),
+                Ok(text) => self.out.put(Token::Str(fits(&*text, "a str")?)),
                 Err(_) => return self.pickled(obj),
             }
         } else if let Ok(b) = obj.cast_exact::<PyBytes>() {
-            self.out.put(Token::Bytes(b.as_bytes()));
+            self.out.put(Token::Bytes(fits(b.as_bytes(), "a bytes")?));
         } else if let Ok(l) = obj.cast_exact::<PyList>() {
             self.out.put(Token::List(l.len()));
             for item in l.iter() {
@@ -400,9 +400,24 @@ impl<'py> TreeEncoder<'_, 'py> {
         let pickler = t.pickler.bind(py).call1((&buf, 5, self.collector))?;
         pickler.call_method1(pyo3::intern!(py, "dump"), (obj,))?;
         let data: Vec<u8> = buf.call_method0(pyo3::intern!(py, "getvalue"))?.extract()?;
-        self.out.put(Token::Pickled(&data));
+        self.out
+            .put(Token::Pickled(fits(&data, "a pickled element")?));
         Ok(())
     }
+}
+
+/// `v` if its length fits the record's 32-bit lengths: an element of 4 GiB
+/// or more in a batch is a clear error, not a length cut short.
+fn fits<'v, T: AsRef<[u8]> + ?Sized>(v: &'v T, what: &str) -> PyResult<&'v T> {
+    let n = v.as_ref().len();
+    if u32::try_from(n).is_err() {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{what} of {n} bytes in a batch: elements that cross from a worker to the \
+             training process are under 4 GiB each (tensors and arrays of any size are not \
+             limited); return it as a tensor or numpy array, or split it"
+        )));
+    }
+    Ok(v)
 }
 
 /// Rebuilds a batch from its tree, leaves as tensors over the record.

@@ -110,69 +110,71 @@ pub struct SingleSpec {
 impl SingleProcessIter {
     #[new]
     fn new(source: &Bound<'_, PyAny>, dataset: Py<PyAny>, spec: SingleSpec) -> PyResult<Self> {
-        let SingleSpec {
-            iterable,
-            getitems,
-            tensors,
-            auto_collation,
-            batch_size,
-            drop_last,
-            collate_fn,
-            pin,
-            index_sampler,
-            len_called,
-            rng_guard,
-            sharded,
-            plan,
-            block,
-            table,
-            resumed,
-        } = spec;
-        let py = source.py();
-        let shards = sharded.map(PyShards::new);
-        let batch = auto_collation.then_some(batch_size);
-        let source = match (shards, plan) {
-            (Some(src), Some(plan)) => Source::Lanes {
-                set: Box::new(LaneSet::new(plan.borrow(py).plan.clone(), batch, drop_last)),
-                src,
-            },
-            (Some(src), None) => Source::Addresses {
-                batches: source.cast::<AddressBatches>()?.clone().unbind(),
-                reader: BlockReader::new(block),
-                src,
-            },
-            _ if iterable => Source::Iterable {
-                iter: source.clone().unbind(),
+        super::error::guard("the loader's iter()", move || {
+            let SingleSpec {
+                iterable,
+                getitems,
+                tensors,
+                auto_collation,
+                batch_size,
+                drop_last,
+                collate_fn,
+                pin,
+                index_sampler,
+                len_called,
+                rng_guard,
+                sharded,
+                plan,
+                block,
+                table,
+                resumed,
+            } = spec;
+            let py = source.py();
+            let shards = sharded.map(PyShards::new);
+            let batch = auto_collation.then_some(batch_size);
+            let source = match (shards, plan) {
+                (Some(src), Some(plan)) => Source::Lanes {
+                    set: Box::new(LaneSet::new(plan.borrow(py).plan.clone(), batch, drop_last)),
+                    src,
+                },
+                (Some(src), None) => Source::Addresses {
+                    batches: source.cast::<AddressBatches>()?.clone().unbind(),
+                    reader: BlockReader::new(block),
+                    src,
+                },
+                _ if iterable => Source::Iterable {
+                    iter: source.clone().unbind(),
+                    ended: false,
+                },
+                _ => Source::Indices(Indices::of(source)),
+            };
+            let fetcher = Fetcher::new(
+                py,
+                dataset,
+                getitems,
+                tensors,
+                collate_fn,
+                Sink::InProcess,
+                table,
+            )?;
+            Ok(SingleProcessIter {
+                source,
+                fetcher,
+                auto_collation,
+                batch_size,
+                drop_last,
+                pin,
+                index_sampler,
+                len_called,
+                num_yielded: 0,
+                num_drawn: 0,
                 ended: false,
-            },
-            _ => Source::Indices(Indices::of(source)),
-        };
-        let fetcher = Fetcher::new(
-            py,
-            dataset,
-            getitems,
-            tensors,
-            collate_fn,
-            Sink::InProcess,
-            table,
-        )?;
-        Ok(SingleProcessIter {
-            source,
-            fetcher,
-            auto_collation,
-            batch_size,
-            drop_last,
-            pin,
-            index_sampler,
-            len_called,
-            num_yielded: 0,
-            num_drawn: 0,
-            ended: false,
-            rng_guard,
-            first_draw: None,
-            resumed: resumed.map(resumed_from).unwrap_or_default(),
-            times: MainTimes::default(),
-            local: StageTimes::default(),
+                rng_guard,
+                first_draw: None,
+                resumed: resumed.map(resumed_from).unwrap_or_default(),
+                times: MainTimes::default(),
+                local: StageTimes::default(),
+            })
         })
     }
 

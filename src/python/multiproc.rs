@@ -151,7 +151,7 @@ pub struct MultiProcessIter {
 #[pyo3(from_item_all)]
 pub struct IterSpec {
     iterable: bool,
-    batch_size: Option<u32>,
+    batch_size: Option<u64>,
     auto_collation: bool,
     prefetch_factor: usize,
     in_order: bool,
@@ -183,56 +183,76 @@ impl MultiProcessIter {
         dataset: Py<PyAny>,
         spec: IterSpec,
     ) -> PyResult<Self> {
-        let py = source.py();
-        let IterSpec {
-            iterable,
-            batch_size,
-            auto_collation,
-            prefetch_factor,
-            in_order,
-            persistent,
-            timeout,
-            timeout_text,
-            pin,
-            pin_where,
-            index_sampler,
-            len_called,
-            pin_arena,
-            lanes,
-            round_robin,
-            resumed,
-        } = spec;
-        let workers = workers
-            .into_iter()
-            .map(|(fd, pid)| Ok((adopt_fd(fd)?, pid)))
-            .collect::<PyResult<Vec<(OwnedFd, i32)>>>()?;
-        let pool = WorkerPool::new(workers)?;
-        let iterable_batch = iterable.then_some(if auto_collation { batch_size } else { None });
-        let mut it = MultiProcessIter {
-            core: Loader::new(pool, prefetch_factor, in_order, persistent),
-            source: Source::new(source, iterable_batch),
-            iterable,
-            timeout: (timeout > 0.0).then(|| (Duration::from_secs_f64(timeout), timeout_text)),
-            pin,
-            pin_where: pin_where.unwrap_or_default(),
-            pin_arena,
-            index_sampler,
-            dataset,
-            len_called,
-            num_yielded: 0,
-            ended: false,
-            resumed: resumed.map(resumed_from).unwrap_or_default(),
-            timed_out: false,
-            times: MainTimes::default(),
-        };
-        if let Some(plan) = lanes {
-            it.core.start_lanes(plan.borrow(py).plan.clone())?;
-        }
-        if let Some((next_worker, exhausted)) = round_robin {
-            it.core.restore_round_robin(next_worker, &exhausted)?;
-        }
-        it.prime(py)?;
-        Ok(it)
+        super::error::guard("the loader's iter()", move || {
+            let py = source.py();
+            if spec.prefetch_factor == 0 {
+                // torch's check, where torch makes it (its iterator's __init__)
+                return Err(pyo3::exceptions::PyAssertionError::new_err(
+                    "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter",
+                ));
+            }
+            // Python's own limit for a blocking wait, which torch's queue.get
+            // meets (an OverflowError at the first batch there)
+            let timeout_at = match spec.timeout {
+                t if t > 0.0 => Some(Duration::try_from_secs_f64(t).map_err(|_| {
+                    pyo3::exceptions::PyOverflowError::new_err("timeout value is too large")
+                })?),
+                _ => None,
+            };
+            let IterSpec {
+                iterable,
+                batch_size,
+                auto_collation,
+                prefetch_factor,
+                in_order,
+                persistent,
+                timeout: _,
+                timeout_text,
+                pin,
+                pin_where,
+                index_sampler,
+                len_called,
+                pin_arena,
+                lanes,
+                round_robin,
+                resumed,
+            } = spec;
+            let workers = workers
+                .into_iter()
+                .map(|(fd, pid)| Ok((adopt_fd(fd)?, pid)))
+                .collect::<PyResult<Vec<(OwnedFd, i32)>>>()?;
+            let pool = WorkerPool::new(workers)?;
+            // an iterable's batch is cut by its worker, counted in 32 bits: a
+            // larger batch_size (torch takes any) cuts the same batches of any
+            // replica that fits in memory
+            let batch_size = batch_size.map(|b| u32::try_from(b).unwrap_or(u32::MAX));
+            let iterable_batch = iterable.then_some(if auto_collation { batch_size } else { None });
+            let mut it = MultiProcessIter {
+                core: Loader::new(pool, prefetch_factor, in_order, persistent),
+                source: Source::new(source, iterable_batch),
+                iterable,
+                timeout: timeout_at.map(|t| (t, timeout_text)),
+                pin,
+                pin_where: pin_where.unwrap_or_default(),
+                pin_arena,
+                index_sampler,
+                dataset,
+                len_called,
+                num_yielded: 0,
+                ended: false,
+                resumed: resumed.map(resumed_from).unwrap_or_default(),
+                timed_out: false,
+                times: MainTimes::default(),
+            };
+            if let Some(plan) = lanes {
+                it.core.start_lanes(plan.borrow(py).plan.clone())?;
+            }
+            if let Some((next_worker, exhausted)) = round_robin {
+                it.core.restore_round_robin(next_worker, &exhausted)?;
+            }
+            it.prime(py)?;
+            Ok(it)
+        })
     }
 
     /// Persistent workers: a new epoch over `source` (torch's `_reset`);

@@ -123,8 +123,8 @@ fn read_ragged(batch: &Bound<'_, PyAny>) -> PyResult<(Vec<i64>, Vec<i64>)> {
     let batch = batch.cast::<PyMapping>().map_err(|_| bad())?;
     let tokens = tokens_of(&batch.get_item("tokens").map_err(|_| bad())?, 0)?;
     let lens = tokens_of(&batch.get_item("lengths").map_err(|_| bad())?, 0)?;
-    let total: i64 = lens.iter().sum();
-    if lens.iter().any(|&l| l < 0) || total != tokens.len() as i64 {
+    let total = lens.iter().try_fold(0i64, |a, &l| a.checked_add(l));
+    if lens.iter().any(|&l| l < 0) || total != Some(tokens.len() as i64) {
         return Err(bad());
     }
     Ok((tokens, lens))

@@ -239,52 +239,54 @@ pub struct PlanArgs {
 /// or the plan that continues a saved position.
 #[pyfunction]
 pub fn shard_plan(args: PlanArgs) -> PyResult<ShardPlan> {
-    let PlanArgs {
-        n_shards,
-        lens,
-        block,
-        root,
-        shuffle,
-        rank,
-        world,
-        dynamic,
-        lanes,
-        batch,
-        drop_last,
-        even,
-        largest_first,
-        resume,
-    } = args;
-    if lanes == 0 || world == 0 || rank >= world || block == 0 {
-        return Err(Class::Config.err(format!(
-            "sharding needs lanes >= 1, shuffle_block >= 1 and 0 <= rank < world_size \
+    super::error::guard("a sharded epoch's plan", move || {
+        let PlanArgs {
+            n_shards,
+            lens,
+            block,
+            root,
+            shuffle,
+            rank,
+            world,
+            dynamic,
+            lanes,
+            batch,
+            drop_last,
+            even,
+            largest_first,
+            resume,
+        } = args;
+        if lanes == 0 || world == 0 || rank >= world || block == 0 {
+            return Err(Class::Config.err(format!(
+                "sharding needs lanes >= 1, shuffle_block >= 1 and 0 <= rank < world_size \
              (got lanes={lanes}, shuffle_block={block}, rank={rank}, world_size={world})"
-        )));
-    }
-    let spec = ShardSpec {
-        n_shards,
-        lens,
-        order_seed: shuffle.then(|| shard_order_seed(root)),
-        blocks: shuffle.then_some(Blocks { root, size: block }),
-        rank,
-        world,
-        mode: if dynamic {
-            Mode::Dynamic(lanes)
-        } else {
-            Mode::Static(lanes)
-        },
-        batch,
-        drop_last,
-        even,
-        largest_first,
-    };
-    let resume = resume.map(snapshot_from_py).transpose()?;
-    let plan = spec
-        .plan(resume.as_ref())
-        .map_err(|e| Class::Config.err(e))?;
-    Ok(ShardPlan {
-        plan,
-        batches: spec.batches(),
+            )));
+        }
+        let spec = ShardSpec {
+            n_shards,
+            lens,
+            order_seed: shuffle.then(|| shard_order_seed(root)),
+            blocks: shuffle.then_some(Blocks { root, size: block }),
+            rank,
+            world,
+            mode: if dynamic {
+                Mode::Dynamic(lanes)
+            } else {
+                Mode::Static(lanes)
+            },
+            batch,
+            drop_last,
+            even,
+            largest_first,
+        };
+        let resume = resume.map(snapshot_from_py).transpose()?;
+        let plan = spec
+            .plan(resume.as_ref())
+            .map_err(|e| Class::Config.err(e))?;
+        Ok(ShardPlan {
+            plan,
+            batches: spec.batches(),
+        })
     })
 }
 
@@ -318,7 +320,7 @@ pub struct AddressBatches {
 impl AddressBatches {
     /// The next batch's addresses; `None` at the end.
     pub fn next_batch(&mut self) -> Option<Vec<(u32, u64)>> {
-        let mut out = Vec::with_capacity(self.batch);
+        let mut out = Vec::with_capacity(self.batch.min(self.positions.len()));
         for p in self.positions.by_ref().take(self.batch) {
             out.push(self.addresses.address(p));
         }
@@ -330,33 +332,35 @@ impl AddressBatches {
 impl AddressBatches {
     #[new]
     fn new(args: AddressArgs) -> PyResult<Self> {
-        let AddressArgs {
-            lens,
-            block,
-            root,
-            shuffle,
-            start,
-            batch,
-            world,
-            rank,
-            tail,
-        } = args;
-        let tail = parse_tail(&tail)?;
-        if batch == 0 || world == 0 || rank >= world || block == 0 {
-            return Err(Class::Config.err(format!(
-                "elastic sharding needs batch_size >= 1, shuffle_block >= 1 and \
+        super::error::guard("an elastic epoch's batches", move || {
+            let AddressArgs {
+                lens,
+                block,
+                root,
+                shuffle,
+                start,
+                batch,
+                world,
+                rank,
+                tail,
+            } = args;
+            let tail = parse_tail(&tail)?;
+            if batch == 0 || world == 0 || rank >= world || block == 0 {
+                return Err(Class::Config.err(format!(
+                    "elastic sharding needs batch_size >= 1, shuffle_block >= 1 and \
                  0 <= rank < world_size (got {batch}, {block}, {rank}, {world})"
-            )));
-        }
-        let order = shard_order(lens.len(), shuffle.then(|| shard_order_seed(root)));
-        let blocks = shuffle.then_some(Blocks { root, size: block });
-        let addresses = ShardAddresses::new(order, &lens, blocks);
-        let n = addresses.len();
-        Ok(AddressBatches {
-            addresses,
-            start,
-            positions: elastic_positions(n, start, batch, world, rank, tail).into_iter(),
-            batch: batch as usize,
+                )));
+            }
+            let order = shard_order(lens.len(), shuffle.then(|| shard_order_seed(root)));
+            let blocks = shuffle.then_some(Blocks { root, size: block });
+            let addresses = ShardAddresses::new(order, &lens, blocks);
+            let n = addresses.len();
+            Ok(AddressBatches {
+                addresses,
+                start,
+                positions: elastic_positions(n, start, batch, world, rank, tail).into_iter(),
+                batch: batch as usize,
+            })
         })
     }
 
@@ -415,20 +419,22 @@ pub fn elastic_indices(
     tail: &str,
     seed: Option<u64>,
 ) -> PyResult<Vec<i64>> {
-    let tail = parse_tail(tail)?;
-    if batch == 0 || world == 0 || rank >= world {
-        return Err(Class::Config.err(format!(
-            "ElasticBatchSampler needs batch_size >= 1 and 0 <= rank < world_size \
+    super::error::guard("ElasticBatchSampler's indices", move || {
+        let tail = parse_tail(tail)?;
+        if batch == 0 || world == 0 || rank >= world {
+            return Err(Class::Config.err(format!(
+                "ElasticBatchSampler needs batch_size >= 1 and 0 <= rank < world_size \
              (got {batch}, {rank}, {world})"
-        )));
-    }
-    let positions = elastic_positions(n as u64, start, batch, world, rank, tail);
-    Ok(match seed {
-        None => positions.into_iter().map(|p| p as i64).collect(),
-        Some(s) => {
-            let perm = randperm(n, &mut Mt19937::new(s));
-            positions.into_iter().map(|p| perm[p as usize]).collect()
+            )));
         }
+        let positions = elastic_positions(n as u64, start, batch, world, rank, tail);
+        Ok(match seed {
+            None => positions.into_iter().map(|p| p as i64).collect(),
+            Some(s) => {
+                let perm = randperm(n, &mut Mt19937::new(s));
+                positions.into_iter().map(|p| perm[p as usize]).collect()
+            }
+        })
     })
 }
 
@@ -458,76 +464,79 @@ pub struct MixtureArgs {
 /// `elastic_indices` reads a permutation. Returns the epoch's length too.
 #[pyfunction]
 pub fn mixture_indices(args: MixtureArgs) -> PyResult<(u64, Vec<i64>)> {
-    let MixtureArgs {
-        lens,
-        segments,
-        root,
-        replacement,
-        exhausted,
-        num_samples,
-        start,
-        batch,
-        world,
-        rank,
-        tail,
-        shards,
-    } = args;
-    use crate::sampler::mixture::{mixture_draws, Exhausted, Mix, Segment};
-    let (exhausted, tail) = (exhausted.as_str(), tail.as_str());
-    let tail = parse_tail(tail)?;
-    let exhausted = Exhausted::parse(exhausted).ok_or_else(|| {
-        Class::Config.err(format!(
-            "exhausted should be 'stop_first', 'drop' or 'cycle', got {exhausted:?}"
-        ))
-    })?;
-    let sound = segments.first().is_some_and(|s| s.0 == 0)
-        && segments.windows(2).all(|w| w[0].0 < w[1].0)
-        && segments
-            .iter()
-            .all(|s| s.1.len() == lens.len() && s.1.iter().all(|w| w.is_finite() && *w >= 0.0));
-    if !sound || batch == 0 || world == 0 || rank >= world || (replacement && lens.contains(&0)) {
-        return Err(Class::Config.err(
-            "mixture: weights must be one finite, non-negative number per source, in \
+    super::error::guard("a mixture's draws", move || {
+        let MixtureArgs {
+            lens,
+            segments,
+            root,
+            replacement,
+            exhausted,
+            num_samples,
+            start,
+            batch,
+            world,
+            rank,
+            tail,
+            shards,
+        } = args;
+        use crate::sampler::mixture::{mixture_draws, Exhausted, Mix, Segment};
+        let (exhausted, tail) = (exhausted.as_str(), tail.as_str());
+        let tail = parse_tail(tail)?;
+        let exhausted = Exhausted::parse(exhausted).ok_or_else(|| {
+            Class::Config.err(format!(
+                "exhausted should be 'stop_first', 'drop' or 'cycle', got {exhausted:?}"
+            ))
+        })?;
+        let sound = segments.first().is_some_and(|s| s.0 == 0)
+            && segments.windows(2).all(|w| w[0].0 < w[1].0)
+            && segments
+                .iter()
+                .all(|s| s.1.len() == lens.len() && s.1.iter().all(|w| w.is_finite() && *w >= 0.0));
+        if !sound || batch == 0 || world == 0 || rank >= world || (replacement && lens.contains(&0))
+        {
+            return Err(Class::Config.err(
+                "mixture: weights must be one finite, non-negative number per source, in \
              segments starting at 0; batch >= 1, 0 <= rank < world_size; with replacement \
              no source may be empty",
-        ));
-    }
-    let shards = shards.unwrap_or_else(|| vec![None; lens.len()]);
-    let shards_sound = shards.len() == lens.len()
-        && shards
-            .iter()
-            .zip(&lens)
-            .all(|(s, &l)| s.as_ref().is_none_or(|s| s.iter().sum::<u64>() == l));
-    if !shards_sound {
-        return Err(Class::Config
-            .err("mixture: a sharded source's shard lengths must add up to its length"));
-    }
-    let mix = Mix {
-        lens: lens.clone(),
-        shards,
-        replacement,
-        exhausted,
-        num_samples,
-    };
-    let segments: Vec<Segment> = segments
-        .into_iter()
-        .map(|(start, weights)| Segment { start, weights })
-        .collect();
-    let draws = mixture_draws(&mix, root, &segments);
-    let mut offsets = Vec::with_capacity(lens.len());
-    let mut acc = 0i64;
-    for &l in &lens {
-        offsets.push(acc);
-        acc += l as i64;
-    }
-    let n = draws.len() as u64;
-    let positions = elastic_positions(n, start, batch, world, rank, tail);
-    let out = positions
-        .into_iter()
-        .map(|p| {
-            let (s, i) = draws[p as usize];
-            offsets[s as usize] + i as i64
-        })
-        .collect();
-    Ok((n, out))
+            ));
+        }
+        let shards = shards.unwrap_or_else(|| vec![None; lens.len()]);
+        let shards_sound = shards.len() == lens.len()
+            && shards
+                .iter()
+                .zip(&lens)
+                .all(|(s, &l)| s.as_ref().is_none_or(|s| s.iter().sum::<u64>() == l));
+        if !shards_sound {
+            return Err(Class::Config
+                .err("mixture: a sharded source's shard lengths must add up to its length"));
+        }
+        let mix = Mix {
+            lens: lens.clone(),
+            shards,
+            replacement,
+            exhausted,
+            num_samples,
+        };
+        let segments: Vec<Segment> = segments
+            .into_iter()
+            .map(|(start, weights)| Segment { start, weights })
+            .collect();
+        let draws = mixture_draws(&mix, root, &segments);
+        let mut offsets = Vec::with_capacity(lens.len());
+        let mut acc = 0i64;
+        for &l in &lens {
+            offsets.push(acc);
+            acc += l as i64;
+        }
+        let n = draws.len() as u64;
+        let positions = elastic_positions(n, start, batch, world, rank, tail);
+        let out = positions
+            .into_iter()
+            .map(|p| {
+                let (s, i) = draws[p as usize];
+                offsets[s as usize] + i as i64
+            })
+            .collect();
+        Ok((n, out))
+    })
 }

@@ -157,7 +157,10 @@ fn retry(options: &Options) -> RetryConfig {
             base: 2.0,
         },
         max_retries: get("retries").map_or(8, |n| n.max(0.0) as usize),
-        retry_timeout: Duration::from_secs_f64(get("retry_timeout").unwrap_or(120.0).max(0.0)),
+        // (ShardCache checks the option; a value past Duration's range is
+        // no limit at all)
+        retry_timeout: Duration::try_from_secs_f64(get("retry_timeout").unwrap_or(120.0).max(0.0))
+            .unwrap_or(Duration::MAX),
     }
 }
 

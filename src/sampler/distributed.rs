@@ -46,6 +46,11 @@ pub fn distributed_indices(d: &Distributed) -> Result<Vec<i64>, DistributedError
                 ));
             }
             // indices + (indices repeated)[:padding], as torch's two branches both do.
+            // A padding that does not fit in memory is torch's to refuse
+            // (its MemoryError), not an abort here.
+            indices
+                .try_reserve_exact(padding)
+                .map_err(|_| DistributedError(format!("cannot pad {padding} indices")))?;
             let head: Vec<i64> = indices.iter().copied().cycle().take(padding).collect();
             indices.extend(head);
         }

@@ -278,31 +278,41 @@ impl Loader {
         &mut self,
         draw: &mut impl FnMut() -> Result<Option<TaskIndices>, E>,
     ) -> Result<(), E> {
+        self.try_put_task(draw).map(|_| ())
+    }
+
+    /// [`Loader::put_task`], saying whether a task went out.
+    fn try_put_task<E: From<Error>>(
+        &mut self,
+        draw: &mut impl FnMut() -> Result<Option<TaskIndices>, E>,
+    ) -> Result<bool, E> {
         if self.held || !self.sched.can_dispatch() {
-            return Ok(());
+            return Ok(false);
         }
         if let Some(lanes) = &self.lanes {
             // a lane's task is "your next batch": nothing to draw
             let Some(d) = self.sched.dispatch() else {
-                return Ok(());
+                return Ok(false);
             };
             let task = ToWorker::Task {
                 seq: d.seq,
                 indices: TaskIndices::Lane(d.worker as u32),
             };
-            return Ok(self.pool.send(lanes.worker_of[d.worker], &task)?);
+            self.pool.send(lanes.worker_of[d.worker], &task)?;
+            return Ok(true);
         }
         let Some(indices) = draw()? else {
-            return Ok(());
+            return Ok(false);
         };
         let Some(d) = self.sched.dispatch() else {
-            return Ok(());
+            return Ok(false);
         };
         let task = ToWorker::Task {
             seq: d.seq,
             indices,
         };
-        Ok(self.pool.send(d.worker, &task)?)
+        self.pool.send(d.worker, &task)?;
+        Ok(true)
     }
 
     /// Fills the prefetch window (`_reset`'s loop).
@@ -311,7 +321,9 @@ impl Loader {
         draw: &mut impl FnMut() -> Result<Option<TaskIndices>, E>,
     ) -> Result<(), E> {
         for _ in 0..self.sched.max_tasks() {
-            self.put_task(draw)?;
+            if !self.try_put_task(draw)? {
+                break; // the sampler ran out, or the window is full
+            }
         }
         Ok(())
     }

@@ -86,8 +86,14 @@ pub struct Scheduler<T> {
 /// The prefetch window: at most this many tasks are in flight at once
 /// (torch's `prefetch_factor * num_workers`).
 pub fn window(prefetch_factor: usize, num_workers: usize) -> usize {
-    prefetch_factor * num_workers
+    // torch takes any prefetch_factor (and with 2**63 loops that many
+    // times filling its window); more tasks in flight than this changes
+    // nothing but memory
+    prefetch_factor.saturating_mul(num_workers).min(MAX_WINDOW)
 }
+
+/// The most tasks ever in flight at once.
+pub const MAX_WINDOW: usize = 1 << 16;
 
 impl<T> Scheduler<T> {
     pub fn new(num_workers: usize, prefetch_factor: usize, in_order: bool) -> Self {

@@ -91,6 +91,16 @@ impl Conn {
         body: &[u8],
         fd: Option<BorrowedFd<'_>>,
     ) -> io::Result<()> {
+        if u32::try_from(body.len()).is_err() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "a message of {} bytes: messages between a worker and the training process \
+                     are under 4 GiB (a pickled batch element, exception or dataset state)",
+                    body.len()
+                ),
+            ));
+        }
         let mut frame = Vec::with_capacity(body.len() + 4);
         put_frame(&mut frame, body);
         let mut sent = 0;
