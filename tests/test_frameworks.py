@@ -7,14 +7,17 @@ against torch's loader in the same run."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import json
 import os
 import pickle
 import socket
 import subprocess
 import sys
-from typing import Any
+import tempfile
+from typing import Any, Iterator
 
 import ferroloader as fl
 import pytest
@@ -112,17 +115,49 @@ def test_lightning_one_device_trains_on_ferroloader(served):
         assert torch.equal(a, b)
 
 
+@contextlib.contextmanager
+def _reserved_port() -> Iterator[int]:
+    """A port for a rendezvous that no other test can be given: below the
+    kernel's ephemeral range (where bind(0), which the other DDP tests and
+    Lightning's own pick use, never lands), and held by a lock file while
+    the job runs, so two such jobs (pytest -n 2) never share one."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    top = min(low, 32768)
+    for port in range(top - 4000, top):
+        lock = open(os.path.join(tempfile.gettempdir(), f"ferroloader-test-port-{port}.lock"), "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))  # not held by anything else
+        except OSError:
+            lock.close()
+            continue
+        try:
+            yield port
+        finally:
+            lock.close()
+        return
+    raise RuntimeError("no free port below the ephemeral range")
+
+
 def _lightning_ddp(out: Any, mode: str) -> list[dict[str, Any]]:
     """One 2-rank DDP fit (tests/scripts/lightning_ddp.py): each rank's record."""
     out.mkdir()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, *sys.path]))
-    proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "scripts", "lightning_ddp.py"), str(out), mode],
-        capture_output=True,
-        text=True,
-        timeout=200,
-        env=env,
-    )
+    with _reserved_port() as port:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, *sys.path]),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        proc = subprocess.run(
+            [sys.executable, os.path.join(HERE, "scripts", "lightning_ddp.py"), str(out), mode],
+            capture_output=True,
+            text=True,
+            timeout=200,
+            env=env,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
