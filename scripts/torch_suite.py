@@ -4,7 +4,13 @@ torch's place (``import ferroloader; ferroloader.patch()`` inserted after
 the file's imports: every ``DataLoader`` it builds, by any name, is then
 ferroloader's), and compares the outcomes test by test.
 
-Usage: scripts/torch-suite PATH [pytest args...]
+Usage: scripts/torch-suite [--rebind] PATH [pytest args...]
+
+``--rebind`` swaps ferroloader in the way code that cannot be edited is
+often made to use it instead: torch's names rebound to ferroloader's
+class (``torch.utils.data.DataLoader``,
+``torch.utils.data.dataloader.DataLoader``, and the file's own
+``DataLoader``), no ``patch()``.
 
 PATH is a checkout of the pytorch/pytorch repository, or its
 ``test/test_dataloader.py`` (the file is not in torch's wheel; it needs
@@ -25,6 +31,14 @@ from torchdata_suite import compare, run_both
 # file's imports before its first test helper.
 ANCHOR = "import operator\n"
 SWAP = "import ferroloader\n\nferroloader.patch()\n"
+REBIND = (
+    "import ferroloader\n"
+    "import torch.utils.data\n"
+    "import torch.utils.data.dataloader\n\n"
+    "torch.utils.data.DataLoader = ferroloader.DataLoader\n"
+    "torch.utils.data.dataloader.DataLoader = ferroloader.DataLoader\n"
+    "DataLoader = ferroloader.DataLoader\n"
+)
 
 # Tests that read what is private to torch's iterator.
 EXCEPTIONS: dict[str, str] = {}
@@ -32,6 +46,9 @@ EXCEPTIONS: dict[str, str] = {}
 
 def main() -> int:
     args = sys.argv[1:]
+    swap = SWAP
+    if args[:1] == ["--rebind"]:
+        swap, args = REBIND, args[1:]
     if not args:
         print(__doc__, file=sys.stderr)
         return 2
@@ -42,7 +59,7 @@ def main() -> int:
     if text.count(ANCHOR) != 1:
         print(f"{src}: the line {ANCHOR.strip()!r} was not found once", file=sys.stderr)
         return 2
-    ref, got = run_both(src.name, text, text.replace(ANCHOR, ANCHOR + SWAP), args[1:])
+    ref, got = run_both(src.name, text, text.replace(ANCHOR, ANCHOR + swap), args[1:])
     return compare(ref, got, EXCEPTIONS, "torch", "ferroloader")
 
 
