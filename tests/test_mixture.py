@@ -282,7 +282,7 @@ def test_a_sharded_source_needs_its_shard_lengths():
         def shard_len(self, shard):
             return None
 
-    with pytest.raises(ferroloader.ConfigError, match="does not know every shard"):
+    with pytest.raises(ferroloader.ConfigError, match="lengths are not all known"):
         ferroloader.Mixture({"a": Unknown([2, 3])})
 
 
@@ -452,3 +452,68 @@ def test_an_empty_source_drawn_from_is_refused_where_it_cannot_be_drawn(exhauste
     assert m.weights == {"a": 0.0, "b": 1.0}
     m = ferroloader.Mixture(sources, exhausted="drop")
     assert sorted(flat(ferroloader.DataLoader(m, batch_size=4))) == [1000 + i for i in range(6)]
+
+
+# --------------------------------------------------------------------------- #
+# what a loader over a mixture refuses: its order is its draws
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("shuffle", [True, 1, "yes"])
+def test_shuffle_is_refused_with_how_to_get_another_order(shuffle):
+    """shuffle=True used to be dropped silently; the error says why it has no meaning and
+    how to get another order (the mixture's own seed)."""
+    with pytest.raises(ferroloader.ConfigError,
+                       match=r"(?s)no meaning for a Mixture.*draws.*seed=") as e:
+        ferroloader.DataLoader(mixture(), batch_size=2, shuffle=shuffle)
+    assert f"shuffle={shuffle!r}" in str(e.value)
+
+
+@pytest.mark.parametrize("shuffle", [False, None])
+def test_shuffle_false_changes_nothing(shuffle):
+    assert flat(ferroloader.DataLoader(mixture(seed=4), batch_size=2, shuffle=shuffle)) == \
+        flat(ferroloader.DataLoader(mixture(seed=4), batch_size=2))
+
+
+def test_another_seed_is_another_order():
+    """What the shuffle error points to: the mixture's seed changes the order."""
+    a = flat(ferroloader.DataLoader(mixture(seed=0), batch_size=2))
+    b = flat(ferroloader.DataLoader(mixture(seed=1), batch_size=2))
+    assert a != b and sorted(a) == sorted(b)
+
+
+SAMPLERS = {
+    "sampler": lambda m: {"sampler": tud.RandomSampler(m)},
+    "sampler_list": lambda m: {"sampler": list(range(len(m)))},
+    "distributed": lambda m: {"sampler": tud.DistributedSampler(m, num_replicas=2, rank=0)},
+    "batch_sampler": lambda m: {"batch_sampler": tud.BatchSampler(tud.SequentialSampler(m), 2,
+                                                                  False)},
+    "elastic": lambda m: {"batch_sampler": ferroloader.ElasticBatchSampler(len(m), 2)},
+    "mixture_sampler_as_sampler": lambda m: {"sampler": ferroloader.MixtureBatchSampler(m, 2)},
+    "another_mixtures": lambda m: {"batch_sampler": ferroloader.MixtureBatchSampler(mixture(), 2)},
+}
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_a_sampler_that_would_replace_the_draws_is_refused(name):
+    """sampler= used to replace the mixture's weighted draws silently (its weights lost);
+    a batch sampler other than this mixture's own does the same."""
+    m = mixture(seed=2)
+    with pytest.raises(ferroloader.ConfigError, match="would replace a Mixture's weighted draws"):
+        ferroloader.DataLoader(m, **SAMPLERS[name](m))
+
+
+@pytest.mark.parametrize("cls", [ferroloader.DataLoader, ferroloader.StatefulDataLoader])
+def test_the_mixtures_own_batch_sampler_is_taken(cls):
+    """A MixtureBatchSampler of the same mixture passed explicitly (to choose the ranks)
+    gives the loader's own draws."""
+    m = mixture(seed=5)
+    own = ferroloader.MixtureBatchSampler(m, 2, rank=0, world_size=1)
+    assert flat(cls(m, batch_sampler=own)) == flat(cls(mixture(seed=5), batch_size=2))
+
+
+def test_drop_last_must_be_a_bool_as_torch_says():
+    """The mixture's batch sampler takes the place of torch's BatchSampler: its check."""
+    with pytest.raises(ValueError, match="drop_last should be a boolean value, but got "
+                                         "drop_last=yes"):
+        ferroloader.DataLoader(mixture(), batch_size=2, drop_last="yes")

@@ -209,13 +209,17 @@ def build(loader: Any, reset_seed: Optional[int] = None) -> Plan:
     )
 
 
+# seeds are taken modulo 2**64, as ferroloader.seeds takes them
+_U64 = (1 << 64) - 1
+
+
 def sample_seeds(loader: Any, epoch: int) -> Optional[tuple[int, int]]:
     """``(seed, epoch)`` for per-sample seeding of a map-style dataset,
     else ``None``."""
     if not loader.per_sample_seed or loader._dataset_kind == _tdl._DatasetKind.Iterable:
         return None
     assert loader.seed is not None
-    return (loader.seed, epoch)
+    return (loader.seed & _U64, epoch)
 
 
 def shard_seeder(loader: Any, epoch: int) -> Optional[_core.SampleSeeder]:
@@ -223,7 +227,7 @@ def shard_seeder(loader: Any, epoch: int) -> Optional[_core.SampleSeeder]:
     if not loader.per_sample_seed or not loader._sharded():
         return None
     assert loader.seed is not None
-    return _core.SampleSeeder(loader.seed, epoch)
+    return _core.SampleSeeder(loader.seed & _U64, epoch)
 
 
 def _check_workers(loader: Any, resume: Optional[dict[str, Any]], extra: dict[str, Any]) -> None:

@@ -7,7 +7,9 @@ resetting one on persistent workers."""
 from __future__ import annotations
 
 import itertools
+import multiprocessing.connection as mp_connection
 import os
+import selectors
 from typing import (
     Any,
     Optional,
@@ -191,20 +193,32 @@ class _MultiProcessIter(_core.MultiProcessIter):
         pin = pinning.settings(loader)
         arena, pin_thread = pinning.plan(loader, pin)
         plan = _epoch.build(loader)
+        # torch sets prefetch_factor to 2 when num_workers > 0 and none was given.
+        assert loader.prefetch_factor is not None
+        if loader.prefetch_factor <= 0:
+            # torch's check, once its base iterator drew the base seed (as
+            # build did), before any worker starts (the engine asserts it)
+            raise AssertionError(
+                "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
+            )
+        # a timeout torch's wait for a batch cannot take: its next() raises
+        # the OverflowError (the engine's timer could not take it either)
+        overflow = _wait_overflow(loader.timeout)
         if loader.worker_method != "thread":
             forkserver.warm(loader)  # a context set after construction
         workers, procs = start_workers(loader, plan, trim=arena is None)
-        # torch sets prefetch_factor to 2 when num_workers > 0 and none was given.
-        assert loader.prefetch_factor is not None
         ep = plan.shards
+        iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable
         spec: _core._IterSpec = {
-            "iterable": loader._dataset_kind == _tdl._DatasetKind.Iterable,
-            "batch_size": loader.batch_size,
+            "iterable": iterable,
+            # (the engine batches an iterable's samples; a map-style epoch's
+            # batches come from its sampler, of any size)
+            "batch_size": loader.batch_size if iterable else None,
             "auto_collation": loader._auto_collation,
             "prefetch_factor": loader.prefetch_factor,
             "in_order": bool(loader.in_order),
             "persistent": bool(loader.persistent_workers),
-            "timeout": float(loader.timeout),
+            "timeout": 0.0 if overflow is not None else float(loader.timeout),
             "timeout_text": str(loader.timeout),
             "pin": None if pin_thread else pin,
             "pin_where": None if pin_thread or pin is None else pinning.inline_where(),
@@ -217,6 +231,8 @@ class _MultiProcessIter(_core.MultiProcessIter):
             "pin_thread": pin if pin_thread else None,
         }
         kind = _PinnedMultiProcessIter if pin_thread else cls
+        if overflow is not None:
+            kind = _PinnedOverflowIter if pin_thread else _OverflowIter
         try:
             # the engine owns (and on failure closes) the sockets from here
             it = kind(workers, plan.source, loader.dataset, spec)
@@ -227,6 +243,8 @@ class _MultiProcessIter(_core.MultiProcessIter):
         it._owner_pid = os.getpid()
         it._stats_box = loader._stats_box
         it._base_seed_value = plan.base_seed
+        if isinstance(it, (_OverflowIter, _PinnedOverflowIter)):
+            it._wait_error = overflow
         plan.rec.attach(it, multiprocess=True)
         loader._workers_started(it, fresh=True)
         return it
@@ -328,3 +346,46 @@ class _PinnedMultiProcessIter(_MultiProcessIter):
         if pinner is not None:
             pinner.stop()
         super()._shutdown_workers()
+
+
+def _wait_overflow(timeout: Any) -> Optional[OverflowError]:
+    """The ``OverflowError`` torch's wait for a batch raises for this
+    ``timeout`` (its ``multiprocessing.connection.wait`` selector cannot
+    take it: above ~24.8 days, or infinite), else ``None``. Found by
+    asking that selector, over a pipe that is ready at once. (With a pin
+    thread torch waits on a ``queue.Queue`` instead, whose limit is higher
+    and which raises only when it must wait: the same answer is given.)"""
+    if not timeout > 0:
+        return None
+    selector = getattr(mp_connection, "_WaitSelector", selectors.PollSelector)
+    read, write = os.pipe()
+    try:
+        with selector() as sel:
+            sel.register(write, selectors.EVENT_WRITE)
+            sel.select(timeout)
+    except OverflowError as e:
+        return e
+    finally:
+        os.close(read)
+        os.close(write)
+    return None
+
+
+def _raise_wait_error(self: Any) -> Any:
+    # a new one each time, as each of torch's waits raises its own
+    raise OverflowError(*self._wait_error.args)
+
+
+class _OverflowIter(_MultiProcessIter):
+    """An epoch whose ``timeout`` torch cannot wait with: its workers run,
+    and every ``next()`` raises torch's ``OverflowError``."""
+
+    _wait_error: Optional[OverflowError]
+    __next__ = _raise_wait_error
+
+
+class _PinnedOverflowIter(_PinnedMultiProcessIter):
+    """``_OverflowIter`` with a pin thread."""
+
+    _wait_error: Optional[OverflowError]
+    __next__ = _raise_wait_error

@@ -53,7 +53,9 @@ _ADDED_DOC = """
             processes, prefetch depth) and changes it while it runs, between
             batches, without changing one; ``ferroloader.Autotune(...)``
             bounds it. ``loader.num_workers`` then reads the layout in
-            force, ``loader.stats().autotune`` its changes and why.
+            force, ``loader.stats().autotune`` its changes and why. It may
+            load in the main process, so ``timeout`` must stay 0.
+            ``prefetch_factor`` is its starting depth (at least 1).
         seed (int, optional): the loader's own seed. The order of epoch
             ``e`` and the workers' base seed come from a private generator
             seeded with ``ferroloader.seeds.epoch_seed(seed, e)``; the
@@ -83,7 +85,8 @@ _ADDED_DOC = """
             ``worker_method="multiprocessing"``. (default: ``1``)
         snapshot_every_n_steps (int, optional): torchdata's
             ``StatefulDataLoader`` argument, accepted and kept as an
-            attribute; ferroloader's state is exact after every batch, so it
+            attribute (a non-negative int or ``None``, as torchdata reads
+            it); ferroloader's state is exact after every batch, so it
             changes nothing. (default: ``1``)
 
     Methods beyond torch's:
@@ -143,6 +146,12 @@ class DataLoader(_TorchDataLoader[_T_co]):
         worker_method: str = "multiprocessing",
         worker_threads: int = 1,
     ) -> None:
+        if isinstance(num_workers, str) and num_workers != "auto":
+            # a string is ferroloader's: only "auto" (torch's `<` would say TypeError)
+            raise ConfigError(
+                "num_workers should be an int, 'auto' or a ferroloader.Autotune, but got "
+                f"num_workers={num_workers!r}"
+            )
         bounds = autotune.of(num_workers)
         if bounds is not None:
             if worker_method != "multiprocessing" or worker_threads != 1:
@@ -174,12 +183,24 @@ class DataLoader(_TorchDataLoader[_T_co]):
             raise ConfigError(
                 f"sharding should be a ferroloader.Sharding or None, but got sharding={sharding!r}"
             )
+        if snapshot_every_n_steps is not None and (
+            isinstance(snapshot_every_n_steps, bool)
+            or not isinstance(snapshot_every_n_steps, int)
+            or snapshot_every_n_steps < 0
+        ):
+            # torchdata takes it modulo the batches yielded (0 or None: never)
+            raise ConfigError(
+                "snapshot_every_n_steps should be a non-negative integer or None, but got "
+                f"snapshot_every_n_steps={snapshot_every_n_steps!r}"
+            )
         if sharding is not None and not sharded:
             raise ConfigError(
                 "sharding= shards a ferroloader.ShardedDataset; for map-style data pass "
                 "batch_sampler=ferroloader.ElasticBatchSampler(...) (elastic) or a "
                 "DistributedSampler"
             )
+        if isinstance(dataset, Mixture):
+            _check_mixture_args(dataset, shuffle, sampler, batch_sampler)
         if isinstance(dataset, Mixture) and sampler is None and batch_sampler is None:
             # a mixture's order is its draws: batched (and split across
             # ranks) by its own sampler, whose epoch follows the loader's
@@ -188,7 +209,12 @@ class DataLoader(_TorchDataLoader[_T_co]):
                     "a Mixture is batched by its draws: give batch_size (batch_size=None "
                     "is not supported with a Mixture)"
                 )
-            batch_sampler = MixtureBatchSampler(dataset, batch_size, drop_last=bool(drop_last))
+            if not isinstance(drop_last, bool):
+                # torch's BatchSampler check (the mixture's sampler takes its place)
+                raise ValueError(
+                    f"drop_last should be a boolean value, but got drop_last={drop_last}"
+                )
+            batch_sampler = MixtureBatchSampler(dataset, batch_size, drop_last=drop_last)
             batch_sampler.auto_epoch = True
             batch_size, drop_last, shuffle = 1, False, None
         # seed=: a private generator, reseeded per epoch, decides the order
@@ -228,6 +254,8 @@ class DataLoader(_TorchDataLoader[_T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
+        if bounds is not None:
+            _check_autotune_args(self)
         record_dataset(dataset)
         # torchdata's StatefulDataLoader argument: how often its workers send
         # their state. ferroloader's state is exact after every batch, so it
@@ -372,8 +400,9 @@ class DataLoader(_TorchDataLoader[_T_co]):
         batches = ShardEpoch(self, epoch, None).batches()
         if batches is None:
             raise TypeError(
-                f"object of type '{type(self.dataset).__name__}' has no len(): the loader knows "
-                "a sharded dataset's length from shard_len()"
+                f"object of type '{type(self.dataset).__name__}' has no len(): the loader counts "
+                f"a sharded epoch's batches from its shards' lengths "
+                f"({cast(ShardedDataset[Any], self.dataset)._lengths_hint()})"
             )
         return int(batches)
 
@@ -472,9 +501,56 @@ class DataLoader(_TorchDataLoader[_T_co]):
 register_loader("torch", DataLoader)
 
 
+def _check_mixture_args(mixture: Mixture, shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
+    """What a loader over a ``Mixture`` cannot honour, rather than drop
+    silently: its order is its weighted draws, from its seed and the epoch,
+    and a sampler of the loader's would replace them (and the weights)."""
+    if shuffle:
+        raise ConfigError(
+            f"shuffle={shuffle!r} has no meaning for a Mixture: its order is its weighted draws, "
+            "computed from the Mixture's seed and the epoch (each epoch draws anew). For another "
+            "order give the Mixture another seed: Mixture(..., seed=...)"
+        )
+    own = isinstance(batch_sampler, MixtureBatchSampler) and batch_sampler.mixture is mixture
+    if sampler is not None or (batch_sampler is not None and not own):
+        given = "sampler=" if sampler is not None else "batch_sampler="
+        other = (
+            "this MixtureBatchSampler draws from another Mixture; "
+            if isinstance(batch_sampler, MixtureBatchSampler) and sampler is None
+            else ""
+        )
+        raise ConfigError(
+            f"{given} would replace a Mixture's weighted draws (its order from its seed and the "
+            f"epoch, and its weights): {other}leave it unset, and the loader batches the draws "
+            "(split across torch.distributed's ranks), or pass "
+            "batch_sampler=ferroloader.MixtureBatchSampler(mixture, batch_size, rank=..., "
+            "world_size=...) to choose the ranks"
+        )
+
+
+def _check_autotune_args(loader: Any) -> None:
+    """What torch accepted for the one worker its checks saw, and
+    ``num_workers="auto"`` cannot honour: it starts in the main process
+    and may return there, and it sets the prefetch depth itself."""
+    if loader.timeout != 0:
+        raise ConfigError(
+            f"timeout={loader.timeout!r} bounds the wait for a worker's batch, and "
+            "num_workers='auto' loads in the main process too (where torch refuses a timeout): "
+            "give a fixed num_workers with timeout=, or leave timeout at 0"
+        )
+    prefetch = loader.prefetch_factor
+    if not isinstance(prefetch, int) or prefetch < 1:
+        # (torch refuses it at iter() with workers; the tuner would meet it
+        # only once it chose workers, mid-epoch)
+        raise ConfigError(
+            f"prefetch_factor={prefetch!r} cannot be the starting prefetch depth of "
+            "num_workers='auto': give a positive integer, or leave it unset"
+        )
+
+
 def _check_worker_threads(k: Any, method: str, num_workers: int) -> None:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(
+        raise ConfigError(
             f"worker_threads option should be a positive integer, but got worker_threads={k!r}"
         )
     if k > 1 and method == "thread":

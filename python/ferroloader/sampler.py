@@ -19,6 +19,7 @@ torch's Python loop (the same batches).
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
@@ -86,7 +87,8 @@ def native_batch_iter(batch_sampler: Any) -> Optional[_core.BatchSamplerIter]:
     if getattr(type(batch_sampler), "__iter__", None) not in _BATCH_ITERS:
         return None
     bs, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
-    if type(bs) is not int or bs <= 0:
+    if type(bs) is not int or not 0 < bs <= sys.maxsize:
+        # (torch's own iteration raises islice's error past sys.maxsize)
         return None
     inner = batch_sampler.sampler
     source: Union[_core.SamplerIter, Any] = native_iter(inner)
@@ -281,7 +283,7 @@ def index_source(loader: Any) -> Any:
         )
     if getattr(index_sampler, "auto_epoch", False):
         index_sampler.set_epoch(loader._epochs_started - 1)
-    if auto and type(index_sampler).__iter__ is ElasticBatchSampler.__iter__:
+    if auto and getattr(type(index_sampler), "__iter__", None) is ElasticBatchSampler.__iter__:
         return index_sampler.native()
     native = native_batch_iter(index_sampler) if auto else native_iter(index_sampler)
     return native if native is not None else iter(index_sampler)

@@ -310,6 +310,9 @@ class ShardEpoch:
         self.plan: Optional[Any] = None
         self.addresses: Optional[Any] = None
         self.prefetch: Optional[Any] = None
+        # for shards read through a cache: whether lanes let go of their
+        # shards between batches (set for static and dynamic lanes)
+        self.short_of_room: Optional[Callable[[], bool]] = None
         self.start = 0
         if resume is not None:
             _check_resume(self, resume)
@@ -387,7 +390,6 @@ class ShardEpoch:
         them, ahead of the readers (stopped when this epoch is collected),
         and claim room for what ``holders`` readers keep open between
         batches; a cache that cannot hold one of them is an error now."""
-        self.short_of_room: Optional[Callable[[], bool]] = None
         remote = dataset._remote(self.descriptors)
         if remote is not None:
             cache, pieces = remote
