@@ -139,9 +139,12 @@ class ShardCache:
     ``~/.cache/ferroloader/shards``); every process that names the same
     directory shares it. ``budget``: the most bytes it holds, as an int or a
     string like ``"20GiB"`` (default ``$FERROLOADER_CACHE_BUDGET``, else 16
-    GiB); least recently read shards are evicted first, and never one that
-    is being read, so it must hold as many shards as are read at once (the
-    lanes of static sharding, the workers of dynamic). ``options``: settings
+    GiB; ``MB`` is 10**6 bytes, ``MiB`` and ``M`` 2**20); least recently
+    read shards are evicted first, and never one that is being read. It
+    must hold the largest shard; with room for as many shards as are read
+    at once (the lanes of static sharding, the workers of dynamic) readers
+    keep theirs open between batches, with less they let go of them after
+    each batch (``short_of_room``), slower but never stuck. ``options``: settings
     for the stores, on top of their environment (``object_store``'s keys,
     such as ``aws_endpoint``, ``aws_region``, ``allow_http`` (every store;
     ``aws_allow_http`` is the same for S3),
