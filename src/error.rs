@@ -29,6 +29,8 @@ pub enum Error {
     Corrupt { worker: usize, what: DecodeError },
     /// The connection to the other process failed (not a clean close).
     Disconnected(io::Error),
+    /// The job's shared shard queue failed (its store is gone), as it says.
+    Queue(String),
 }
 
 impl fmt::Display for Error {
@@ -85,7 +87,14 @@ impl fmt::Display for Error {
                  ({what}); its batch is lost and the iterator stops"
             ),
             Error::Disconnected(e) => write!(f, "ferroloader: lost contact with a worker: {e}"),
+            Error::Queue(what) => f.write_str(what),
         }
+    }
+}
+
+impl From<crate::scheduler::shards::QueueError> for Error {
+    fn from(e: crate::scheduler::shards::QueueError) -> Error {
+        Error::Queue(e.0)
     }
 }
 
@@ -96,7 +105,7 @@ impl std::error::Error for Error {
             Error::ShmLimit(e) => Some(e),
             Error::Protocol(e) | Error::Corrupt { what: e, .. } => Some(e),
             Error::Disconnected(e) => Some(e),
-            Error::WorkerDied { .. } | Error::Timeout { .. } => None,
+            Error::WorkerDied { .. } | Error::Timeout { .. } | Error::Queue(_) => None,
         }
     }
 }

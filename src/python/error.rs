@@ -19,6 +19,7 @@ pub enum Class {
     Protocol,
     Config,
     Internal,
+    ShardQueue,
 }
 
 impl Class {
@@ -31,6 +32,7 @@ impl Class {
             Class::Protocol => "ProtocolError",
             Class::Config => "ConfigError",
             Class::Internal => "InternalError",
+            Class::ShardQueue => "ShardQueueError",
         }
     }
 
@@ -78,6 +80,12 @@ pub fn guard_panic<T>(place: &str, f: impl FnOnce() -> PyResult<T>) -> (PyResult
     }
 }
 
+impl From<crate::scheduler::shards::QueueError> for PyErr {
+    fn from(e: crate::scheduler::shards::QueueError) -> PyErr {
+        Class::ShardQueue.err(e.0)
+    }
+}
+
 impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         let class = match &e {
@@ -92,6 +100,7 @@ impl From<Error> for PyErr {
             }
             Error::Timeout { .. } => Class::WorkerTimeout,
             Error::Protocol(_) | Error::Corrupt { .. } | Error::Disconnected(_) => Class::Protocol,
+            Error::Queue(_) => Class::ShardQueue,
         };
         class.err(e.to_string())
     }

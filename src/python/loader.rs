@@ -134,7 +134,15 @@ impl SingleProcessIter {
             let batch = auto_collation.then_some(batch_size);
             let source = match (shards, plan) {
                 (Some(src), Some(plan)) => Source::Lanes {
-                    set: Box::new(LaneSet::new(plan.borrow(py).plan.clone(), batch, drop_last)),
+                    set: {
+                        let plan = plan.borrow(py);
+                        Box::new(LaneSet::with_source(
+                            plan.plan.clone(),
+                            batch,
+                            drop_last,
+                            plan.work_source(py),
+                        ))
+                    },
                     src,
                 },
                 (Some(src), None) => Source::Addresses {

@@ -245,7 +245,9 @@ impl MultiProcessIter {
                 times: MainTimes::default(),
             };
             if let Some(plan) = lanes {
-                it.core.start_lanes(plan.borrow(py).plan.clone())?;
+                let plan = plan.borrow(py);
+                it.core
+                    .start_lanes_with(plan.plan.clone(), plan.work_source(py))?;
             }
             if let Some((next_worker, exhausted)) = round_robin {
                 it.core.restore_round_robin(next_worker, &exhausted)?;
@@ -279,7 +281,8 @@ impl MultiProcessIter {
         self.core
             .restart_epoch(&mut Gil(py, None), &mut || source.draw(py))?;
         if let Some(plan) = plan {
-            self.core.start_lanes(plan.plan.clone())?;
+            self.core
+                .start_lanes_with(plan.plan.clone(), plan.work_source(py))?;
         }
         self.prime(py)
     }

@@ -11,7 +11,7 @@ use super::fetch::next;
 use crate::sampler::seeds::shard_order_seed;
 use crate::sampler::shards::{elastic_positions, shard_order, Blocks, ShardAddresses, Tail};
 use crate::sampler::{randperm, Mt19937};
-use crate::scheduler::shards::{LanePlan, LaneSnapshot, Mode, ShardSpec};
+use crate::scheduler::shards::{LanePlan, LaneSnapshot, Mode, QueueError, ShardSpec, WorkSource};
 use crate::wire::protocol::{LanePos, Work};
 
 /// A `ShardedDataset` as the engine reads it: `iter_shard(shards[s],
@@ -112,6 +112,50 @@ pub fn missing(shard: u32, offset: u64) -> PyErr {
 pub struct ShardPlan {
     pub plan: LanePlan,
     batches: Option<u64>,
+    /// Where a dynamic queue's works come from once its own are out: a
+    /// Python callable giving `(shard, emitted, end)` or `None` (the job's
+    /// shared queue, `ferroloader.worldqueue`).
+    source: Option<Py<PyAny>>,
+}
+
+impl ShardPlan {
+    /// The engine's side of [`ShardPlan::source`].
+    pub fn work_source(&self, py: Python<'_>) -> Option<Box<dyn WorkSource>> {
+        self.source.as_ref().map(|f| {
+            Box::new(PyWorkSource {
+                next: f.clone_ref(py),
+            }) as Box<dyn WorkSource>
+        })
+    }
+}
+
+/// The job's shared queue as the engine pulls from it: each call may wait
+/// for a claim under way (without the GIL, in Python's own wait).
+struct PyWorkSource {
+    next: Py<PyAny>,
+}
+
+impl WorkSource for PyWorkSource {
+    fn next_work(&mut self) -> Result<Option<Work>, QueueError> {
+        Python::attach(|py| {
+            let got = self
+                .next
+                .bind(py)
+                .call0()
+                .map_err(|e| QueueError(e.value(py).to_string()))?;
+            if got.is_none() {
+                return Ok(None);
+            }
+            let (shard, emitted, end): (u32, u64, u64) = got.extract().map_err(|e| {
+                QueueError(format!("a claimed work is not (shard, emitted, end): {e}"))
+            })?;
+            Ok(Some(Work {
+                shard,
+                emitted,
+                end,
+            }))
+        })
+    }
 }
 
 #[pymethods]
@@ -233,6 +277,20 @@ pub struct PlanArgs {
     even: bool,
     largest_first: bool,
     resume: Option<Snapshot>,
+    /// The job's shared queue (dynamic lanes only): the rank's queue
+    /// starts empty and pulls from it.
+    shared: Option<SharedArgs>,
+}
+
+/// A dynamic epoch fed by the job's shared queue: the callable the works
+/// come from, the batches the rank yields (even counts) and those it had
+/// handed over already (a resumed epoch).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct SharedArgs {
+    source: Py<PyAny>,
+    budget: Option<u64>,
+    handed: u64,
 }
 
 /// The epoch's lane plan for one rank (see `crate::scheduler::shards`),
@@ -255,6 +313,7 @@ pub fn shard_plan(args: PlanArgs) -> PyResult<ShardPlan> {
             even,
             largest_first,
             resume,
+            shared,
         } = args;
         if lanes == 0 || world == 0 || rank >= world || block == 0 {
             return Err(Class::Config.err(format!(
@@ -280,12 +339,31 @@ pub fn shard_plan(args: PlanArgs) -> PyResult<ShardPlan> {
             largest_first,
         };
         let resume = resume.map(snapshot_from_py).transpose()?;
-        let plan = spec
-            .plan(resume.as_ref())
-            .map_err(|e| Class::Config.err(e))?;
+        let Some(shared) = shared else {
+            let plan = spec
+                .plan(resume.as_ref())
+                .map_err(|e| Class::Config.err(e))?;
+            return Ok(ShardPlan {
+                plan,
+                batches: spec.batches(),
+                source: None,
+            });
+        };
+        // every work comes from the shared queue; the batch count is the
+        // job's to decide (Python's even count), not this rank's shards'
+        let spec = ShardSpec {
+            mode: Mode::Dynamic(lanes),
+            n_shards: 0,
+            even: false,
+            ..spec
+        };
+        let mut plan = spec.plan(None).map_err(|e| Class::Config.err(e))?;
+        plan.budget = shared.budget;
+        plan.handed = shared.handed;
         Ok(ShardPlan {
             plan,
-            batches: spec.batches(),
+            batches: shared.budget,
+            source: Some(shared.source),
         })
     })
 }

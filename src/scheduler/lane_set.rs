@@ -7,7 +7,7 @@
 //! `crate::worker::lanes`; with workers, the same plan is run by the
 //! [`Loader`](super::Loader) over the pool.
 
-use super::shards::{LanePlan, LaneSnapshot, RanOut, ShardQueue};
+use super::shards::{LanePlan, LaneSnapshot, QueueError, RanOut, ShardQueue, WorkSource};
 use crate::sampler::shards::Blocks;
 use crate::wire::protocol::LanePos;
 use crate::worker::lanes::{Lane, LaneConfig, Pull, ShardSource};
@@ -28,6 +28,17 @@ pub struct LaneSet<S: ShardSource> {
 
 impl<S: ShardSource> LaneSet<S> {
     pub fn new(plan: LanePlan, batch: Option<usize>, drop_last: bool) -> Self {
+        Self::with_source(plan, batch, drop_last, None)
+    }
+
+    /// [`LaneSet::new`], a dynamic queue going on with `source`'s works
+    /// once its own are out (the job's shared queue).
+    pub fn with_source(
+        plan: LanePlan,
+        batch: Option<usize>,
+        drop_last: bool,
+        source: Option<Box<dyn WorkSource>>,
+    ) -> Self {
         let config = LaneConfig {
             batch,
             drop_last,
@@ -44,7 +55,7 @@ impl<S: ShardSource> LaneSet<S> {
                 }
                 None
             }
-            None => Some(ShardQueue::new(plan.queue.clone(), plan.lanes)),
+            None => Some(ShardQueue::new(plan.queue.clone(), plan.lanes).with_source(source)),
         };
         LaneSet {
             active: vec![true; plan.lanes],
@@ -59,7 +70,10 @@ impl<S: ShardSource> LaneSet<S> {
     }
 
     /// The next batch of the round-robin; `None` at the epoch's end.
-    pub fn next_batch(&mut self, src: &mut S) -> Result<Option<Vec<S::Item>>, S::Error> {
+    pub fn next_batch(&mut self, src: &mut S) -> Result<Option<Vec<S::Item>>, S::Error>
+    where
+        S::Error: From<QueueError>,
+    {
         if self.budget.is_some_and(|b| self.handed >= b) {
             return Ok(None);
         }
@@ -79,6 +93,9 @@ impl<S: ShardSource> LaneSet<S> {
                         self.lanes[l].assign([w], false);
                     }
                 }
+                if let Some(e) = q.take_failure() {
+                    return Err(e.into());
+                }
             }
             let pulled = self.lanes[l].pull(src);
             if !matches!(pulled, Ok(Pull::NeedWork)) {
@@ -94,12 +111,19 @@ impl<S: ShardSource> LaneSet<S> {
                     self.handed += 1;
                     return Ok(Some(items));
                 }
-                Pull::NeedWork => match self.queue.as_mut().map(|q| q.ran_out(l)) {
+                Pull::NeedWork => match self
+                    .queue
+                    .as_mut()
+                    .map(|q| (q.ran_out(l), q.take_failure()))
+                {
+                    Some((_, Some(e))) => return Err(e.into()),
                     None => self.lanes[l].assign([], true),
-                    Some(RanOut::Work(w)) => self.lanes[l].assign([w], false),
-                    Some(RanOut::HandBack) => self.lanes[l].hand_back(),
+                    Some((RanOut::Work(w), None)) => self.lanes[l].assign([w], false),
+                    Some((RanOut::HandBack, None)) => self.lanes[l].hand_back(),
                     // (here every lane told to hand back already has: `last`)
-                    Some(RanOut::Collect { works, last }) => self.lanes[l].assign(works, last),
+                    Some((RanOut::Collect { works, last }, None)) => {
+                        self.lanes[l].assign(works, last)
+                    }
                 },
                 Pull::HandedBack(works) => {
                     self.active[l] = false;
@@ -144,8 +168,107 @@ mod tests {
     use super::*;
     use crate::sampler::shards::shard_order;
     use crate::scheduler::shards::{Mode, ShardSpec};
+    use crate::wire::protocol::Work;
     use crate::worker::lanes::test_source::{src, Shards};
     use proptest::prelude::*;
+    use std::sync::{Arc, Mutex};
+
+    /// One queue shared by several ranks: each claim takes the next work.
+    struct Shared {
+        queue: Arc<Mutex<std::collections::VecDeque<Work>>>,
+        fail_after: Option<usize>,
+        claims: usize,
+    }
+
+    impl WorkSource for Shared {
+        fn next_work(&mut self) -> Result<Option<Work>, QueueError> {
+            self.claims += 1;
+            if self.fail_after.is_some_and(|n| self.claims > n) {
+                return Err(QueueError("the store went away".into()));
+            }
+            Ok(self.queue.lock().unwrap().pop_front())
+        }
+    }
+
+    fn shared_plan(lanes: usize) -> LanePlan {
+        ShardSpec {
+            n_shards: 0,
+            lens: None,
+            order_seed: None,
+            blocks: None,
+            rank: 0,
+            world: 1,
+            mode: Mode::Dynamic(lanes),
+            batch: Some(2),
+            drop_last: false,
+            even: false,
+            largest_first: false,
+        }
+        .plan(None)
+        .unwrap()
+    }
+
+    #[test]
+    fn ranks_sharing_a_queue_read_every_item_once() {
+        let lens = [5u64, 0, 7, 3, 9, 1, 4];
+        let queue = Arc::new(Mutex::new(
+            (0..lens.len() as u32).map(|s| Work::from(s, 0)).collect(),
+        ));
+        let mut sets: Vec<LaneSet<Shards>> = (0..3)
+            .map(|r| {
+                let source = Shared {
+                    queue: queue.clone(),
+                    fail_after: None,
+                    claims: 0,
+                };
+                LaneSet::with_source(
+                    shared_plan(1 + r % 2),
+                    Some(2),
+                    false,
+                    Some(Box::new(source)),
+                )
+            })
+            .collect();
+        let mut s = src(&lens);
+        let mut got = Vec::new();
+        // the ranks take turns, a batch each, until all are done
+        let mut live = vec![true; sets.len()];
+        while live.iter().any(|&l| l) {
+            for (r, set) in sets.iter_mut().enumerate() {
+                if live[r] {
+                    match set.next_batch(&mut s).unwrap() {
+                        Some(b) => got.extend(b),
+                        None => live[r] = false,
+                    }
+                }
+            }
+        }
+        got.sort_unstable();
+        let want: Vec<(u32, u64)> = lens
+            .iter()
+            .enumerate()
+            .flat_map(|(sh, &n)| (0..n).map(move |o| (sh as u32, o)))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_failing_source_is_an_error_not_an_early_end() {
+        let queue = Arc::new(Mutex::new((0..4).map(|s| Work::from(s, 0)).collect()));
+        let source = Shared {
+            queue,
+            fail_after: Some(1),
+            claims: 0,
+        };
+        let mut set: LaneSet<Shards> =
+            LaneSet::with_source(shared_plan(1), Some(2), false, Some(Box::new(source)));
+        let mut s = src(&[3, 3, 3, 3]);
+        let mut result = Ok(Some(Vec::new()));
+        while let Ok(Some(_)) = result {
+            result = set.next_batch(&mut s);
+        }
+        assert_eq!(result.unwrap_err(), "the store went away");
+    }
 
     proptest! {
         #![proptest_config(crate::testing::miri_friendly(ProptestConfig::default()))]

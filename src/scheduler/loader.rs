@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::pool::{Event, WorkerPool};
-use super::shards::{LanePlan, LaneSnapshot, RanOut, ShardQueue};
+use super::shards::{LanePlan, LaneSnapshot, RanOut, ShardQueue, WorkSource};
 use super::{Next, Scheduler};
 use crate::error::{Error, Result};
 use crate::ring::{RecordHandle, RecordRef};
@@ -184,6 +184,16 @@ impl Loader {
     /// dynamic ones a first shard). Call before the first task of the
     /// epoch (after [`Loader::restart_epoch`] for persistent workers).
     pub fn start_lanes(&mut self, plan: LanePlan) -> Result<()> {
+        self.start_lanes_with(plan, None)
+    }
+
+    /// [`Loader::start_lanes`], a dynamic queue going on with `source`'s
+    /// works once its own are out (the job's shared queue).
+    pub fn start_lanes_with(
+        &mut self,
+        plan: LanePlan,
+        source: Option<Box<dyn WorkSource>>,
+    ) -> Result<()> {
         let n = self.pool.len();
         let max_tasks = super::window(self.prefetch_factor, n);
         self.sched = Scheduler::with_lanes(plan.lanes, max_tasks, self.in_order);
@@ -216,8 +226,12 @@ impl Loader {
             None => {
                 // two shards each, the second to read ahead into; lanes get
                 // a third as soon as they begin their second (`LanePos`)
-                let mut q = ShardQueue::new(plan.queue.clone(), plan.lanes);
-                for (lane, (works, last)) in q.first_works(2).into_iter().enumerate() {
+                let mut q = ShardQueue::new(plan.queue.clone(), plan.lanes).with_source(source);
+                let first = q.first_works(2);
+                if let Some(e) = q.take_failure() {
+                    return Err(Error::Queue(e.0));
+                }
+                for (lane, (works, last)) in first.into_iter().enumerate() {
                     let msg = ToWorker::Assign {
                         lane: lane as u32,
                         works,
@@ -502,6 +516,9 @@ impl Loader {
                                 };
                                 self.pool.send(worker, &msg)?;
                             }
+                            if let Some(e) = q.take_failure() {
+                                return Err(Error::Queue(e.0).into());
+                            }
                         }
                     }
                 }
@@ -630,7 +647,11 @@ impl Loader {
             });
         }
         if queue.given(l) <= given {
-            let msg = match queue.ran_out(l) {
+            let ran_out = queue.ran_out(l);
+            if let Some(e) = queue.take_failure() {
+                return Err(Error::Queue(e.0));
+            }
+            let msg = match ran_out {
                 RanOut::Work(w) => ToWorker::Assign {
                     lane,
                     works: vec![w],

@@ -317,6 +317,29 @@ pub enum RanOut {
     Collect { works: Vec<Work>, last: bool },
 }
 
+/// Where a dynamic queue's works come from once those it was made with are
+/// handed out: a queue shared by every rank of the job (works claimed from
+/// it ahead of need), `None` when no more will come this epoch.
+pub trait WorkSource: Send + Sync {
+    fn next_work(&mut self) -> Result<Option<Work>, QueueError>;
+}
+
+/// The shared queue behind a [`WorkSource`] failed (its store went away).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueError(pub String);
+
+impl std::fmt::Display for QueueError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<QueueError> for String {
+    fn from(e: QueueError) -> String {
+        e.0
+    }
+}
+
 /// Dynamic assignment: the rank's unread shards, handed to lanes as they
 /// ask, and what each lane was given.
 ///
@@ -326,7 +349,6 @@ pub enum RanOut {
 /// all after its own. So only that lane's last batch is short, and the
 /// rank yields as many batches as one lane reading all its items would
 /// (`batches_of`), whichever lane read which shard.
-#[derive(Debug, Clone)]
 pub struct ShardQueue {
     todo: Vec<Work>,
     next: usize,
@@ -334,6 +356,22 @@ pub struct ShardQueue {
     ending: Vec<Ending>,
     /// Tails given back, not yet given to the collecting lane.
     tails: Vec<Work>,
+    /// More works, once `todo` is out (the job's shared queue).
+    source: Option<Box<dyn WorkSource>>,
+    /// The source's failure, for the caller to raise.
+    failed: Option<QueueError>,
+}
+
+impl std::fmt::Debug for ShardQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardQueue")
+            .field("todo", &self.todo)
+            .field("next", &self.next)
+            .field("given", &self.given)
+            .field("tails", &self.tails)
+            .field("source", &self.source.is_some())
+            .finish()
+    }
 }
 
 impl ShardQueue {
@@ -344,7 +382,20 @@ impl ShardQueue {
             given: vec![Vec::new(); lanes],
             ending: vec![Ending::Reading; lanes],
             tails: Vec::new(),
+            source: None,
+            failed: None,
         }
+    }
+
+    /// The same queue, going on with `source`'s works after its own.
+    pub fn with_source(mut self, source: Option<Box<dyn WorkSource>>) -> Self {
+        self.source = source;
+        self
+    }
+
+    /// The source's failure, once (the queue then hands out nothing more).
+    pub fn take_failure(&mut self) -> Option<QueueError> {
+        self.failed.take()
     }
 
     pub fn lanes(&self) -> usize {
@@ -358,6 +409,17 @@ impl ShardQueue {
 
     /// The next work for `lane`, recorded as its; `None` when all are out.
     pub fn assign(&mut self, lane: usize) -> Option<Work> {
+        if self.next == self.todo.len() {
+            match self.source.as_mut().map(|s| s.next_work()) {
+                Some(Ok(Some(w))) => self.todo.push(w),
+                Some(Ok(None)) => self.source = None,
+                Some(Err(e)) => {
+                    self.source = None;
+                    self.failed = Some(e);
+                }
+                None => {}
+            }
+        }
         let w = *self.todo.get(self.next)?;
         self.next += 1;
         self.given[lane].push(w);
