@@ -23,6 +23,8 @@ TORCH_BASE: dict[type[BaseException], type[BaseException]] = {
     errors.WorkerTimeoutError: RuntimeError,
     errors.ProtocolError: RuntimeError,
     errors.InternalError: RuntimeError,
+    # torch's own store raises RuntimeError subclasses (DistStoreError)
+    errors.ShardQueueError: RuntimeError,
     errors.ConfigError: ValueError,
     # raised where torchdata's StatefulDataLoader raises AssertionError
     errors.StateMismatchError: AssertionError,

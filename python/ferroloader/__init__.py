@@ -43,6 +43,7 @@ from ferroloader.errors import (
     InternalError,
     ProtocolError,
     RebuiltAsTorchWarning,
+    ShardQueueError,
     SharedMemoryError,
     SharedMemoryLimitError,
     StateMismatchError,
@@ -69,6 +70,7 @@ from ferroloader.stats import LoaderStats, WorkerStats
 from ferroloader.table import TableDataset, TableShards
 from ferroloader.tar import TarShards
 from ferroloader.worker import get_worker_info
+from ferroloader.worldqueue import DynamicDistributedSampler, QueueStats, merge_states
 
 __all__ = [
     "Autotune",
@@ -82,6 +84,7 @@ __all__ = [
     "DataLoader",
     "Dataset",
     "DistributedSampler",
+    "DynamicDistributedSampler",
     "ElasticBatchSampler",
     "FerroloaderError",
     "FileShards",
@@ -96,11 +99,13 @@ __all__ = [
     "Packing",
     "Patch",
     "ProtocolError",
+    "QueueStats",
     "RandomSampler",
     "RebuiltAsTorchWarning",
     "Sampler",
     "SequentialSampler",
     "ShardCache",
+    "ShardQueueError",
     "ShardedDataset",
     "Sharding",
     "SharedMemoryError",
@@ -130,6 +135,7 @@ __all__ = [
     "functional_datapipe",
     "get_worker_info",
     "guaranteed_datapipes_determinism",
+    "merge_states",
     "non_deterministic",
     "patch",
     "random_split",

@@ -404,6 +404,13 @@ class _PlanArgs(TypedDict):
     even: bool
     largest_first: bool
     resume: Optional[_LaneSnapshot]
+    shared: Optional[_SharedArgs]
+
+class _SharedArgs(TypedDict):
+    # the job's shared queue: (shard, emitted, end) or None, one per call
+    source: Callable[[], Optional[tuple[int, int, int]]]
+    budget: Optional[int]
+    handed: int
 
 def shard_plan(args: _PlanArgs) -> ShardPlan:
     """The epoch's lane plan for one rank, or the plan continuing ``resume``."""

@@ -192,6 +192,8 @@ def build(loader: Any, reset_seed: Optional[int] = None) -> Plan:
                 source = loader._index_stream_after_seed(source)
         source = resume_source(rec, source, resume, now, loader._window)
     rec.shards = ep
+    if ep is not None:
+        ep.bind(rec)
     n = loader._workers
     per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
     round_robin = None
@@ -274,6 +276,8 @@ def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
     loader._resume_extra = {}
     loader._next_base_seed = extra.get("base_seed")
     loader._next_worker_states = extra.get("worker_states")
+    # what a shared queue's last epoch held back (a state between epochs)
+    loader._next_world_carry = extra.get("world_carry")
     if "dataset_state" in extra and resume is None:
         # between epochs: the dataset continues from its saved state
         loader.dataset.load_state_dict(extra["dataset_state"])

@@ -113,6 +113,7 @@ def _single_process_sharded(
     spec["plan"], spec["block"] = ep.plan, ep.sharding.shuffle_block
     it = _SingleProcessIter(ep.addresses, loader.dataset, spec)
     rec.shards = ep
+    ep.bind(rec)
     rec.attach(it, multiprocess=False)
     it._stats_box = loader._stats_box
     return it

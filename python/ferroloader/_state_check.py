@@ -47,6 +47,7 @@ def _fingerprint(loader: Any) -> dict[str, Any]:
             "even": sharding.even,
             "shuffle": loader._shard_shuffle,
             "largest_first": sharding.largest_first if sharding.mode == "dynamic" else None,
+            "across": sharding.across,
         }
     shard_count = shard_digest = None
     if sharding is not None:
@@ -131,8 +132,46 @@ def _check_worker_entry(w: Any, i: int) -> None:
     )
 
 
+def _check_works(v: Any, n_shards: int, what: str) -> None:
+    _need(isinstance(v, list), f"{what} is not a list")
+    for w in v:
+        _int_list(w, f"a work of {what}")
+        _need(len(w) == 3, f"a work of {what} is not (shard, emitted, end)")
+        _need(w[0] < n_shards, f"a work of {what} names shard {w[0]} of {n_shards}")
+        _need(w[2] >= w[1], f"a work of {what} ends before it begins")
+
+
+def _check_account(a: Any, n_shards: int, what: str) -> None:
+    """One rank's account of an epoch of the shared queue."""
+    _need(isinstance(a, dict), f"{what} is not a mapping")
+    _check_works(a.get("list"), n_shards, f"{what}.list")
+    _need(isinstance(a.get("list_id"), str), f"{what}.list_id is not text")
+    claimed = a.get("claimed")
+    _int_list(claimed, f"{what}.claimed")
+    _need(all(p < len(a["list"]) for p in claimed), f"{what}.claimed names no work of its list")
+    _check_works(a.get("rest"), n_shards, f"{what}.rest")
+    _need(_is_int(a.get("handed")), f"{what}.handed is not a count")
+    _need(a.get("budget") is None or _is_int(a["budget"]), f"{what}.budget is not a count")
+    _need(isinstance(a.get("ended", False), bool), f"{what}.ended is not a bool")
+
+
+def check_world(sh: Any, n_shards: int, what: str) -> None:
+    """A rank's account, or every rank's (``merged``: ``merge_states``)."""
+    _need(isinstance(sh, dict), f"{what} is not a mapping")
+    if sh.get("merged"):
+        accounts = sh.get("accounts")
+        _need(isinstance(accounts, list) and bool(accounts), f"{what}.accounts is not a list")
+        for i, a in enumerate(accounts):
+            _check_account(a, n_shards, f"{what}.accounts[{i}]")
+        return
+    _check_account(sh, n_shards, what)
+
+
 def _check_shards(sh: Any, n_shards: int) -> None:
     _need(isinstance(sh, dict), "epoch.shards is not a mapping")
+    if sh.get("across") == "world":
+        check_world(sh, n_shards, "epoch.shards")
+        return
     _need(isinstance(sh.get("mode"), str), "epoch.shards.mode is not text")
     for key in ("rank", "world"):
         _need(key not in sh or _is_int(sh[key]), f"epoch.shards.{key} is not a count")
@@ -242,6 +281,8 @@ def _check_layout(loader: Any, state: dict[str, Any]) -> None:
         _need(isinstance(ws, list) and len(ws) == workers, "worker_states is not one per worker")
         for i, w in enumerate(ws):
             _check_worker_entry({"delivered": 0, "state": w}, i)
+    if "world_carry" in state:
+        check_world(state["world_carry"], len(loader._shard_info()[0]), "world_carry")
     _need("epoch" in state, "the state has no epoch")
     if state["epoch"] is not None:
         _check_epoch(loader, state["epoch"], len(gens), size, workers)

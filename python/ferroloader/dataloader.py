@@ -9,6 +9,7 @@ replaced: indices, fetch, default collation and reassembly run in Rust.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from typing import Any, Callable, Iterable, Optional, TypeVar, Union, cast
@@ -29,6 +30,12 @@ from ferroloader.sampler import (
 )
 from ferroloader.shards import ShardedDataset, ShardEpoch, Sharding
 from ferroloader.stats import LoaderStats, of_iterator
+from ferroloader.worldqueue import (
+    Blocks,
+    DynamicDistributedSampler,
+    QueueStats,
+    merge_states,
+)
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -178,6 +185,21 @@ class DataLoader(_TorchDataLoader[_T_co]):
                 "per_sample_seed=True seeds each __getitem__ call, but this dataset fetches "
                 "whole batches with __getitems__"
             )
+        if isinstance(sampler, DynamicDistributedSampler):
+            # map-style data through the job's shared queue: read as shards
+            # of `block` indices by the same engine (loader.dataset is then
+            # that view; its .dataset is the one given)
+            if batch_sampler is not None or sharding is not None or shuffle:
+                raise ConfigError(
+                    "DynamicDistributedSampler decides the order and the sharding itself: "
+                    "leave batch_sampler, sharding and shuffle unset (its shuffle= and block= "
+                    "say how it shuffles)"
+                )
+            dataset = Blocks(dataset, sampler.block)
+            sharding = sampler.sharding
+            shuffle = sampler.shuffle
+            seed = sampler.seed if seed is None else seed
+            sampler = None
         sharded = isinstance(dataset, ShardedDataset)
         if sharding is not None and not isinstance(sharding, Sharding):
             raise ConfigError(
@@ -287,6 +309,13 @@ class DataLoader(_TorchDataLoader[_T_co]):
         )
         self._shard_shuffle = bool(shuffle) if sharded else False
         self._shards_read: Optional[tuple[list[Any], Optional[list[int]]]] = None
+        # Sharding(across="world"): the queue's namespace in the store, the
+        # generation this loader joined, its last epoch (what it held
+        # back is read first in the next), what the queue did for it
+        self._world_name: Optional[str] = None
+        self._world_gen: Optional[int] = None
+        self._world_prev: Any = None
+        self._queue_stats = QueueStats()
         # the stats of the iterators that have ended (a box shared with them)
         self._stats_box: list[LoaderStats] = [LoaderStats()]
         # num_workers="auto": the bounds, the tuner (made at the first
@@ -341,6 +370,8 @@ class DataLoader(_TorchDataLoader[_T_co]):
                   if isinstance(c, ShardCache)}
         if caches:
             total.remote = sum((c.stats() for c in caches.values()), CacheStats())
+        if self.sharding is not None and self.sharding.across == "world":
+            total.queue = dataclasses.replace(self._queue_stats)
         return total
 
     def __getstate__(self) -> dict[str, Any]:
@@ -395,8 +426,22 @@ class DataLoader(_TorchDataLoader[_T_co]):
         if not self._sharded():
             return super().__len__()
         epoch = self._epochs_started
-        if self._epoch is not None and not state.position(self._epoch)["ended"]:
+        running = self._epoch is not None and not state.position(self._epoch)["ended"]
+        if running:
+            assert self._epoch is not None
             epoch = self._epoch.number
+        if self.sharding is not None and self.sharding.across == "world":
+            # the job's shared queue: the batch count is the job's, known
+            # when the epoch starts (what the last one held back counts)
+            ep = self._epoch.shards if running and self._epoch is not None else None
+            world = ep.world_epoch if ep is not None else None
+            if world is None or world.budget is None:
+                raise TypeError(
+                    "a loader whose shards come from the job's shared queue "
+                    "(Sharding(across='world')) knows its len() once its epoch has begun, "
+                    "with even=True (with even=False the ranks' batch counts are not fixed)"
+                )
+            return int(world.budget)
         batches = ShardEpoch(self, epoch, None).batches()
         if batches is None:
             raise TypeError(
@@ -420,10 +465,14 @@ class DataLoader(_TorchDataLoader[_T_co]):
             snap["autotune"] = layout.as_dict()
         return snap
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Union[dict[str, Any], list[dict[str, Any]]]) -> None:
         """Resume from ``state_dict()``'s result: the next ``iter()``
         continues the saved epoch with the batches that would have come
-        next. Raises ``ValueError`` naming what does not match."""
+        next. Raises ``ValueError`` naming what does not match. With
+        ``Sharding(across="world")``, every rank's states in a list (or
+        ``ferroloader.merge_states`` of them) resume on any number of ranks."""
+        if isinstance(state_dict, (list, tuple)):
+            state_dict = merge_states(state_dict)
         state.load(self, state_dict)
         tuned = state_dict.get("autotune")
         if self.autotune is not None and isinstance(tuned, dict):

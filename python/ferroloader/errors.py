@@ -121,6 +121,17 @@ class StateMismatchError(ConfigError, AssertionError):
     """
 
 
+class ShardQueueError(FerroloaderError, RuntimeError):
+    """The job's shared shard queue (``Sharding(across="world")``) lost its
+    store, or a rank's account of an epoch did not come: the message names
+    the store. Restart the job from the ranks' last states.
+
+    >>> import ferroloader
+    >>> issubclass(ferroloader.ShardQueueError, RuntimeError)
+    True
+    """
+
+
 class InternalError(FerroloaderError, RuntimeError):
     """An invariant of the engine did not hold: a bug in ferroloader. Please
     report it with its message and the output of ``python -m ferroloader``.
@@ -171,6 +182,7 @@ __all__ = [
     "InternalError",
     "ProtocolError",
     "RebuiltAsTorchWarning",
+    "ShardQueueError",
     "SharedMemoryError",
     "SharedMemoryLimitError",
     "StateMismatchError",

@@ -273,7 +273,8 @@ class ShardCache:
         return self.prefetch_pieces([(u, None) for u in urls if is_url(u)])
 
     def prefetch_pieces(
-        self, pieces: Iterable[tuple[str, Optional[tuple[int, int]]]], hold: int = 0
+        self, pieces: Iterable[tuple[str, Optional[tuple[int, int]]]], hold: int = 0,
+        streams: Optional[int] = None,
     ) -> Prefetch:
         """``prefetch`` of ``(url, (start, end) or None)`` pieces: parts of
         objects (Parquet row groups) or whole ones. ``hold``: the bytes the
@@ -281,7 +282,7 @@ class ShardCache:
         on the cache's room while the handle lives (see ``short_of_room``)."""
         items = [(u, r, self._sizes.get(u)) for u, r in pieces]
         lease = self._native().lease(hold) if hold > 0 else None
-        return Prefetch(self._native().prefetch(items, self.streams), lease)
+        return Prefetch(self._native().prefetch(items, streams or self.streams), lease)
 
     def sizes(self, urls: list[str]) -> list[int]:
         """The objects' sizes in bytes (asked 32 at a time), remembered by

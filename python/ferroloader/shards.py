@@ -43,7 +43,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar, Union
 
 import torch
@@ -251,6 +251,13 @@ class Sharding:
       when it is initialised, else one rank.
     - ``largest_first``: dynamic mode hands out the longest shards first
       (when every length is known; equal lengths keep the epoch's order).
+    - ``across``: dynamic mode's queue: ``"rank"`` (each rank its own
+      shards) or ``"world"``: one queue for the whole job, kept in
+      ``torch.distributed``'s store, from which a faster rank claims more
+      (``ferroloader.worldqueue``). ``store``: that store (default: the
+      default process group's); ``name``: its keys' namespace, when two
+      loaders of a job read the same shards (default: the loader's place
+      among the process's loaders that use the queue).
 
     >>> import ferroloader
     >>> ferroloader.Sharding(mode="dynamic").lanes
@@ -266,10 +273,25 @@ class Sharding:
     rank: Optional[int] = None
     world_size: Optional[int] = None
     largest_first: bool = True
+    across: str = "rank"
+    store: Any = field(default=None, compare=False, repr=False)
+    name: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.mode not in _MODES:
             raise ConfigError(f"Sharding mode should be one of {_MODES}, but got {self.mode!r}")
+        if self.across not in ("rank", "world"):
+            raise ConfigError(f"Sharding across should be 'rank' or 'world', but got "
+                              f"{self.across!r}")
+        if self.across == "world" and self.mode != "dynamic":
+            raise ConfigError(
+                f"Sharding(across='world') is a dynamic queue shared by the ranks: it needs "
+                f"mode='dynamic' (got mode={self.mode!r}; elastic sharding is already global)"
+            )
+        if self.across == "rank" and (self.store is not None or self.name is not None):
+            raise ConfigError("Sharding store= and name= are for across='world'")
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise ConfigError(f"Sharding name should be a non-empty str, but got {self.name!r}")
         for name, most in (("lanes", _MAX_LANES), ("shuffle_block", 2**63 - 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
@@ -314,8 +336,15 @@ class ShardEpoch:
         # shards between batches (set for static and dynamic lanes)
         self.short_of_room: Optional[Callable[[], bool]] = None
         self.start = 0
+        # the job's shared queue (Sharding(across="world"))
+        self.world_epoch: Optional[Any] = None
         if resume is not None:
             _check_resume(self, resume)
+        if sharding.across == "world":
+            from ferroloader.worldqueue import WorldEpoch
+
+            self.world_epoch = WorldEpoch(self, loader, epoch, resume)
+            return
         if sharding.mode == "elastic":
             if self.lens is None:
                 raise ConfigError(
@@ -379,6 +408,7 @@ class ShardEpoch:
                 "even": sharding.even,
                 "largest_first": sharding.largest_first,
                 "resume": saved,
+                "shared": None,
             }
         )
         # each lane keeps at most one shard open between its batches
@@ -395,6 +425,11 @@ class ShardEpoch:
             cache, pieces = remote
             self.prefetch = fetch_ahead(cache, [pieces[s] for s in order], holders)
 
+    def bind(self, rec: Any) -> None:
+        """The epoch's record (a shared queue's epoch reads its end there)."""
+        if self.world_epoch is not None:
+            self.world_epoch.rec = rec
+
     def source(self, seeder: Any) -> tuple[Any, Any, Any, Any]:
         """``(iter_shard, descriptors, seeder, short_of_room)`` for the engine."""
         return (self.iter_shard, list(self.descriptors), seeder, self.short_of_room)
@@ -402,6 +437,8 @@ class ShardEpoch:
     def snapshot(self, it: Any) -> dict[str, Any]:
         """Where the epoch stands, read from its iterator between batches."""
         base = {"mode": self.sharding.mode, "rank": self.rank, "world": self.world}
+        if self.world_epoch is not None:
+            return {**base, **self.world_epoch.account(it)}
         if self.addresses is not None:
             drawn, pending = it._position[:2]
             handed = min(pending) if pending else drawn
@@ -456,6 +493,15 @@ def fetch_ahead(cache: ShardCache, pieces: Sequence[Any], holders: int = 0) -> O
 
 def _check_resume(ep: ShardEpoch, resume: dict[str, Any]) -> None:
     mode = ep.sharding.mode
+    across = ep.sharding.across
+    if resume.get("across", "rank") != across:
+        raise ConfigError(
+            f"iter(): the state given to load_state_dict() was saved with "
+            f"Sharding(across={resume.get('across', 'rank')!r}), this loader shards "
+            f"across={across!r}"
+        )
+    if across == "world" and resume.get("merged"):
+        return  # every rank's state: it resumes on any number of ranks
     if resume.get("mode") != mode:
         raise ConfigError(
             f"iter(): the state given to load_state_dict() was saved with "
@@ -469,7 +515,8 @@ def _check_resume(ep: ShardEpoch, resume: dict[str, Any]) -> None:
             f"iter(): the state given to load_state_dict() was saved with world_size "
             f"{resume['world']}, this "
             f"process has {ep.world}; {mode} sharding resumes on the same number of ranks "
-            "(elastic sharding resumes on any)"
+            "(elastic sharding resumes on any, and so does across='world' from every rank's "
+            "state: ferroloader.merge_states)"
         )
     if resume["rank"] != ep.rank:
         raise ConfigError(

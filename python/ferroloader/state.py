@@ -145,6 +145,9 @@ def snapshot(loader: Any) -> dict[str, Any]:
     pos = position(rec)
     if pos["ended"]:
         _between_epochs(loader, rec, pos, state)
+        if rec.shards is not None and rec.shards.world_epoch is not None and "shards" in pos:
+            # what the ended epoch of the shared queue held back, for the next
+            state["world_carry"] = dict(pos["shards"], ended=True)
         return state
     if "shards" in pos:
         # the lanes' positions (or the elastic sequence's) say it all
@@ -252,8 +255,13 @@ def load(loader: Any, state: dict[str, Any]) -> None:
     loader._resume = state["epoch"]
     loader._resume_sampler_state = state.get("sampler_state")
     loader._resume_extra = {
-        k: state[k] for k in ("dataset_state", "base_seed", "worker_states") if k in state
+        k: state[k]
+        for k in ("dataset_state", "base_seed", "worker_states", "world_carry")
+        if k in state
     }
+    # a shared queue's loader joins its ranks again (a new generation)
+    loader._world_gen = None
+    loader._world_prev = None
     loader._resume_workers = int(state["num_workers"])
     sampler = _stateful_sampler(loader)
     if state["epoch"] is None and sampler is not None and "sampler_state" in state:

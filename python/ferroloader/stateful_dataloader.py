@@ -14,6 +14,7 @@ from typing import (
     Protocol,
     Sized,
     TypeVar,
+    Union,
     runtime_checkable,
 )
 
@@ -223,7 +224,7 @@ class StatefulDataLoader(DataLoader[_T_co]):
                 return loaded
         return super().state_dict()
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Union[dict[str, Any], list[dict[str, Any]]]) -> None:
         super().load_state_dict(state_dict)
         self._iterated = False
         self._initial_iterator = None

@@ -79,6 +79,9 @@ class LoaderStats:
     # remote shards: what the shard cache did (ferroloader.CacheStats), set
     # by DataLoader.stats(), not summed
     remote: Any = None
+    # Sharding(across="world"): what the job's shared queue did for this
+    # rank (ferroloader.worldqueue.QueueStats), set by DataLoader.stats()
+    queue: Any = None
 
     @property
     def fetch(self) -> float:
@@ -157,6 +160,8 @@ class LoaderStats:
             lines.append(str(self.autotune))
         if self.remote is not None:
             lines.append(str(self.remote))
+        if self.queue is not None:
+            lines.append(str(self.queue))
         return "\n".join(lines)
 
 

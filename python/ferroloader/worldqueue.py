@@ -1,0 +1,693 @@
+"""One shard queue for the whole job, kept in ``torch.distributed``'s store.
+
+``Sharding(mode="dynamic", across="world")``: each epoch's works (the
+shards in the epoch's seeded order, longest first where lengths are known,
+after what the previous epoch held back) form one list that every rank
+computes alike. A counter in the store hands out its positions: a rank
+claims the next position with one atomic ``add``, so every work is read
+by exactly one rank, and a rank that reads faster claims more. Claims are
+made ahead of need, on a thread of the training process, so the batch
+path never waits on a round trip to the store; within a rank the claimed
+works go to its lanes as in dynamic mode.
+
+With ``even=True`` (and more than one rank) every rank yields the same
+number of batches, decided at ``iter()`` from the lengths alone: with
+``N`` items in the list, the longest work ``M`` items, ``W`` ranks and
+batches of ``B``, each rank yields ``K = (N - (W - 1) * (M - 1)) // (W * B)``
+batches and claims only until it holds ``K * B`` items. No rank can then
+run short (a rank holds fewer than ``K * B + M`` items, so the others
+leave it enough), and what the epoch holds back, fewer than
+``W * B + (W - 1) * (M - 1)`` items, is read first in the next epoch.
+
+The store is the default process group's (``init_process_group``), or the
+one ``Sharding(store=...)`` names; keys live under
+``ferroloader/<name>/<generation>/e<epoch>/`` and an epoch's keys are
+removed once every rank has read them. No collective is joined.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Optional, Sequence
+
+from ferroloader.errors import ConfigError, ShardQueueError
+from ferroloader.seeds import epoch_seed
+from ferroloader.shards import ShardedDataset, Sharding
+
+# a work: (shard, first item, end) in the shard's order; end OPEN: its end
+Work = tuple[int, int, int]
+OPEN = 2**64 - 1
+
+# how long a rank waits, at iter(), for the others' account of the epoch
+# before (when it carries what evenness held back)
+WAIT_FOR_RANKS = timedelta(minutes=10)
+
+
+def default_store() -> Any:
+    """The default process group's store."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError(
+            "Sharding(across='world') keeps its queue in torch.distributed's store: call "
+            "torch.distributed.init_process_group() first, or pass Sharding(store=...) (a "
+            "torch.distributed.Store every rank reaches, e.g. a TCPStore or FileStore)"
+        )
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
+
+def describe(store: Any) -> str:
+    """How errors name a store: its kind and, for a TCPStore, where it is
+    (through the PrefixStores a process group wraps it in)."""
+    kind = type(store).__name__
+    try:
+        inner = getattr(store, "underlying_store", None)
+        host, port = getattr(store, "host", None), getattr(store, "port", None)
+    except Exception:  # a store gone may fail to say
+        inner = host = port = None
+    if inner is not None and inner is not store:
+        return f"{kind} over {describe(inner)}"
+    if host is not None and port is not None:
+        return f"{kind} at {host}:{port}"
+    return kind
+
+
+@dataclass
+class QueueStats:
+    """What the shared queue did for this rank: works (shards or parts of
+    them) and items it claimed, the seconds its claims spent on the store,
+    and the items the epochs' even counts held back (read first in the
+    next epoch). ``DataLoader.stats().queue`` gives them.
+
+    >>> import ferroloader
+    >>> print(ferroloader.QueueStats(shards=3, items=40, waited=0.002))
+    shard queue: 3 works claimed (40 items), 0.002 s on the store, 0 items held back
+    """
+
+    shards: int = 0
+    items: int = 0
+    waited: float = 0.0
+    held_back: int = 0
+
+    def __add__(self, other: QueueStats) -> QueueStats:
+        return QueueStats(self.shards + other.shards, self.items + other.items,
+                          self.waited + other.waited, self.held_back + other.held_back)
+
+    def __str__(self) -> str:
+        return (
+            f"shard queue: {self.shards} works claimed ({self.items} items), "
+            f"{self.waited:.3f} s on the store, {self.held_back} items held back"
+        )
+
+
+class WorldQueue:
+    """One epoch's claims by this rank, from the list ``works`` shared by
+    every rank (``sizes``: items per work, or ``None`` each where unknown):
+    a thread claims positions ahead of need, ``next_work`` hands them to
+    the engine. ``quota``: stop claiming once this many items are held."""
+
+    def __init__(self, store: Any, prefix: str, works: Sequence[Work],
+                 sizes: Sequence[Optional[int]], quota: Optional[int], ahead: int,
+                 stats: QueueStats, on_claim: Optional[Callable[[int], Any]] = None) -> None:
+        self.store = store
+        self.prefix = prefix
+        self.works = list(works)
+        self.sizes = list(sizes)
+        self.quota = quota
+        self.ahead = max(1, ahead)
+        self.stats = stats
+        self.on_claim = on_claim
+        self._fetches: list[Any] = []  # prefetches of claimed shards, kept alive
+        self.claimed: list[int] = []  # positions, in the order claimed
+        self.items = 0
+        self._buffer: deque[int] = deque()
+        self._cond = threading.Condition()
+        self._done = False  # no more claims (the list or the quota is spent)
+        self._stopped = False
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, name="ferroloader-claims",
+                                        daemon=True)
+        self._thread.start()
+
+    def _want(self) -> bool:
+        return (not self._stopped and not self._done and len(self._buffer) < self.ahead)
+
+    def _run(self) -> None:
+        key = f"{self.prefix}/next"
+        while True:
+            with self._cond:
+                while not self._want():
+                    if self._stopped or self._done:
+                        return
+                    self._cond.wait()
+                if self.quota is not None and self.items >= self.quota:
+                    self._done = True
+                    self._cond.notify_all()
+                    return
+            t0 = time.perf_counter()
+            try:
+                position = int(self.store.add(key, 1)) - 1
+            except Exception as e:  # the store is gone or refuses
+                with self._cond:
+                    self._error = ShardQueueError(
+                        f"the job's shard queue lost its store ({describe(self.store)}, key "
+                        f"{key!r}): {type(e).__name__}: {e}. Every rank claims its shards "
+                        "there; restart the job from the ranks' last states"
+                    )
+                    self._done = True
+                    self._cond.notify_all()
+                return
+            self.stats.waited += time.perf_counter() - t0
+            with self._cond:
+                if position >= len(self.works):
+                    self._done = True
+                else:
+                    self.claimed.append(position)
+                    self._buffer.append(position)
+                    size = self.sizes[position]
+                    self.items += size if size is not None else 0
+                    self.stats.shards += 1
+                    self.stats.items += size if size is not None else 0
+                self._cond.notify_all()
+            if position < len(self.works) and self.on_claim is not None:
+                try:
+                    self._fetches.append(self.on_claim(position))
+                except Exception:
+                    pass  # a prefetch is a hint: the reader fetches what is missing
+
+    def next_work(self) -> Optional[Work]:
+        """The next claimed work (waiting for a claim under way), or
+        ``None`` when this rank gets no more this epoch."""
+        with self._cond:
+            while not self._buffer and not self._done:
+                self._cond.wait()
+            if self._buffer:
+                position = self._buffer.popleft()
+                self._cond.notify_all()
+                return self.works[position]
+            if self._error is not None:
+                raise self._error
+            return None
+
+    def account(self) -> tuple[list[int], list[Work]]:
+        """The positions claimed so far, and the works among them not yet
+        handed to the engine, read together."""
+        with self._cond:
+            return list(self.claimed), [self.works[p] for p in self._buffer]
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+
+def list_id(works: Sequence[Work]) -> str:
+    """A short digest of an epoch's list (every rank's must be the same)."""
+    return hashlib.sha1(json.dumps([list(w) for w in works]).encode()).hexdigest()[:16]
+
+
+def even_budget(sizes: Sequence[int], world: int, batch: int) -> int:
+    """Batches each rank yields with even counts (see the module doc)."""
+    if not sizes:
+        return 0
+    n, m = sum(sizes), max(sizes)
+    return max(0, (n - (world - 1) * (m - 1)) // (world * batch))
+
+
+def work_size(work: Sequence[int], lens: Optional[Sequence[int]]) -> Optional[int]:
+    if lens is None:
+        return None
+    shard, emitted, end = work
+    return max(0, min(end, lens[shard]) - emitted)
+
+
+def publish(store: Any, key: str, value: Any) -> None:
+    store.set(key, json.dumps(value))
+
+
+def gather(store: Any, keys: Sequence[str], timeout: timedelta = WAIT_FOR_RANKS) -> list[Any]:
+    """The values at ``keys``, waiting for each (a clear error past ``timeout``)."""
+    try:
+        store.wait(list(keys), timeout)
+        return [json.loads(store.get(k)) for k in keys]
+    except Exception as e:
+        raise ShardQueueError(
+            f"the job's shard queue waited for every rank's account of the last epoch at "
+            f"{describe(store)} ({type(e).__name__}: {e}); a rank that did not start this "
+            "epoch, or a store that is gone"
+        ) from None
+
+
+def forget(store: Any, keys: Sequence[str]) -> None:
+    for k in keys:
+        try:
+            store.delete_key(k)
+        except Exception:
+            pass  # best effort: an epoch's keys are a few bytes
+
+
+
+
+def remaining(accounts: Sequence[dict[str, Any]]) -> list[Work]:
+    """What an epoch has left, from every rank's account of it: the unread
+    parts of the works the ranks claimed (ordered by shard and position),
+    then the works nobody claimed, in the list's order. Every rank computes
+    the same list from the same accounts."""
+    ids = {a["list_id"] for a in accounts}
+    if len(ids) != 1:
+        raise ConfigError(
+            "the ranks' states describe different epochs of the shared queue (their lists "
+            "differ): give every rank the states saved at the same step"
+        )
+    works = [tuple(w) for w in accounts[0]["list"]]
+    claimed: set[int] = set()
+    # (a list: a shard may be in the list twice, carried and its own)
+    rest: list[Work] = []
+    for a in accounts:
+        claimed.update(int(p) for p in a["claimed"])
+        rest.extend((int(w[0]), int(w[1]), int(w[2])) for w in a["rest"] if w[1] < w[2])
+    return sorted(rest) + [w for p, w in enumerate(works) if p not in claimed]
+
+
+def _perm(root: int, shard: int, block: int, n: int) -> list[int]:
+    """Block ``block`` of ``shard`` in an epoch of root ``root``: shuffled
+    position ``p`` holds the block's raw item ``perm[p]`` (the lanes' order)."""
+    import torch
+
+    from ferroloader.seeds import block_seed
+
+    g = torch.Generator().manual_seed(block_seed(root, shard, block))
+    return [int(i) for i in torch.randperm(n, generator=g)]
+
+
+def translate(works: Sequence[Work], lens: Sequence[int], size: int, root_from: int,
+              root_to: int) -> list[Work]:
+    """Works of a shuffled epoch (positions in its block orders, root
+    ``root_from``) as works that read the same items in another epoch
+    (``root_to``): whole blocks are the same items in any order; each item
+    of a block begun is a work of one item at its place in the new order."""
+    out: list[Work] = []
+    for shard, emitted, end in works:
+        n = lens[shard]
+        stop = min(end, n)
+        p = emitted
+        while p < stop:
+            b = p // size
+            lo, hi = b * size, min((b + 1) * size, n)
+            upto = min(stop, hi)
+            if p == lo and upto == hi:
+                if out and out[-1][0] == shard and out[-1][2] == lo:
+                    out[-1] = (shard, out[-1][1], hi)
+                else:
+                    out.append((shard, lo, hi))
+            else:
+                old = _perm(root_from, shard, b, hi - lo)
+                new = _perm(root_to, shard, b, hi - lo)
+                where = {raw: q for q, raw in enumerate(new)}
+                for q in range(p - lo, upto - lo):
+                    j = lo + where[old[q]]
+                    out.append((shard, j, j + 1))
+            p = upto
+    return out
+
+
+class WorldEpoch:
+    """A dynamic epoch fed by the job's shared queue, for one rank: the
+    epoch's list (what the last epoch held back, then the shards), this
+    rank's claims from it, the batches it yields (with even counts), and
+    its account of the epoch for a snapshot."""
+
+    def __init__(self, ep: Any, loader: Any, epoch: int, resume: Optional[dict[str, Any]]) -> None:
+        sharding = ep.sharding
+        dataset = loader.dataset
+        self.epoch = epoch
+        self.rank, self.world = ep.rank, ep.world
+        self.store = sharding.store if sharding.store is not None else default_store()
+        self.rec: Any = None  # the epoch's record (ShardEpoch.bind)
+        if loader._world_name is None:
+            loader._world_name = sharding.name or _next_name()
+        base = f"ferroloader/{loader._world_name}"
+        if loader._world_gen is None:
+            # each rank joins once per loader (and per load_state_dict): the
+            # W joins of one start share a generation, so keys left in a
+            # store that outlives a job are never read again
+            joined = self._call(lambda: int(self.store.add(f"{base}/joins", 1)))
+            loader._world_gen = (joined - 1) // self.world
+            loader._world_prev = None
+        self.ns = f"{base}/g{loader._world_gen}"
+        self.prefix = f"{self.ns}/e{epoch}"
+        self.stats: QueueStats = loader._queue_stats
+        self.shuffle, self.block, self.root = ep.shuffle, sharding.shuffle_block, ep.root
+        self.seed = loader.seed if loader.seed is not None else 0
+        lens = ep.lens
+        batch = ep.batch or 1
+        even = sharding.even and self.world > 1
+        if even and lens is None:
+            raise ConfigError(
+                "every rank must yield the same number of batches (even=True with more than one "
+                f"rank), which needs the length of every shard: {dataset._lengths_hint()}, or "
+                "pass Sharding(even=False) to read every item exactly once with uneven batch "
+                "counts"
+            )
+        handed = 0
+        if resume is not None:
+            accounts = (resume["accounts"] if resume.get("merged")
+                        else self._exchange("resume", resume))
+            works = remaining(accounts)
+            handed = min(int(a["handed"]) for a in accounts)
+            prev_budget = resume.get("budget") if not resume.get("merged") else None
+        else:
+            works = self._carried(loader, even) + self._order(ep, sharding, lens)
+            prev_budget = None
+        loader._world_prev = self
+        self.list = works
+        self.list_id = list_id(works)
+        sizes = [work_size(w, lens) for w in works]
+        self.held = 0
+        if even:
+            k = even_budget([s or 0 for s in sizes], self.world, batch)
+            if prev_budget is not None and resume is not None:
+                # the same job resumed: no more batches than it would have made
+                k = min(k, max(0, int(prev_budget) - handed))
+            self.budget: Optional[int] = handed + k
+            quota: Optional[int] = k * batch
+        else:
+            self.budget, quota = None, None
+        self.handed0 = handed
+        remote = dataset._remote(ep.descriptors)
+        on_claim = None
+        self.lease: Any = None
+        if remote is not None:
+            cache, pieces = remote
+            wanted = [pieces[w[0]] for w in works if pieces[w[0]] is not None]
+            if wanted:
+                # the sizes checked now, and the room its lanes keep open
+                # claimed; each claimed shard is fetched as it is claimed
+                items = [(p, None) if isinstance(p, str) else (p[0], tuple(p[1]))
+                         for p in dict.fromkeys(map(_key, wanted))]
+                got = cache.check([u for u, _ in items], [r for _, r in items])
+                lanes = max(loader._workers, 1)
+                self.lease = cache._native().lease(sum(sorted(got, reverse=True)[:lanes]))
+                on_claim = _prefetcher(cache, pieces, works)
+        self.queue = WorldQueue(self.store, self.prefix, works, sizes, quota, ahead=1,
+                                stats=self.stats, on_claim=on_claim)
+        lanes = max(loader._workers, 1)
+        ep.plan = _core_plan(ep, sharding, lanes, self.queue.next_work, self.budget, handed)
+        ep.short_of_room = dataset._short_of_room()
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except ShardQueueError:
+            raise
+        except Exception as e:
+            raise ShardQueueError(
+                f"the job's shard queue cannot reach its store ({describe(self.store)}): "
+                f"{type(e).__name__}: {e}"
+            ) from None
+
+    def _order(self, ep: Any, sharding: Any, lens: Optional[list[int]]) -> list[Work]:
+        """The epoch's shards in its seeded order, longest first where the
+        lengths are known (the order a one-rank dynamic queue hands out)."""
+        from ferroloader import _core
+
+        one = _core.shard_plan({
+            "n_shards": len(ep.descriptors), "lens": lens, "block": sharding.shuffle_block,
+            "root": ep.root, "shuffle": ep.shuffle, "rank": 0, "world": 1, "dynamic": True,
+            "lanes": 1, "batch": ep.batch, "drop_last": ep.drop_last, "even": False,
+            "largest_first": sharding.largest_first, "resume": None, "shared": None,
+        })
+        return [(int(s), 0, OPEN) for s in one.read_order]
+
+    def _exchange(self, what: str, account: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every rank's ``account`` (``what``: of a resumed epoch, of the
+        last one), through the store under this generation."""
+        key = f"{self.ns}/{what}"
+        self._call(lambda: publish(self.store, f"{key}/{self.rank}", account))
+        accounts = gather(self.store, [f"{key}/{r}" for r in range(self.world)])
+        if int(self._call(lambda: self.store.add(f"{key}/read", 1))) == self.world:
+            forget(self.store, [f"{key}/{r}" for r in range(self.world)] + [f"{key}/read"])
+        return accounts
+
+    def _carried(self, loader: Any, even: bool) -> list[Work]:
+        """What the last epoch held back (even counts), read first in this
+        one: the ranks' accounts of it exchanged through the store."""
+        loaded = getattr(loader, "_next_world_carry", None)
+        loader._next_world_carry = None
+        prev = loader._world_prev
+        if not even:
+            return []
+        if loaded is not None:
+            accounts = (loaded["accounts"] if loaded.get("merged")
+                        else self._exchange("carry", loaded))
+        elif prev is not None and prev.rec is not None:
+            mine = prev.final_account()
+            key = f"{prev.prefix}/account"
+            self._call(lambda: publish(self.store, f"{key}/{self.rank}", mine))
+            accounts = gather(self.store, [f"{key}/{r}" for r in range(self.world)])
+            if int(self._call(lambda: self.store.add(f"{prev.prefix}/read", 1))) == self.world:
+                forget(self.store, [f"{key}/{r}" for r in range(self.world)]
+                       + [f"{prev.prefix}/read", f"{prev.prefix}/next"])
+        else:
+            return []
+        if not all(a.get("ended") for a in accounts):
+            return []  # an epoch left early: what it did not read is not carried
+        carried = remaining(accounts)
+        lens = loader._shard_info()[1]
+        if self.shuffle:
+            # positions in the last epoch's block orders, as this epoch's
+            born = int(accounts[0].get("epoch", self.epoch - 1))
+            carried = translate(carried, lens, self.block, epoch_seed(self.seed, born),
+                                self.root)
+        self.stats.held_back += sum(work_size(w, lens) or 0 for w in carried)
+        return carried
+
+    def account(self, it: Any) -> dict[str, Any]:
+        """This rank's account of the epoch, read between batches: its
+        claims and what is left of them."""
+        _positions, _next_lane, handed, rest = it._lane_snapshot
+        claimed, buffered = self.queue.account()
+        return {
+            "across": "world",
+            "epoch": self.epoch,
+            "list": [list(w) for w in self.list],
+            "list_id": self.list_id,
+            "claimed": claimed,
+            # (the engine writes a work that runs to its shard's end as
+            # [shard, emitted])
+            "rest": [[*w, OPEN] if len(w) == 2 else list(w) for w in (rest or [])]
+            + [list(w) for w in buffered],
+            "handed": int(handed),
+            "budget": self.budget,
+        }
+
+    def final_account(self) -> dict[str, Any]:
+        """The account when the epoch ended (or was left), with whether it
+        ended."""
+        from ferroloader.state import position
+
+        pos = position(self.rec)
+        shards = pos.get("shards")
+        if shards is None:
+            return {"list_id": self.list_id, "list": [list(w) for w in self.list],
+                    "claimed": [], "rest": [], "handed": 0, "ended": False}
+        return dict(shards, ended=bool(pos["ended"]))
+
+    def stop(self) -> None:
+        self.queue.stop()
+
+
+_names = [0]
+_names_lock = threading.Lock()
+
+
+def _next_name() -> str:
+    """The k-th loader of this process that uses the shared queue: ranks
+    that build their loaders in the same order agree on it."""
+    with _names_lock:
+        _names[0] += 1
+        return f"loader{_names[0]}"
+
+
+def _key(piece: Any) -> Any:
+    return piece if isinstance(piece, str) else (piece[0], tuple(piece[1]))
+
+
+def _prefetcher(cache: Any, pieces: Sequence[Any], works: Sequence[Work]) -> Callable[[int], Any]:
+    """A claimed work's shard, fetched as soon as it is claimed."""
+    def fetch(position: int) -> Any:
+        piece = pieces[works[position][0]]
+        if piece is None:
+            return None
+        item = (piece, None) if isinstance(piece, str) else (piece[0], tuple(piece[1]))
+        return cache.prefetch_pieces([item], streams=1)
+
+    return fetch
+
+
+def _core_plan(ep: Any, sharding: Any, lanes: int, source: Callable[[], Any],
+               budget: Optional[int], handed: int) -> Any:
+    from ferroloader import _core
+
+    return _core.shard_plan({
+        "n_shards": len(ep.descriptors), "lens": ep.lens, "block": sharding.shuffle_block,
+        "root": ep.root, "shuffle": ep.shuffle, "rank": ep.rank, "world": ep.world,
+        "dynamic": True, "lanes": lanes, "batch": ep.batch, "drop_last": ep.drop_last,
+        "even": False, "largest_first": sharding.largest_first, "resume": None,
+        "shared": {"source": source, "budget": budget, "handed": handed},
+    })
+
+
+def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's ``state_dict()`` of a loader over the job's shared
+    queue (``Sharding(across="world")``), saved at the same step, as one
+    state that any number of ranks resumes from: each rank loads it, and
+    together they read exactly what the saved ranks had not (the unread
+    part of every work they had claimed, then the works nobody had).
+    ``DataLoader.load_state_dict`` also takes the list itself.
+
+    >>> import ferroloader
+    >>> ferroloader.merge_states([])
+    Traceback (most recent call last):
+    ...
+    ferroloader.errors.ConfigError: merge_states() needs the state of every rank, got none
+    """
+    import copy
+
+    states = list(states)
+    if not states:
+        raise ConfigError("merge_states() needs the state of every rank, got none")
+    for s in states:
+        if not isinstance(s, dict) or "epoch" not in s:
+            raise ConfigError("merge_states(): not a ferroloader DataLoader state")
+    started = {s.get("epochs_started") for s in states}
+    if len(started) != 1:
+        seen = sorted(map(str, started))
+        raise ConfigError(
+            f"merge_states(): the states were saved in different epochs ({seen}); save every "
+            "rank's state at the same step"
+        )
+    out = copy.deepcopy(states[0])
+
+    def accounts_of(parts: list[Any], what: str) -> list[Any]:
+        found: list[Any] = []
+        for p in parts:
+            if not isinstance(p, dict) or p.get("across", "world") != "world":
+                raise ConfigError(f"merge_states(): a state's {what} is not of the job's "
+                                  "shared queue (Sharding(across='world'))")
+            found.extend(p["accounts"] if p.get("merged") else [p])
+        return found
+
+    if all(s["epoch"] is None for s in states):
+        carries = [s.get("world_carry") for s in states]
+        if any(c is None for c in carries):
+            if all(c is None for c in carries):
+                return out  # before any epoch: nothing to merge
+            raise ConfigError("merge_states(): some states hold what their last epoch held "
+                              "back and some do not; save every rank's state at the same step")
+        out["world_carry"] = {"merged": True, "accounts": accounts_of(carries, "last epoch")}
+        return out
+    # mid-epoch: a rank that had finished the epoch gives its account of
+    # it (its claims, nothing left of them)
+    parts = []
+    for s in states:
+        if s["epoch"] is not None and "shards" in s["epoch"]:
+            parts.append(s["epoch"]["shards"])
+        elif s["epoch"] is None and s.get("world_carry") is not None:
+            parts.append(s["world_carry"])
+        else:
+            raise ConfigError("merge_states(): a state is not of a loader sharded across the "
+                              "world, or was saved before its first epoch while others were "
+                              "mid-epoch; save every rank's state at the same step")
+    base = next(s for s in states if s["epoch"] is not None)
+    out = copy.deepcopy(base)
+    out.pop("world_carry", None)
+    out["epoch"]["shards"] = {"mode": "dynamic", "across": "world", "merged": True,
+                              "accounts": accounts_of(parts, "epoch")}
+    return out
+
+
+__all__ = ["QueueStats", "WorldQueue", "merge_states"]
+
+
+class DynamicDistributedSampler:
+    """``DistributedSampler``'s job through the job's shared queue: a
+    map-style dataset's indices in blocks of ``block``, claimed by the
+    ranks as they read, so a rank that runs faster reads more blocks.
+    ``DataLoader(dataset, sampler=DynamicDistributedSampler(dataset))``
+    reads the dataset as shards of ``block`` consecutive indices
+    (``ferroloader.worldqueue.Blocks``) with ``Sharding(mode="dynamic",
+    across="world")``: with ``shuffle=True`` the blocks come in a seeded
+    order and each block's indices in a seeded order of their own; every
+    index is read once per epoch by one rank (``even=False``), or every rank
+    yields the same number of batches and what that holds back is read first
+    in the next epoch (``even=True``, the default). ``seed``, ``store``,
+    ``name``, ``rank`` and ``num_replicas`` as ``Sharding`` takes them
+    (``seed`` is the loader's seed). It resumes, as every shared queue
+    does, from every rank's state on any number of ranks.
+
+    >>> import torch, torch.distributed as dist, ferroloader
+    >>> store = dist.HashStore()  # one rank here; a job's store across ranks
+    >>> ds = torch.arange(10)
+    >>> sampler = ferroloader.DynamicDistributedSampler(ds, block=4, store=store, rank=0,
+    ...                                                 num_replicas=1)
+    >>> loader = ferroloader.DataLoader(ds, batch_size=5, sampler=sampler)
+    >>> sorted(int(i) for b in loader for i in b)
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    """
+
+    def __init__(self, dataset: Any, *, block: int = 64, shuffle: bool = True, seed: int = 0,
+                 even: bool = True, store: Any = None, name: Optional[str] = None,
+                 rank: Optional[int] = None, num_replicas: Optional[int] = None) -> None:
+        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+            raise ConfigError(f"block should be a positive int, but got block={block!r}")
+        self.dataset = dataset
+        self.block = block
+        self.shuffle = bool(shuffle)
+        self.seed = seed
+        self.sharding = Sharding(mode="dynamic", across="world", shuffle_block=block,
+                                 even=bool(even), store=store, name=name, rank=rank,
+                                 world_size=num_replicas)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Any:
+        raise TypeError(
+            "DynamicDistributedSampler is read by ferroloader.DataLoader (it claims blocks "
+            "through the job's store as the loader reads them); torch's DataLoader cannot "
+            "iterate it"
+        )
+
+
+class Blocks(ShardedDataset[Any]):
+    """A map-style ``dataset`` as shards of ``block`` consecutive indices:
+    shard ``s`` is ``dataset[s * block]``, ``dataset[s * block + 1]``, ...
+    (how ``DynamicDistributedSampler`` reads it)."""
+
+    def __init__(self, dataset: Any, block: int) -> None:
+        self.dataset = dataset
+        self.block = block
+        self.n = len(dataset)
+
+    def shards(self) -> list[int]:
+        return list(range(-(-self.n // self.block)))
+
+    def iter_shard(self, shard: int, start: int = 0) -> Any:
+        ds = self.dataset
+        return (ds[i] for i in range(shard * self.block + start,
+                                     min(self.n, (shard + 1) * self.block)))
+
+    def shard_len(self, shard: int) -> int:
+        return max(0, min(self.n, (shard + 1) * self.block) - shard * self.block)
+
+    def __len__(self) -> int:
+        return self.n

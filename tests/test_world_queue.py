@@ -1,0 +1,336 @@
+"""One shard queue for the whole job (``Sharding(across="world")``): ranks
+claim works from a counter in ``torch.distributed``'s store. Every item is
+read exactly once per epoch (``even=False``); with ``even=True`` every rank
+yields the same number of batches and what that holds back is read first in
+the next epoch; every rank's states resume exactly the rest, on the same and
+on another number of ranks. Ranks here are threads over one ``HashStore``
+(the same store calls a job makes); ``test_world_queue_ranks.py`` runs them
+as gloo processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import Counter
+from typing import Any, Callable
+
+import ferroloader as fl
+import pytest
+import torch
+import torch.distributed as dist
+from ferroloader.worldqueue import remaining
+from helpers import ferro_only, time_limit
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from shard_cases import Counted
+
+pytestmark = [
+    ferro_only,
+    time_limit(150),
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+]
+
+# a rank that has not finished in this long is stuck
+STUCK_AFTER = 60.0
+
+_jobs = [0]
+
+
+def job_name() -> str:
+    """A namespace per job (the ranks here share one process and one store)."""
+    _jobs[0] += 1
+    return f"test{os.getpid()}-{_jobs[0]}"
+
+
+def side_by_side(fns: list[Callable[[], Any]]) -> list[Any]:
+    """Runs each rank's function on a thread of its own; their results."""
+    out: list[Any] = [None] * len(fns)
+
+    def run(k: int) -> None:
+        try:
+            out[k] = fns[k]()
+        except BaseException as e:  # re-raised below
+            out[k] = e
+
+    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(STUCK_AFTER)
+        assert not t.is_alive(), f"a rank was stuck for {STUCK_AFTER} s"
+    for r in out:
+        if isinstance(r, BaseException):
+            raise r
+    return out
+
+
+def loader(ds: Any, store: Any, name: str, rank: int, world: int, *, even: bool, nw: int = 0,
+           batch: int = 3, **kw: Any) -> fl.DataLoader:
+    sharding = fl.Sharding(mode="dynamic", across="world", store=store, name=name, rank=rank,
+                           world_size=world, even=even, shuffle_block=BLOCK)
+    extra = {"worker_method": "thread"} if nw else {}
+    return fl.DataLoader(ds, batch_size=batch, shuffle=True, seed=SEED, num_workers=nw,
+                         sharding=sharding, **extra, **kw)
+
+
+def items(batches: list[Any]) -> list[int]:
+    return [int(x) for b in batches for x in b]
+
+
+SEED, BLOCK = 11, 4  # the loaders' seed= and shuffle_block=
+
+
+def expand(works: list[tuple[int, int, int]], lens: list[int], epoch: int) -> list[int]:
+    """The items of (shard, emitted, end) works of ``Counted`` shards in a
+    shuffled epoch: positions in the epoch's block orders (the sharding
+    page's ``torch.randperm`` per block), as the items there."""
+    root = fl.seeds.epoch_seed(SEED, epoch)
+    out = []
+    for s, e, end in works:
+        for p in range(e, min(end, lens[s])):
+            b, lo = p // BLOCK, p // BLOCK * BLOCK
+            n = min(BLOCK, lens[s] - lo)
+            g = torch.Generator().manual_seed(fl.seeds.block_seed(root, s, b))
+            out.append(1000 * s + lo + int(torch.randperm(n, generator=g)[p - lo]))
+    return out
+
+
+def all_items(lens: list[int]) -> list[int]:
+    return [1000 * s + o for s, n in enumerate(lens) for o in range(n)]
+
+
+def held_back(states: list[dict[str, Any]], lens: list[int]) -> list[int]:
+    """What the job's last epoch held back, from every rank's state taken
+    between epochs."""
+    carry = fl.merge_states(states).get("world_carry")
+    if carry is None:
+        return []
+    return expand(remaining(carry["accounts"]), lens, carry["accounts"][0]["epoch"])
+
+
+lens_st = st.lists(st.integers(0, 14), min_size=1, max_size=9)
+
+
+@given(lens=lens_st, world=st.integers(2, 4), epochs=st.integers(1, 3), batch=st.integers(1, 4),
+       nw=st.sampled_from([0, 0, 2]))
+@settings(max_examples=max(8, settings.default.max_examples // 5))
+def test_every_item_exactly_once_per_epoch(lens, world, epochs, batch, nw):
+    store, name = dist.HashStore(), job_name()
+    loaders = [loader(Counted(lens), store, name, r, world, even=False, nw=nw, batch=batch)
+               for r in range(world)]
+    per_rank = side_by_side([lambda ld=ld: [items(list(ld)) for _ in range(epochs)]
+                             for ld in loaders])
+    for e in range(epochs):
+        assert sorted(v for r in per_rank for v in r[e]) == all_items(lens), f"epoch {e}"
+    stats = [ld.stats().queue for ld in loaders]
+    assert sum(s.items for s in stats) == epochs * sum(lens)
+    assert sum(s.shards for s in stats) == epochs * len(lens)
+
+
+@given(lens=lens_st, world=st.integers(2, 4), epochs=st.integers(1, 3), batch=st.integers(1, 4),
+       nw=st.sampled_from([0, 0, 2]))
+@settings(max_examples=max(8, settings.default.max_examples // 5))
+def test_even_counts_and_what_they_hold_back_is_read_next(lens, world, epochs, batch, nw):
+    """Every rank yields the same number of batches, all full; over the
+    epochs, what was read plus what the last epoch holds back is every item
+    once per epoch (what one epoch holds back the next reads), and what an
+    epoch holds back stays within the bound the sharding page states."""
+    store, name = dist.HashStore(), job_name()
+    loaders = [loader(Counted(lens), store, name, r, world, even=True, nw=nw, batch=batch)
+               for r in range(world)]
+
+    def run(ld: fl.DataLoader) -> Any:
+        epochs_read = []
+        for _ in range(epochs):
+            it = iter(ld)
+            n = len(ld)
+            batches = list(it)
+            assert len(batches) == n
+            epochs_read.append(batches)
+        return epochs_read, ld.state_dict()
+
+    got = side_by_side([lambda ld=ld: run(ld) for ld in loaders])
+    read: Counter[int] = Counter()
+    for e in range(epochs):
+        counts = {len(got[r][0][e]) for r in range(world)}
+        assert len(counts) == 1, f"epoch {e}: batch counts {counts}"
+        for r in range(world):
+            assert all(len(b) == batch for b in got[r][0][e])
+            read.update(items(got[r][0][e]))
+    held = Counter(held_back([g[1] for g in got], lens))
+    assert read + held == Counter(all_items(lens) * epochs)
+    # the bound the sharding page states
+    assert sum(held.values()) < world * batch + (world - 1) * max(max(lens) - 1, 0)
+
+
+@given(lens=lens_st, world=st.integers(2, 4), after=st.integers(1, 4),
+       stops=st.lists(st.integers(0, 12), min_size=4, max_size=4), even=st.booleans(),
+       nw=st.sampled_from([0, 0, 2]), through_json=st.booleans())
+@settings(max_examples=max(8, settings.default.max_examples // 5))
+def test_every_ranks_state_resumes_exactly_the_rest_on_any_number_of_ranks(
+    lens, world, after, stops, even, nw, through_json
+):
+    """Each rank stops after its own number of batches; every rank's state
+    resumes on `after` ranks into exactly the items not yet read (and, with
+    even counts, what that epoch then holds back), and the next epoch is
+    whole."""
+    store, name = dist.HashStore(), job_name()
+    loaders = [loader(Counted(lens), store, name, r, world, even=even, nw=nw)
+               for r in range(world)]
+
+    def head(ld: fl.DataLoader, stop: int) -> Any:
+        it = iter(ld)
+        seen = []
+        for _ in range(stop):
+            try:
+                seen.append(next(it))
+            except StopIteration:
+                break
+        state = ld.state_dict()
+        del it
+        return items(seen), state
+
+    heads = side_by_side([lambda ld=ld, k=stops[r]: head(ld, k) for r, ld in enumerate(loaders)])
+    states = [h[1] for h in heads]
+    if through_json:
+        states = [json.loads(json.dumps(s)) for s in states]
+    store2, name2 = dist.HashStore(), job_name()
+    resumed = [loader(Counted(lens), store2, name2, r, after, even=even, nw=nw)
+               for r in range(after)]
+    for ld in resumed:
+        ld.load_state_dict(states)
+
+    def rest(ld: fl.DataLoader) -> Any:
+        this = list(ld)
+        between = ld.state_dict()
+        nxt = list(ld)
+        return this, nxt, ld.state_dict(), between
+
+    tails = side_by_side([lambda ld=ld: rest(ld) for ld in resumed])
+    before = [v for h in heads for v in h[0]]
+    this_epoch = [v for t in tails for v in items(t[0])]
+    next_epoch = [v for t in tails for v in items(t[1])]
+    if all(s["epoch"] is None for s in states):
+        # every rank had finished the epoch: the resume begins the next
+        if not even:
+            assert sorted(before) == sorted(this_epoch) == all_items(lens)
+        return
+    if not even:
+        assert sorted(before + this_epoch) == all_items(lens)
+        assert sorted(next_epoch) == all_items(lens)
+        return
+    assert len({len(t[0]) for t in tails}) == 1 and len({len(t[1]) for t in tails}) == 1
+    held_this = held_back([t[3] for t in tails], lens)
+    held_next = held_back([t[2] for t in tails], lens)
+    assert Counter(before + this_epoch + held_this) == Counter(all_items(lens))
+    assert Counter(next_epoch + held_next) == Counter(all_items(lens) + held_this)
+
+
+def test_a_faster_rank_claims_more_shards():
+    """One rank that waits 5 ms an item: the others read most of the shards."""
+    lens = [20] * 24
+    store, name = dist.HashStore(), job_name()
+    datasets = [Counted(lens, delay=0.005 if r == 0 else 0.0) for r in range(3)]
+    loaders = [loader(datasets[r], store, name, r, 3, even=False, batch=5) for r in range(3)]
+    side_by_side([lambda ld=ld: list(ld) for ld in loaders])
+    shards = [ld.stats().queue.shards for ld in loaders]
+    assert sum(shards) == 24
+    assert shards[0] < min(shards[1:]), shards
+
+
+def test_map_style_data_through_the_queue():
+    """DynamicDistributedSampler: blocks of indices claimed by the ranks,
+    every index once per epoch (even=False), equal counts with even=True."""
+    n = 103
+    for even in (False, True):
+        store, name = dist.HashStore(), job_name()
+        ds = torch.arange(n)
+        loaders = [fl.DataLoader(ds, batch_size=4, sampler=fl.DynamicDistributedSampler(
+            ds, block=8, store=store, name=name, rank=r, num_replicas=3, even=even))
+            for r in range(3)]
+        got = side_by_side([lambda ld=ld: [items(list(ld)) for _ in range(2)] for ld in loaders])
+        if not even:
+            for e in range(2):
+                assert sorted(v for g in got for v in g[e]) == list(range(n))
+        else:
+            assert len({len(g[0]) for g in got}) == 1
+            assert len(set(got[0][0])) == len(got[0][0])
+    with pytest.raises(fl.ConfigError, match="leave batch_sampler, sharding and shuffle"):
+        fl.DataLoader(ds, sampler=fl.DynamicDistributedSampler(ds, store=store), shuffle=True)
+
+
+def test_len_is_the_jobs_batch_count_once_the_epoch_begins():
+    store, name = dist.HashStore(), job_name()
+    lens = [9, 4, 7]
+    lds = [loader(Counted(lens), store, name, r, 2, even=True) for r in range(2)]
+    with pytest.raises(TypeError, match="once its epoch has begun"):
+        len(lds[0])
+    its = [iter(ld) for ld in lds]
+    assert len(lds[0]) == len(lds[1]) == (20 - 6) // 6
+    for it in its:
+        list(it)
+
+
+def test_the_queue_needs_a_store_or_a_process_group():
+    assert not dist.is_initialized()
+    ld = fl.DataLoader(Counted([3, 4]), sharding=fl.Sharding(mode="dynamic", across="world"))
+    with pytest.raises(fl.ConfigError, match="init_process_group"):
+        iter(ld)
+    with pytest.raises(fl.ConfigError, match="mode='dynamic'"):
+        fl.Sharding(across="world")
+    with pytest.raises(fl.ConfigError, match="across"):
+        fl.Sharding(mode="dynamic", across="everywhere")
+
+
+def test_a_state_of_one_rank_on_another_number_of_ranks_needs_every_rank():
+    store, name = dist.HashStore(), job_name()
+    lds = [loader(Counted([5, 6]), store, name, r, 2, even=False) for r in range(2)]
+    its = side_by_side([lambda ld=ld: (next(iter(ld)), ld.state_dict())[1] for ld in lds])
+    one = loader(Counted([5, 6]), dist.HashStore(), job_name(), 0, 3, even=False)
+    one.load_state_dict(its[0])
+    with pytest.raises(fl.ConfigError, match="merge_states"):
+        iter(one)
+
+
+class _Dead:
+    """A store whose server went away: every call fails as a TCPStore's
+    does when its connection is gone."""
+
+    def add(self, key: str, n: int) -> int:
+        raise RuntimeError("Connection reset by peer")
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("Connection reset by peer")
+
+        return fail
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_a_store_that_goes_away_is_a_clear_error_not_a_hang(nw):
+    store = dist.HashStore()
+    ld = loader(Counted([6] * 8), store, job_name(), 0, 1, even=False, nw=nw)
+    it = iter(ld)
+    next(it)
+    ld.sharding.__dict__["store"] = _Dead()  # (frozen: its next epoch's store)
+    it._epoch_record.shards.world_epoch.queue.store = _Dead()
+    with pytest.raises(fl.ShardQueueError, match="lost its store"):
+        for _ in it:
+            pass
+    with pytest.raises(fl.ShardQueueError, match=r"cannot reach its store|lost its store"):
+        ld2 = loader(Counted([6]), _Dead(), job_name(), 0, 1, even=False)
+        list(ld2)
+
+
+def test_stats_and_namespaces():
+    """Two loaders of a job over the same shards keep apart by name; the
+    stats count the claims, their items and the seconds on the store."""
+    store = dist.HashStore()
+    a = loader(Counted([4, 4]), store, "a", 0, 1, even=False)
+    b = loader(Counted([4, 4]), store, "b", 0, 1, even=False)
+    assert sorted(items(list(a))) == sorted(items(list(b))) == all_items([4, 4])
+    q = a.stats().queue
+    assert (q.shards, q.items) == (2, 8) and q.waited >= 0
+    assert "works claimed" in str(a.stats())
+

@@ -1,0 +1,182 @@
+"""The job's shared shard queue with real ranks: 2 to 4 processes over
+gloo on loopback, the queue in the default process group's store (a
+TCPStore on rank 0), over local files, files on the test S3 server, Parquet
+row groups and a map-style dataset; a rank lost mid-epoch and the job
+restarted from the last states; the store's host lost."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import socket
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import ferro_only, time_limit
+
+pytestmark = [ferro_only, pytest.mark.filterwarnings("ignore::UserWarning")]
+
+LENS = [7, 1, 23, 3, 0, 5, 9, 2, 12, 4, 6, 1, 8, 10]
+# a rank that has not ended in this long is stuck (a run takes seconds)
+STUCK_AFTER = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_shards(folder: str, lens: list[int]) -> list[str]:
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for s, n in enumerate(lens):
+        p = os.path.join(folder, f"shard-{s:03d}.bin")
+        (1000 * s + np.arange(n, dtype=np.int64)).tofile(p)
+        paths.append(p)
+    return paths
+
+
+def all_items(lens: list[int]) -> list[int]:
+    return [1000 * s + o for s, n in enumerate(lens) for o in range(n)]
+
+
+def run_job(world: int, out: str, spec: dict[str, Any], expect_loss: bool = False
+            ) -> list[dict[str, Any]]:
+    """Starts `world` ranks (forked), waits for each (a rank lost does not
+    end the others, as it would not in a job until its launcher acts), and
+    gathers what each wrote."""
+    import world_ranks
+
+    port = free_port()
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=world_ranks.world_rank, args=(r, world, port, out, spec))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(STUCK_AFTER)
+    stuck = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    assert not stuck, f"ranks {stuck} were stuck for {STUCK_AFTER} s"
+    if not expect_loss:
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    got = []
+    for r in range(world):
+        path = os.path.join(out, f"rank{r}.json")
+        got.append(json.load(open(path)) if os.path.exists(path) else None)
+    return got
+
+
+def epoch_items(ranks: list[dict[str, Any]], e: int) -> list[int]:
+    return [v for r in ranks for v in r["epochs"][e]["items"]]
+
+
+@time_limit(240)
+@pytest.mark.parametrize("world,nw", [(2, 0), (3, 2), (4, 0)])
+def test_gloo_ranks_read_every_item_once_from_local_files(tmp_path, world, nw):
+    paths = write_shards(str(tmp_path / "src"), LENS)
+    spec = {"kind": "files", "paths": paths, "lens": LENS, "batch": 3, "even": False,
+            "epochs": 2, "nw": nw}
+    ranks = run_job(world, str(tmp_path), spec)
+    for r in ranks:
+        assert r["error"] is None, r["error"]
+    for e in range(2):
+        assert sorted(epoch_items(ranks, e)) == all_items(LENS)
+    assert sum(r["queue"]["shards"] for r in ranks) == 2 * len(LENS)
+
+
+@time_limit(240)
+def test_gloo_ranks_even_counts_hold_back_and_carry(tmp_path):
+    paths = write_shards(str(tmp_path / "src"), LENS)
+    spec = {"kind": "files", "paths": paths, "lens": LENS, "batch": 3, "even": True,
+            "epochs": 3, "nw": 0}
+    ranks = run_job(3, str(tmp_path), spec)
+    for e in range(3):
+        sizes = {len(r["epochs"][e]["items"]) for r in ranks}
+        assert len(sizes) == 1, sizes
+        assert sizes.pop() % 3 == 0
+    read = Counter(v for e in range(3) for v in epoch_items(ranks, e))
+    # nothing read more often than the epochs allow, and what was held back
+    # counted, then read the next epoch
+    assert all(n <= 3 for n in read.values())
+    assert sum(r["queue"]["held_back"] for r in ranks) > 0
+    assert sum(read.values()) <= 3 * sum(LENS)
+
+
+@time_limit(240)
+def test_gloo_ranks_over_s3_tables_and_map_style_data(tmp_path, s3_server):
+    bucket = "worldq"
+    s3_server.bucket(bucket)
+    local = write_shards(str(tmp_path / "src"), LENS)
+    urls = []
+    for p in local:
+        with open(p, "rb") as f:
+            s3_server.put(bucket, os.path.basename(p), f.read())
+        urls.append(f"s3://{bucket}/{os.path.basename(p)}")
+    s3 = {"kind": "s3", "paths": urls, "lens": LENS, "batch": 3, "even": False, "epochs": 1,
+          "cache": str(tmp_path / "cache")}
+    os.makedirs(tmp_path / "s3")
+    ranks = run_job(2, str(tmp_path / "s3"), s3)
+    assert sorted(epoch_items(ranks, 0)) == all_items(LENS)
+
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    table_paths = []
+    for k in range(3):
+        p = str(tmp_path / f"t{k}.parquet")
+        pq.write_table(pa.table({"id": list(range(100 * k, 100 * k + 37))}), p,
+                       row_group_size=8)
+        table_paths.append(p)
+    os.makedirs(tmp_path / "table")
+    table = {"kind": "table", "paths": table_paths, "batch": 4, "even": False, "epochs": 1}
+    ranks = run_job(3, str(tmp_path / "table"), table)
+    assert sorted(epoch_items(ranks, 0)) == [100 * k + i for k in range(3) for i in range(37)]
+
+    os.makedirs(tmp_path / "map")
+    mapped = {"kind": "map", "n": 103, "batch": 4, "even": False, "epochs": 2, "nw": 2}
+    ranks = run_job(2, str(tmp_path / "map"), mapped)
+    for e in range(2):
+        assert sorted(epoch_items(ranks, e)) == list(range(103))
+
+
+@time_limit(300)
+@pytest.mark.parametrize("after", [2, 3])
+def test_a_rank_lost_mid_epoch_and_the_job_restarted_from_the_last_states(tmp_path, after):
+    """Job A checkpoints every rank's state at step 2, then rank 1 dies;
+    job B (new processes, a new store, `after` ranks) loads the states and
+    reads exactly what was not read before the checkpoint."""
+    paths = write_shards(str(tmp_path / "src"), LENS)
+    spec = {"kind": "files", "paths": paths, "lens": LENS, "batch": 2, "even": False,
+            "epochs": 1, "stop": 2, "die": [1]}
+    first = run_job(2, str(tmp_path), spec, expect_loss=True)
+    before = [v for r in first if r is not None for v in r.get("before_stop", [])]
+    assert len(before) == 2 * 2 * 2  # two ranks, two batches of two
+    resumed = dict(spec, stop=None, die=[], resume=2)
+    for name in ("rank0.json", "rank1.json"):
+        os.remove(tmp_path / name)
+    second = run_job(after, str(tmp_path), resumed)
+    for r in second:
+        assert r["error"] is None, r["error"]
+    assert sorted(before + epoch_items(second, 0)) == all_items(LENS)
+
+
+@time_limit(240)
+def test_the_store_lost_with_its_rank_is_a_clear_error_not_a_hang(tmp_path):
+    """Rank 0 hosts the TCPStore and goes after its first batch; rank 1,
+    slower, meets the lost store at its next claim: a ShardQueueError
+    naming the store, not a hang."""
+    lens = [4] * 40
+    paths = write_shards(str(tmp_path / "src"), lens)
+    spec = {"kind": "files", "paths": paths, "lens": lens, "batch": 2, "even": False,
+            "epochs": 1, "store_dies_with": 0, "slow_rank": 1, "delay": 0.02}
+    ranks = run_job(2, str(tmp_path), spec, expect_loss=True)
+    assert ranks[1] is not None
+    assert ranks[1]["error"] is not None and "ShardQueueError" in ranks[1]["error"], ranks[1]
+    assert "TCPStore" in ranks[1]["error"]
