@@ -334,3 +334,29 @@ def test_stats_and_namespaces():
     assert (q.shards, q.items) == (2, 8) and q.waited >= 0
     assert "works claimed" in str(a.stats())
 
+
+
+@pytest.mark.parametrize("even", [False, True])
+def test_each_rank_resuming_its_own_state_on_the_same_ranks(even):
+    """torchrun's restart: each rank loads the state it saved; the ranks
+    exchange their accounts through the store and read exactly the rest."""
+    lens = [7, 1, 13, 3, 0, 5, 9, 2] * 3
+    store, name = dist.HashStore(), job_name()
+    lds = [loader(Counted(lens), store, name, r, 3, even=even) for r in range(3)]
+
+    def head(ld: fl.DataLoader) -> Any:
+        it = iter(ld)
+        seen = [next(it) for _ in range(2)]
+        return items(seen), ld.state_dict()
+
+    heads = side_by_side([lambda ld=ld: head(ld) for ld in lds])
+    store2, name2 = dist.HashStore(), job_name()
+    again = [loader(Counted(lens), store2, name2, r, 3, even=even) for r in range(3)]
+    for ld, (_, state) in zip(again, heads):
+        ld.load_state_dict(state)
+    tails = side_by_side([lambda ld=ld: (items(list(ld)), ld.state_dict()) for ld in again])
+    got = [v for h in heads for v in h[0]] + [v for t in tails for v in t[0]]
+    if even:
+        assert len({len(t[0]) for t in tails}) == 1
+        got += held_back([t[1] for t in tails], lens)
+    assert sorted(got) == all_items(lens)
