@@ -46,13 +46,15 @@ def all_items(lens: list[int]) -> list[int]:
 
 def run_job(world: int, out: str, spec: dict[str, Any], expect_loss: bool = False
             ) -> list[dict[str, Any]]:
-    """Starts `world` ranks (forked), waits for each (a rank lost does not
-    end the others, as it would not in a job until its launcher acts), and
-    gathers what each wrote."""
+    """Starts `world` ranks, waits for each (a rank lost does not end the
+    others, as it would not in a job until its launcher acts), and gathers
+    what each wrote. Ranks come from the fork server (it has imported
+    torch): a fork of this process, whose threads (the S3 server's) may
+    hold the resolver's lock, could hang the rank's first connection."""
     import world_ranks
 
     port = free_port()
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("forkserver")
     procs = [ctx.Process(target=world_ranks.world_rank, args=(r, world, port, out, spec))
              for r in range(world)]
     for p in procs:
@@ -75,6 +77,8 @@ def run_job(world: int, out: str, spec: dict[str, Any], expect_loss: bool = Fals
 
 
 def epoch_items(ranks: list[dict[str, Any]], e: int) -> list[int]:
+    for r in ranks:
+        assert r["error"] is None, r["error"]
     return [v for r in ranks for v in r["epochs"][e]["items"]]
 
 
@@ -120,10 +124,12 @@ def test_gloo_ranks_over_s3_tables_and_map_style_data(tmp_path, s3_server):
         with open(p, "rb") as f:
             s3_server.put(bucket, os.path.basename(p), f.read())
         urls.append(f"s3://{bucket}/{os.path.basename(p)}")
+    # (the fork server's ranks have its environment, not this process's)
     s3 = {"kind": "s3", "paths": urls, "lens": LENS, "batch": 3, "even": False, "epochs": 1,
-          "cache": str(tmp_path / "cache")}
+          "cache": str(tmp_path / "cache"), "env": s3_server.env}
     os.makedirs(tmp_path / "s3")
     ranks = run_job(2, str(tmp_path / "s3"), s3)
+    assert all(r["error"] is None for r in ranks), [r["error"] for r in ranks]
     assert sorted(epoch_items(ranks, 0)) == all_items(LENS)
 
     pa = pytest.importorskip("pyarrow")

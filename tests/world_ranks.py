@@ -67,6 +67,7 @@ def ints(batch: Any) -> list[int]:
 def world_rank(rank: int, world: int, port: int, out: str, spec: dict[str, Any]) -> None:
     import torch.distributed as dist
 
+    os.environ.update(spec.get("env", {}))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     record: dict[str, Any] = {"epochs": [], "error": None}

@@ -83,6 +83,10 @@ remote         shards on moto's S3 server behind a proxy adding 20 ms per    >= 
                StreamingDataset, each on its own format;
                a warm cache against local disk;                            >= 0.8x
                two ranks sharing one cache: objects downloaded / shards    <= 1x
+world_queue    4 forked ranks, 64 file shards of 100 items, batch 32:       <= 0.6x,
+               an epoch's seconds (first rank's start to last rank's end)
+               with Sharding(across="world") against static sharding, one
+               rank waiting 3 ms an item; the same with equal ranks         <= 1.1x
 =============  ==========================================================  =========
 
 The ``*_w2`` scenarios are skipped with a note while ferroloader raises

@@ -43,6 +43,7 @@ from .scenarios.records import (
 from .scenarios.remote import sc_remote
 from .scenarios.shards import sc_shards_w2
 from .scenarios.startup import sc_ttfb_w2
+from .scenarios.world import sc_world_queue
 from .scenarios.state import sc_seeds_w2, sc_state_w2
 from .scenarios.tables import sc_table, sc_table_mem, sc_table_w2, table_mem_child
 from .scenarios.threads import (
@@ -85,6 +86,8 @@ SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
     "autotune": ("num_workers='auto' against a grid of fixed layouts, six jobs", sc_autotune),
     "remote": ("shards on a local S3 server behind a slow proxy: streamed, cached, two ranks",
                sc_remote),
+    "world_queue": ("4 ranks: the job's shared shard queue against static sharding, one slow "
+                    "rank and equal ranks", sc_world_queue),
 }
 
 
