@@ -43,7 +43,6 @@ from .scenarios.records import (
 from .scenarios.remote import sc_remote
 from .scenarios.shards import sc_shards_w2
 from .scenarios.startup import sc_ttfb_w2
-from .scenarios.world import sc_world_queue
 from .scenarios.state import sc_seeds_w2, sc_state_w2
 from .scenarios.tables import sc_table, sc_table_mem, sc_table_w2, table_mem_child
 from .scenarios.threads import (
@@ -54,6 +53,7 @@ from .scenarios.threads import (
     strings_child,
     worker_threads_child,
 )
+from .scenarios.world import sc_world_queue
 
 # ---------------------------------------------------------------------------
 # Driver
