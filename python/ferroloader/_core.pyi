@@ -14,6 +14,7 @@ __all__ = [
     "AddressBatches",
     "ArrowTable",
     "BatchSamplerIter",
+    "CacheLease",
     "MultiProcessIter",
     "Packer",
     "PinArena",
