@@ -245,8 +245,8 @@ def _check_workers(loader: Any, resume: Optional[dict[str, Any]], extra: dict[st
     if (mid_epoch and (iterable or stateful(loader.dataset))) or "worker_states" in extra:
         kind = "an IterableDataset" if iterable else "a dataset with state_dict()"
         raise StateMismatchError(
-            f"iter(): the state given to load_state_dict(), of {kind} saved with "
-            f"num_workers={saved}, resumes only with "
+            f"iter(): the state given to load_state_dict() cannot resume here: {kind} saved "
+            f"with num_workers={saved} resumes only with "
             f"num_workers={saved} (each worker keeps its own replica of the dataset and its "
             "state; threads inside worker processes count as workers, num_workers x "
             f"worker_threads); this loader has {_describe_workers(loader)}. Resume with the "
