@@ -228,7 +228,9 @@ def test_every_ranks_state_resumes_exactly_the_rest_on_any_number_of_ranks(
 
 
 def test_a_faster_rank_claims_more_shards():
-    """One rank that waits 5 ms an item: the others read most of the shards."""
+    """One rank that waits 5 ms an item reads far fewer than its static
+    share of the shards (8 of 24); the others, threads sharing one
+    interpreter here, split the rest as the GIL lets them."""
     lens = [20] * 24
     store, name = dist.HashStore(), job_name()
     datasets = [Counted(lens, delay=0.005 if r == 0 else 0.0) for r in range(3)]
@@ -236,7 +238,7 @@ def test_a_faster_rank_claims_more_shards():
     side_by_side([lambda ld=ld: list(ld) for ld in loaders])
     shards = [ld.stats().queue.shards for ld in loaders]
     assert sum(shards) == 24
-    assert shards[0] < min(shards[1:]), shards
+    assert shards[0] <= 3, shards
 
 
 def test_map_style_data_through_the_queue():
@@ -285,9 +287,10 @@ def test_the_queue_needs_a_store_or_a_process_group():
 
 def test_a_state_of_one_rank_on_another_number_of_ranks_needs_every_rank():
     store, name = dist.HashStore(), job_name()
-    lds = [loader(Counted([5, 6]), store, name, r, 2, even=False) for r in range(2)]
+    # (enough shards that each rank has one: a rank claims two per lane ahead)
+    lds = [loader(Counted([5, 6] * 4), store, name, r, 2, even=False) for r in range(2)]
     its = side_by_side([lambda ld=ld: (next(iter(ld)), ld.state_dict())[1] for ld in lds])
-    one = loader(Counted([5, 6]), dist.HashStore(), job_name(), 0, 3, even=False)
+    one = loader(Counted([5, 6] * 4), dist.HashStore(), job_name(), 0, 3, even=False)
     one.load_state_dict(its[0])
     with pytest.raises(fl.ConfigError, match="merge_states"):
         iter(one)
