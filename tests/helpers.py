@@ -457,3 +457,40 @@ def error_on(make_input: Callable[[], Any], torch_fn: Callable, ferro_fn: Callab
     x_torch = make_input()
     x_ferro = make_input()
     return assert_same_error(lambda: torch_fn(x_torch), lambda: ferro_fn(x_ferro))
+
+
+def side_by_side(fns: list[Callable[[], Any]], stuck_after: float) -> list[Any]:
+    """Runs each function on a thread of its own (ranks, loaders sharing a
+    cache); their results. One still running after ``stuck_after`` seconds
+    fails the test; an exception in one is raised here."""
+    import threading
+
+    out: list[Any] = [None] * len(fns)
+
+    def run(k: int) -> None:
+        try:
+            out[k] = fns[k]()
+        except BaseException as e:  # re-raised below
+            out[k] = e
+
+    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(stuck_after)
+        assert not t.is_alive(), f"a thread was stuck for {stuck_after} s"
+    for r in out:
+        if isinstance(r, BaseException):
+            raise r
+    return out
+
+
+def plain(value: Any) -> Any:
+    """A batch as nested Python values (tensors as lists), for comparison."""
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value

@@ -148,3 +148,15 @@ def gloo_rank(
         dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
+
+
+def write_int_shards(folder: str, lens: list[int]) -> list[str]:
+    """Shard files of int64 items: shard ``s`` holds ``1000 * s + o`` for
+    ``o`` in ``range(lens[s])``; their paths."""
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for s, n in enumerate(lens):
+        p = os.path.join(folder, f"shard-{s:03d}.bin")
+        (1000 * s + np.arange(n, dtype=np.int64)).tofile(p)
+        paths.append(p)
+    return paths

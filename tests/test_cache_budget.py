@@ -5,17 +5,16 @@ go of its shard between batches (``ShardCache.short_of_room``)."""
 
 from __future__ import annotations
 
-import os
-import threading
 import uuid
 from typing import Any
 
 import ferroloader as fl
-import numpy as np
 import pytest
+from helpers import side_by_side
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from remote_servers import read_ints
+from shard_cases import write_int_shards
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -28,36 +27,17 @@ STUCK_AFTER = 60.0
 
 
 def _write(folder: str, lens: list[int]) -> list[str]:
-    os.makedirs(folder, exist_ok=True)
-    urls = []
-    for s, n in enumerate(lens):
-        p = os.path.join(folder, f"shard-{s:03d}.bin")
-        (1000 * s + np.arange(n, dtype=np.int64)).tofile(p)
-        urls.append("file://" + p)
-    return urls
+    return ["file://" + p for p in write_int_shards(folder, lens)]
 
 
 def _epochs(loaders: list[Any], epochs: int) -> list[list[list[int]]]:
     """Each loader's items per epoch, the loaders running side by side (as
     ranks of one machine would); a loader that does not finish fails."""
-    out: list[Any] = [None] * len(loaders)
-
-    def run(k: int) -> None:
-        try:
-            out[k] = [[v for b in loaders[k] for v in b.tolist()] for _ in range(epochs)]
-        except BaseException as e:  # re-raised in the test's thread
-            out[k] = e
-
-    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(len(loaders))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(STUCK_AFTER)
-        assert not t.is_alive(), f"a loader was stuck for {STUCK_AFTER} s"
-    for r in out:
-        if isinstance(r, BaseException):
-            raise r
-    return out
+    return side_by_side(
+        [lambda ld=ld: [[v for b in ld for v in b.tolist()] for _ in range(epochs)]
+         for ld in loaders],
+        STUCK_AFTER,
+    )
 
 
 LAYOUTS = [(0, "multiprocessing"), (1, "multiprocessing"), (2, "multiprocessing"), (2, "thread")]

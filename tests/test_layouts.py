@@ -21,7 +21,7 @@ import ferroloader as fl
 import pytest
 import torch
 from ferroloader.autotune import Layout
-from helpers import ferro_only, time_limit
+from helpers import ferro_only, plain, time_limit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,16 +73,6 @@ setups = st.one_of(
     st.builds(Setup, persistent=st.booleans(),
               auto=st.lists(st.sampled_from(AUTO_LAYOUTS), min_size=1, max_size=3).map(tuple)),
 )
-
-
-def plain(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
 
 
 def _iterate(loader: Any, setup: Setup, it: Any = None, first: int = 0) -> list[Any]:

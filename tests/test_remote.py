@@ -15,6 +15,7 @@ import ferroloader as fl
 import numpy as np
 import pytest
 from remote_servers import HttpServer, free_port, gloo_rank, read_ints
+from shard_cases import write_int_shards
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,13 +23,7 @@ LENS = [7, 1, 23, 3, 0, 5, 9, 2, 12, 4, 6, 1, 8]
 
 
 def write_shards(folder: str, lens: list[int] = LENS) -> list[str]:
-    os.makedirs(folder, exist_ok=True)
-    paths = []
-    for s, n in enumerate(lens):
-        p = os.path.join(folder, f"shard-{s:03d}.bin")
-        (1000 * s + np.arange(n, dtype=np.int64)).tofile(p)
-        paths.append(p)
-    return paths
+    return write_int_shards(folder, lens)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import ferroloader as fl
 import pytest
 import torch
 import torch.utils.data as tud
-from helpers import ferro_only, time_limit
+from helpers import ferro_only, plain, time_limit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,17 +35,6 @@ pytestmark = [
 
 N = 11  # batch sizes 2 and 3 leave a partial last batch
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def plain(value: Any) -> Any:
-    """A batch as nested Python values (tensors as lists), for comparison."""
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
 
 
 class Squares(tud.Dataset):

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections import Counter
 from typing import Any, Callable
 
 import ferroloader as fl
+import helpers
 import pytest
 import torch
 import torch.distributed as dist
@@ -44,25 +44,7 @@ def job_name() -> str:
 
 
 def side_by_side(fns: list[Callable[[], Any]]) -> list[Any]:
-    """Runs each rank's function on a thread of its own; their results."""
-    out: list[Any] = [None] * len(fns)
-
-    def run(k: int) -> None:
-        try:
-            out[k] = fns[k]()
-        except BaseException as e:  # re-raised below
-            out[k] = e
-
-    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(STUCK_AFTER)
-        assert not t.is_alive(), f"a rank was stuck for {STUCK_AFTER} s"
-    for r in out:
-        if isinstance(r, BaseException):
-            raise r
-    return out
+    return helpers.side_by_side(fns, STUCK_AFTER)
 
 
 def loader(ds: Any, store: Any, name: str, rank: int, world: int, *, even: bool, nw: int = 0,

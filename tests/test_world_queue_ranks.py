@@ -9,35 +9,19 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import socket
 from collections import Counter
 from typing import Any
 
-import numpy as np
 import pytest
 from helpers import ferro_only, time_limit
+from remote_servers import free_port
+from shard_cases import write_int_shards
 
 pytestmark = [ferro_only, pytest.mark.filterwarnings("ignore::UserWarning")]
 
 LENS = [7, 1, 23, 3, 0, 5, 9, 2, 12, 4, 6, 1, 8, 10]
 # a rank that has not ended in this long is stuck (a run takes seconds)
 STUCK_AFTER = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_shards(folder: str, lens: list[int]) -> list[str]:
-    os.makedirs(folder, exist_ok=True)
-    paths = []
-    for s, n in enumerate(lens):
-        p = os.path.join(folder, f"shard-{s:03d}.bin")
-        (1000 * s + np.arange(n, dtype=np.int64)).tofile(p)
-        paths.append(p)
-    return paths
 
 
 def all_items(lens: list[int]) -> list[int]:
@@ -85,7 +69,7 @@ def epoch_items(ranks: list[dict[str, Any]], e: int) -> list[int]:
 @time_limit(240)
 @pytest.mark.parametrize("world,nw", [(2, 0), (3, 2), (4, 0)])
 def test_gloo_ranks_read_every_item_once_from_local_files(tmp_path, world, nw):
-    paths = write_shards(str(tmp_path / "src"), LENS)
+    paths = write_int_shards(str(tmp_path / "src"), LENS)
     spec = {"kind": "files", "paths": paths, "lens": LENS, "batch": 3, "even": False,
             "epochs": 2, "nw": nw}
     ranks = run_job(world, str(tmp_path), spec)
@@ -98,7 +82,7 @@ def test_gloo_ranks_read_every_item_once_from_local_files(tmp_path, world, nw):
 
 @time_limit(240)
 def test_gloo_ranks_even_counts_hold_back_and_carry(tmp_path):
-    paths = write_shards(str(tmp_path / "src"), LENS)
+    paths = write_int_shards(str(tmp_path / "src"), LENS)
     spec = {"kind": "files", "paths": paths, "lens": LENS, "batch": 3, "even": True,
             "epochs": 3, "nw": 0}
     ranks = run_job(3, str(tmp_path), spec)
@@ -118,7 +102,7 @@ def test_gloo_ranks_even_counts_hold_back_and_carry(tmp_path):
 def test_gloo_ranks_over_s3_tables_and_map_style_data(tmp_path, s3_server):
     bucket = "worldq"
     s3_server.bucket(bucket)
-    local = write_shards(str(tmp_path / "src"), LENS)
+    local = write_int_shards(str(tmp_path / "src"), LENS)
     urls = []
     for p in local:
         with open(p, "rb") as f:
@@ -158,7 +142,7 @@ def test_a_rank_lost_mid_epoch_and_the_job_restarted_from_the_last_states(tmp_pa
     """Job A checkpoints every rank's state at step 2, then rank 1 dies;
     job B (new processes, a new store, `after` ranks) loads the states and
     reads exactly what was not read before the checkpoint."""
-    paths = write_shards(str(tmp_path / "src"), LENS)
+    paths = write_int_shards(str(tmp_path / "src"), LENS)
     spec = {"kind": "files", "paths": paths, "lens": LENS, "batch": 2, "even": False,
             "epochs": 1, "stop": 2, "die": [1]}
     first = run_job(2, str(tmp_path), spec, expect_loss=True)
@@ -179,7 +163,7 @@ def test_the_store_lost_with_its_rank_is_a_clear_error_not_a_hang(tmp_path):
     slower, meets the lost store at its next claim: a ShardQueueError
     naming the store, not a hang."""
     lens = [4] * 40
-    paths = write_shards(str(tmp_path / "src"), lens)
+    paths = write_int_shards(str(tmp_path / "src"), lens)
     spec = {"kind": "files", "paths": paths, "lens": lens, "batch": 2, "even": False,
             "epochs": 1, "store_dies_with": 0, "slow_rank": 1, "delay": 0.02}
     ranks = run_job(2, str(tmp_path), spec, expect_loss=True)
