@@ -54,6 +54,7 @@ from ferroloader.errors import (
 from ferroloader.mixture import Mixture, MixtureBatchSampler
 from ferroloader.packing import PackedLoader, Packing
 from ferroloader.patch import Patch, patch
+from ferroloader.ray import RayWorkers
 from ferroloader.remote import CacheStats, ShardCache
 from ferroloader.sampler import (
     BatchSampler,
@@ -101,6 +102,7 @@ __all__ = [
     "ProtocolError",
     "QueueStats",
     "RandomSampler",
+    "RayWorkers",
     "RebuiltAsTorchWarning",
     "Sampler",
     "SequentialSampler",

@@ -11,6 +11,7 @@ from typing_extensions import Required, Self, disjoint_base
 __version__: str
 
 __all__ = [
+    "ActorHost",
     "AddressBatches",
     "ArrowTable",
     "BatchSamplerIter",
@@ -44,6 +45,7 @@ __all__ = [
     "prefetch_window",
     "ragged",
     "randperm",
+    "relay_loop",
     "resume_stream",
     "sample_seed",
     "seed_everything",
@@ -318,6 +320,29 @@ class _WorkerSpec(TypedDict):
 
 def worker_loop(fd: int, spec: _WorkerSpec) -> None:
     """Serve tasks from the main process until it stops or goes away."""
+
+# a remote worker's task: ("ints", [...]), ("int", i), ("pickled", bytes),
+# ("iterable", n or None), ("lane", l) or ("addresses", [(shard, offset)])
+_Task = tuple[str, Any]
+# (kind, payload, replica state or None, (lane, started, shard, emitted) or None)
+_Reply = tuple[str, Any, Optional[bytes], Optional[tuple[int, int, int, int]]]
+
+@final
+class ActorHost:
+    """A worker's host in a remote actor (``ferroloader.ray``)."""
+
+    def __new__(cls, spec: _WorkerSpec) -> Self: ...
+    def start_epoch(self) -> Optional[bytes]: ...
+    def lanes(self, lanes: list[int], shuffle: bool, block: int, root: int) -> None: ...
+    def assign(self, lane: int, works: list[tuple[int, int, int]], last: bool) -> None: ...
+    def hand_back(self, lane: int) -> None: ...
+    def run(self, task: _Task) -> tuple[_Reply, tuple[int, int, int, int]]:
+        """One task: the reply and its stage timings (ns: fetch, collate,
+        transfer; batches)."""
+
+def relay_loop(fd: int, relay: Any, shm: tuple[int, int, int, bool]) -> None:
+    """A remote worker's relay: the worker loop over ``fd``, each call sent
+    to ``relay``."""
 
 @final
 class StopFlag:

@@ -205,7 +205,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
         # a timeout torch's wait for a batch cannot take: its next() raises
         # the OverflowError (the engine's timer could not take it either)
         overflow = _wait_overflow(loader.timeout)
-        if loader.worker_method != "thread":
+        if loader.worker_method == "multiprocessing":
             forkserver.warm(loader)  # a context set after construction
         workers, procs = start_workers(loader, plan, trim=arena is None)
         ep = plan.shards

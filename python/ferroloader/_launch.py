@@ -18,6 +18,7 @@ import warnings
 import weakref
 from typing import (
     Any,
+    Callable,
     Iterator,
     Optional,
     TypeVar,
@@ -66,14 +67,22 @@ def start_workers(
     behind (e.g. EMFILE): the sockets are closed and the workers started so
     far are ended."""
     threads = loader.worker_method == "thread"
-    _check_thread_workers(loader, plan.dataset_stateful)
+    remote = not isinstance(loader.worker_method, str) or loader.worker_method == "ray"
+    if not remote:
+        _check_thread_workers(loader, plan.dataset_stateful)
     jobs = _worker_jobs(loader, plan, trim)
     _check_fd_headroom(len(jobs))
     socks: list[socket.socket] = []
     procs: list[Any] = []
     pids: list[int] = []
     try:
-        start = _start_threads if threads else _start_processes
+        start: Callable[..., None]
+        if remote:
+            from ferroloader import ray
+
+            start = ray.start
+        else:
+            start = _start_threads if threads else _start_processes
         start(loader, jobs, plan.base_seed, socks, procs, pids)
     except BaseException:
         for sock in socks:

@@ -291,6 +291,21 @@ def _serve(
     Rust loop until the main process stops it; a process's and a thread's.
     A thread's socket is handed to the loop last: should anything before
     fail, the socket object closes and the main thread sees the worker end."""
+    spec = worker_spec(dataset, job, wrap, init_exception, main_pid, iterators)
+    _core.worker_loop(fd if isinstance(fd, int) else fd.detach(), spec)
+
+
+def worker_spec(
+    dataset: Any,
+    job: dict[str, Any],
+    wrap: Callable[[BaseException], bytes],
+    init_exception: Optional[bytes],
+    main_pid: int,
+    iterators: Optional[IteratorRegistry],
+) -> _core._WorkerSpec:
+    """What a worker's host serves with: ``worker_init_fn`` run, the
+    dataset's wrappers and fetch plan; a process's, a thread's and a
+    remote actor's (``ferroloader.ray``)."""
     worker_id, iterable = job["worker_id"], job["iterable"]
     try:
         if job["init_fn"] is not None:
@@ -350,7 +365,28 @@ def _serve(
         "table": table,
         "trim": job["trim"],
     }
-    _core.worker_loop(fd if isinstance(fd, int) else fd.detach(), spec)
+    return spec
+
+
+def actor_host(dataset: Any, job: dict[str, Any], base_seed: int, num_workers: int) -> Any:
+    """A remote actor's worker (``ferroloader.ray``): torch's worker set-up
+    (the global generators seeded, ``get_worker_info()``), then the same
+    host a worker process serves with, called message by message."""
+    worker_id = job["worker_id"]
+    wrap = _wrapper(f"in DataLoader worker {worker_id} (a Ray actor)")
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(_torch_worker._generate_state(base_seed, worker_id))
+    except ImportError:
+        pass
+    _torch_worker._worker_info = _torch_worker.WorkerInfo(
+        id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset
+    )
+    return _core.ActorHost(worker_spec(dataset, job, wrap, None, 0, None))
 
 
 class IteratorRegistry:

@@ -170,12 +170,15 @@ class DataLoader(_TorchDataLoader[_T_co]):
             # persistent_workers, multiprocessing_context are then allowed);
             # the tuner sets the layout at each iter()
         nw: int = 1 if bounds is not None else cast(int, num_workers)
-        if worker_method not in WORKER_METHODS:
+        remote = _is_ray(worker_method)
+        if not remote and worker_method not in WORKER_METHODS:
             raise ValueError(
                 "worker_method option should be 'multiprocessing' or 'thread', but got "
                 f"worker_method={worker_method!r}"
             )
-        _check_worker_threads(worker_threads, worker_method, nw)
+        if remote:
+            _check_ray(worker_method, nw, worker_threads, bounds is not None)
+        _check_worker_threads(worker_threads, "multiprocessing" if remote else worker_method, nw)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"seed should be an int or None, but got seed={seed!r}")
         if per_sample_seed and seed is None:
@@ -372,6 +375,10 @@ class DataLoader(_TorchDataLoader[_T_co]):
             total.remote = sum((c.stats() for c in caches.values()), CacheStats())
         if self.sharding is not None and self.sharding.across == "world":
             total.queue = dataclasses.replace(self._queue_stats)
+        if _is_ray(self.worker_method):
+            from ferroloader.ray import places
+
+            total.ray = places(self)
         return total
 
     def __getstate__(self) -> dict[str, Any]:
@@ -499,8 +506,11 @@ class DataLoader(_TorchDataLoader[_T_co]):
         ``__init__`` and at each ``iter()``): torch's own method for worker
         processes (its text, and the locations its warnings name: a property
         hands it out, so no frame of ours comes between), ours for threads."""
-        if getattr(self, "worker_method", "multiprocessing") == "thread":
+        method = getattr(self, "worker_method", "multiprocessing")
+        if method == "thread":
             return self._check_thread_count
+        if _is_ray(method):
+            return _no_check  # the workers are on the cluster's nodes, not this one's CPUs
         return _TorchDataLoader.check_worker_number_rationality.__get__(self)
 
     def _check_thread_count(self) -> None:
@@ -595,6 +605,35 @@ def _check_autotune_args(loader: Any) -> None:
             f"prefetch_factor={prefetch!r} cannot be the starting prefetch depth of "
             "num_workers='auto': give a positive integer, or leave it unset"
         )
+
+
+def _is_ray(method: Any) -> bool:
+    """``worker_method="ray"`` or a ``ferroloader.RayWorkers``."""
+    return (isinstance(method, str) and method == "ray") or type(method).__name__ == "RayWorkers"
+
+
+def _check_ray(method: Any, num_workers: int, worker_threads: Any, auto: bool) -> None:
+    from ferroloader.ray import RayWorkers, ray_module
+
+    if not isinstance(method, (str, RayWorkers)):
+        raise ConfigError(f"worker_method should be a str or ferroloader.RayWorkers, but got "
+                          f"{method!r}")
+    if auto:
+        raise ConfigError("num_workers='auto' chooses among local workers; give a number of "
+                          "Ray workers (num_workers=n)")
+    if num_workers == 0:
+        raise ConfigError(
+            "worker_method='ray' runs num_workers Ray actors, and num_workers=0 starts none "
+            "(it loads in the main thread): set num_workers >= 1"
+        )
+    if worker_threads != 1:
+        raise ConfigError("worker_threads= sets the threads inside each worker process; Ray "
+                          "workers are actors (one loop each)")
+    ray_module()  # a clear error now when Ray is not installed
+
+
+def _no_check() -> None:
+    pass
 
 
 def _check_worker_threads(k: Any, method: str, num_workers: int) -> None:

@@ -79,7 +79,7 @@ def warm(loader: Any) -> bool:
     """Preloads and starts the fork server for ``loader``'s workers, if
     they use ``forkserver`` and the server is not running yet. Returns
     whether it started the server."""
-    if loader.num_workers == 0 or getattr(loader, "worker_method", None) == "thread":
+    if loader.num_workers == 0 or getattr(loader, "worker_method", None) != "multiprocessing":
         return False
     if start_method(loader) != "forkserver":
         return False

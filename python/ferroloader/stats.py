@@ -82,6 +82,9 @@ class LoaderStats:
     # Sharding(across="world"): what the job's shared queue did for this
     # rank (ferroloader.worldqueue.QueueStats), set by DataLoader.stats()
     queue: Any = None
+    # worker_method="ray": where each worker runs (ferroloader.ray.WorkerPlace:
+    # its node, its actor's restarts), set by DataLoader.stats()
+    ray: Any = None
 
     @property
     def fetch(self) -> float:
@@ -162,6 +165,9 @@ class LoaderStats:
             lines.append(str(self.remote))
         if self.queue is not None:
             lines.append(str(self.queue))
+        if self.ray:
+            lines.extend(f"ray worker {p.worker}: node {p.node_ip}, {p.restarts} restarts"
+                         for p in self.ray)
         return "\n".join(lines)
 
 

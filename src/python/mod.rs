@@ -20,6 +20,7 @@ mod loader;
 mod multiproc;
 mod packing;
 mod pinning;
+mod relay;
 mod remote;
 mod sampler;
 mod seeds;
@@ -37,6 +38,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(collate::collate, m)?)?;
     m.add_function(wrap_pyfunction!(sampler::randperm_list, m)?)?;
     m.add_function(wrap_pyfunction!(worker::worker_loop, m)?)?;
+    m.add_function(wrap_pyfunction!(relay::relay_loop, m)?)?;
+    m.add_class::<relay::ActorHost>()?;
     m.add_function(wrap_pyfunction!(shards::shard_plan, m)?)?;
     m.add_function(wrap_pyfunction!(shards::elastic_indices, m)?)?;
     m.add_function(wrap_pyfunction!(shards::mixture_indices, m)?)?;

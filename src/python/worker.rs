@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
+use pyo3::{PyTraverseError, PyVisit};
 
 use super::codec::encode_batch;
 use super::collate::Sink;
@@ -54,6 +55,11 @@ pub struct ReplicaState {
 
 struct PyHost<'py> {
     py: Python<'py>,
+    parts: Parts,
+}
+
+/// A worker host's state, apart from the interpreter token it is used with.
+struct Parts {
     fetcher: Fetcher,
     iterable: bool,
     auto_collation: bool,
@@ -75,6 +81,19 @@ struct PyHost<'py> {
     sharded: Option<Sharded>,
     /// Stage timings since the last report.
     times: crate::stats::StageTimes,
+}
+
+impl std::ops::Deref for PyHost<'_> {
+    type Target = Parts;
+    fn deref(&self) -> &Parts {
+        &self.parts
+    }
+}
+
+impl std::ops::DerefMut for PyHost<'_> {
+    fn deref_mut(&mut self) -> &mut Parts {
+        &mut self.parts
+    }
 }
 
 impl Blocking for PyHost<'_> {
@@ -377,6 +396,14 @@ pub struct WorkerSpec {
 /// Serves tasks until the main process says stop or goes away.
 #[pyfunction]
 pub fn worker_loop(py: Python<'_>, fd: i32, spec: WorkerSpec) -> PyResult<()> {
+    let fd = adopt_fd(fd)?;
+    let (mut host, config) = host_from_spec(py, spec)?;
+    serve(&mut host, fd, config)
+}
+
+/// A worker's host and arena settings from its spec (a worker process's
+/// or thread's, and a remote actor's: `super::relay::ActorHost`).
+fn host_from_spec(py: Python<'_>, spec: WorkerSpec) -> PyResult<(PyHost<'_>, Config)> {
     let WorkerSpec {
         dataset,
         iterable,
@@ -399,7 +426,6 @@ pub fn worker_loop(py: Python<'_>, fd: i32, spec: WorkerSpec) -> PyResult<()> {
         table,
         trim,
     } = spec;
-    let fd = adopt_fd(fd)?;
     let fetcher = Fetcher::new(
         py,
         dataset,
@@ -409,30 +435,32 @@ pub fn worker_loop(py: Python<'_>, fd: i32, spec: WorkerSpec) -> PyResult<()> {
         Sink::Deferred,
         table,
     )?;
-    let mut host = PyHost {
+    let host = PyHost {
         py,
-        fetcher,
-        iterable,
-        auto_collation,
-        drop_last,
-        make_iter,
-        wrap_exception,
-        iterator: None,
-        init_exception,
-        ended: false,
-        epochs: 0,
-        on_epoch,
-        replica,
-        stateless_epoch: false,
-        sharded: sharded.map(|arg| Sharded {
-            src: PyShards::new(arg),
-            batch: batch_size.filter(|_| auto_collation),
+        parts: Parts {
+            fetcher,
+            iterable,
+            auto_collation,
             drop_last,
-            lanes: HashMap::new(),
-            reader: BlockReader::new(1),
-            last: None,
-        }),
-        times: Default::default(),
+            make_iter,
+            wrap_exception,
+            iterator: None,
+            init_exception,
+            ended: false,
+            epochs: 0,
+            on_epoch,
+            replica,
+            stateless_epoch: false,
+            sharded: sharded.map(|arg| Sharded {
+                src: PyShards::new(arg),
+                batch: batch_size.filter(|_| auto_collation),
+                drop_last,
+                lanes: HashMap::new(),
+                reader: BlockReader::new(1),
+                last: None,
+            }),
+            times: Default::default(),
+        },
     };
     let config = Config {
         main_pid,
@@ -441,5 +469,87 @@ pub fn worker_loop(py: Python<'_>, fd: i32, spec: WorkerSpec) -> PyResult<()> {
         prefetch_factor,
         trim,
     };
-    serve(&mut host, fd, config)
+    Ok((host, config))
+}
+
+/// A worker host kept between calls from Python (a remote actor's): its
+/// parts, and the host rebuilt over them for each call.
+pub struct ParkedHost {
+    parts: Option<Parts>,
+    pub config: Config,
+}
+
+impl ParkedHost {
+    pub fn new(py: Python<'_>, spec: WorkerSpec) -> PyResult<ParkedHost> {
+        let (host, config) = host_from_spec(py, spec)?;
+        Ok(ParkedHost {
+            parts: Some(host.parts),
+            config,
+        })
+    }
+
+    /// Runs `f` over the host (the parts go back afterwards, also when `f`
+    /// fails).
+    pub fn with<R>(&mut self, py: Python<'_>, f: impl FnOnce(&mut dyn HostCalls) -> R) -> R {
+        let parts = self.parts.take().expect("parked between calls");
+        let mut host = PyHost { py, parts };
+        let out = f(&mut host);
+        self.parts = Some(host.parts);
+        out
+    }
+
+    pub fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match &self.parts {
+            Some(p) => {
+                visit.call(&p.make_iter)?;
+                visit.call(&p.wrap_exception)?;
+                visit.call(&p.iterator)?;
+                visit.call(&p.on_epoch)
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// What a remote actor asks of its host: `Host`'s calls, object-safe.
+pub trait HostCalls {
+    fn start_epoch(&mut self);
+    fn setup_error(&self) -> Option<Vec<u8>>;
+    fn run(&mut self, indices: TaskIndices, records: &mut Records) -> PyResult<Reply>;
+    fn state_after_batch(&mut self) -> PyResult<Option<Vec<u8>>>;
+    fn lanes(&mut self, lanes: Vec<u32>, shuffle: bool, block: u64, root: u64);
+    fn assign(&mut self, lane: u32, works: Vec<Work>, last: bool);
+    fn hand_back(&mut self, lane: u32);
+    fn lane_after_batch(&mut self) -> Option<(u32, LanePos)>;
+    fn take_times(&mut self) -> crate::stats::StageTimes;
+}
+
+impl HostCalls for PyHost<'_> {
+    fn start_epoch(&mut self) {
+        Host::start_epoch(self)
+    }
+    fn setup_error(&self) -> Option<Vec<u8>> {
+        Host::setup_error(self)
+    }
+    fn run(&mut self, indices: TaskIndices, records: &mut Records) -> PyResult<Reply> {
+        Host::run(self, indices, records)
+    }
+    fn state_after_batch(&mut self) -> PyResult<Option<Vec<u8>>> {
+        Host::state_after_batch(self)
+    }
+    fn lanes(&mut self, lanes: Vec<u32>, shuffle: bool, block: u64, root: u64) {
+        Host::lanes(self, lanes, shuffle, block, root)
+    }
+    fn assign(&mut self, lane: u32, works: Vec<Work>, last: bool) {
+        Host::assign(self, lane, works, last)
+    }
+    fn hand_back(&mut self, lane: u32) {
+        Host::hand_back(self, lane)
+    }
+    fn lane_after_batch(&mut self) -> Option<(u32, LanePos)> {
+        Host::lane_after_batch(self)
+    }
+    fn take_times(&mut self) -> crate::stats::StageTimes {
+        Host::take_times(self)
+    }
 }

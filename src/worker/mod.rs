@@ -221,6 +221,23 @@ impl Records {
     pub fn abandon(&mut self, r: RecordRef) {
         self.arena.abandon(r)
     }
+
+    /// Segments made since the last call, with their own fds (for a reader
+    /// in this process: a remote actor reads its own records).
+    pub fn take_new_segments(&mut self) -> Result<Vec<(u32, std::os::fd::OwnedFd)>> {
+        self.arena
+            .take_new_segments()
+            .into_iter()
+            .map(|(id, fd)| {
+                fd.try_clone_to_owned()
+                    .map(|fd| (id, fd))
+                    .map_err(|source| Error::SharedMemory {
+                        what: "the arena's segment".into(),
+                        source,
+                    })
+            })
+            .collect()
+    }
 }
 
 /// Arena and budget settings handed to the worker by the main process.

@@ -1,0 +1,62 @@
+"""Datasets of the Ray tests (tests/test_ray.py): a module the cluster's
+actors import (the tests put this folder on the cluster's PYTHONPATH)."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, Iterator, Optional
+
+import ferroloader as fl
+import torch
+
+
+class Drawn(torch.utils.data.Dataset):
+    """Item ``i`` with a draw from each global generator (seeded per sample
+    with ``per_sample_seed=True``); ``delay`` seconds per item."""
+
+    def __init__(self, n: int = 40, delay: float = 0.0) -> None:
+        self.n = n
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if self.delay:
+            time.sleep(self.delay)
+        return {"i": i, "x": torch.tensor([i, 2 * i], dtype=torch.float32),
+                "r": random.randrange(1000), "t": int(torch.randint(1000, ()))}
+
+
+class Ranges(fl.ShardedDataset):
+    """Shard ``s`` holds ``1000 * s + o`` for ``o`` in ``range(lens[s])``."""
+
+    def __init__(self, lens: list[int], delay: float = 0.0) -> None:
+        self.lens = lens
+        self.delay = delay
+
+    def shards(self) -> list[int]:
+        return list(range(len(self.lens)))
+
+    def iter_shard(self, shard: int, start: int = 0) -> Iterator[int]:
+        for o in range(start, self.lens[shard]):
+            if self.delay:
+                time.sleep(self.delay)
+            yield 1000 * shard + o
+
+    def shard_len(self, shard: int) -> Optional[int]:
+        return self.lens[shard]
+
+
+def failing_init(worker_id: int) -> None:
+    raise ValueError(f"worker_init_fn of worker {worker_id} refuses")
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """A plain iterable (its replica lives in the worker)."""
+
+    def __iter__(self) -> Iterator[int]:
+        info = torch.utils.data.get_worker_info()
+        k, n = (info.id, info.num_workers) if info is not None else (0, 1)
+        yield from range(k, 30, n)

@@ -1,0 +1,223 @@
+"""Workers on a Ray cluster (``worker_method="ray"``): a local cluster of
+two nodes started here (``ray.cluster_utils.Cluster``). The batches equal
+``num_workers=0``'s for map-style data (shuffled, seeded, per-sample
+seeds), sharded data in every mode and a mixture, with 1 to 4 Ray workers;
+a state moves between Ray and local workers; an actor killed, and a node
+removed, mid-epoch leave the epoch's batches unchanged; the errors are
+clear and come at ``iter()`` (or the first ``next()``, as torch's do)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import ferroloader as fl
+import pytest
+from helpers import ferro_only, plain, time_limit
+from ray_cases import Drawn, Ranges, Stream, failing_init
+
+ray = pytest.importorskip("ray", reason="the Ray tests need ray (a test extra: ferroloader[ray])")
+
+pytestmark = [ferro_only, time_limit(240), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    """A head node (the training process's) and a second node, on this
+    machine; the actors import this folder's modules."""
+    from ray.cluster_utils import Cluster
+
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, saved) if p)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    node = c.add_node(num_cpus=4, resources={"other": 4})
+    ray.init(address=c.address, log_to_driver=False)
+    try:
+        yield c, node
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+def batches(loader: Any, epochs: int = 1) -> list[Any]:
+    return [plain(b) for _ in range(epochs) for b in loader]
+
+
+@pytest.mark.parametrize("nw", [1, 2, 4])
+def test_map_style_batches_equal_the_main_processs(cluster, nw):
+    make = lambda **kw: fl.DataLoader(Drawn(), batch_size=4, shuffle=True, seed=3,  # noqa: E731
+                                      per_sample_seed=True, **kw)
+    want = batches(make(), epochs=2)
+    got = batches(make(num_workers=nw, worker_method="ray"), epochs=2)
+    assert got == want
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic", "elastic"])
+def test_sharded_batches_equal_the_main_processs(cluster, mode):
+    lens = [7, 1, 13, 3, 0, 5, 9]
+
+    def make(**kw: Any) -> fl.DataLoader:
+        return fl.DataLoader(Ranges(lens), batch_size=3, shuffle=True, seed=1,
+                             sharding=fl.Sharding(mode=mode, lanes=3), **kw)
+
+    want = batches(make())
+    got = batches(make(num_workers=2, worker_method="ray"))
+    if mode == "dynamic":  # (the order is the workers' race; the items are not)
+        assert sorted(v for b in got for v in b) == sorted(v for b in want for v in b)
+        assert len(got) == len(want)
+    else:
+        assert got == want
+
+
+def test_a_mixture_equals_the_main_processs(cluster):
+    def make(**kw: Any) -> fl.DataLoader:
+        mix = fl.Mixture({"a": list(range(20)), "b": list(range(100, 130))},
+                         {"a": 1.0, "b": 2.0}, seed=4)
+        return fl.DataLoader(mix, batch_size=5, **kw)
+
+    assert batches(make(num_workers=3, worker_method="ray")) == batches(make())
+
+
+@pytest.mark.parametrize("first,then", [("ray", "local"), ("local", "ray")])
+def test_a_state_moves_between_ray_and_local_workers(cluster, first, then):
+    def make(where: str) -> fl.DataLoader:
+        kw = {"num_workers": 2, "worker_method": "ray"} if where == "ray" else {"num_workers": 2}
+        return fl.DataLoader(Drawn(), batch_size=4, shuffle=True, seed=8, per_sample_seed=True,
+                             **kw)
+
+    want = batches(make("local"), epochs=2)
+    a = make(first)
+    it = iter(a)
+    head = [plain(next(it)) for _ in range(4)]
+    state = a.state_dict()
+    del it
+    b = make(then)
+    b.load_state_dict(state)
+    assert head + batches(b, epochs=2) == want
+
+
+def test_an_actor_killed_mid_epoch_changes_no_batch(cluster):
+    make = lambda **kw: fl.DataLoader(Drawn(60, delay=0.002), batch_size=4,  # noqa: E731
+                                      shuffle=True, seed=5, per_sample_seed=True, **kw)
+    want = batches(make())
+    loader = make(num_workers=2, worker_method=fl.RayWorkers(max_restarts=2))
+    it = iter(loader)
+    got = [plain(next(it)) for _ in range(3)]
+    ray.kill(loader._ray_pool.actors[0])
+    got += [plain(b) for b in it]
+    assert got == want
+    places = loader.stats().ray
+    assert places[0].restarts == 1 and places[1].restarts == 0
+
+
+def test_a_lane_of_an_actor_killed_goes_on_where_it_stood(cluster):
+    lens = [9, 14, 5, 11, 8, 6]
+
+    def make(**kw: Any) -> fl.DataLoader:
+        return fl.DataLoader(Ranges(lens, delay=0.002), batch_size=3, shuffle=True, seed=2,
+                             sharding=fl.Sharding(lanes=4), **kw)
+
+    want = batches(make())
+    loader = make(num_workers=2, worker_method="ray")
+    it = iter(loader)
+    got = [plain(next(it)) for _ in range(5)]
+    ray.kill(loader._ray_pool.actors[1])
+    got += [plain(b) for b in it]
+    assert got == want
+
+
+def test_errors_are_clear(cluster):
+    # a dataset that cannot travel to the cluster: at iter()
+    import threading
+
+    class Locked(Drawn):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lock = threading.Lock()
+
+    with pytest.raises(fl.ConfigError, match="cannot be sent to the Ray workers"):
+        iter(fl.DataLoader(Locked(), num_workers=1, worker_method="ray"))
+    # a worker whose set-up raises: at the first next(), as torch raises it
+    loader = fl.DataLoader(Drawn(), num_workers=1, worker_method="ray",
+                           worker_init_fn=failing_init)
+    with pytest.raises(ValueError, match="worker_init_fn of worker 0 refuses"):
+        next(iter(loader))
+    # arguments
+    with pytest.raises(fl.ConfigError, match="num_workers >= 1"):
+        fl.DataLoader(Drawn(), worker_method="ray")
+    with pytest.raises(fl.ConfigError, match="max_restarts"):
+        fl.RayWorkers(max_restarts=-1)
+
+
+def test_an_iterable_replica_lost_is_named(cluster):
+    loader = fl.DataLoader(Stream(), batch_size=2, num_workers=1, worker_method="ray")
+    it = iter(loader)
+    next(it)
+    ray.kill(loader._ray_pool.actors[0])
+    with pytest.raises(RuntimeError, match="IterableDataset's replica cannot move"):
+        list(it)
+
+
+def test_a_node_removed_mid_epoch_changes_no_batch(cluster):
+    """The workers run on the second node (avoid_trainer_node); the node is
+    removed mid-epoch; their actors start again on the node that is left."""
+    c, node = cluster
+    make = lambda **kw: fl.DataLoader(Drawn(60, delay=0.002), batch_size=4,  # noqa: E731
+                                      shuffle=True, seed=6, per_sample_seed=True, **kw)
+    want = batches(make())
+    loader = make(num_workers=2, worker_method=fl.RayWorkers(avoid_trainer_node=True))
+    it = iter(loader)
+    got = [plain(next(it)) for _ in range(3)]
+    assert {p.node_id for p in loader.stats().ray} == {node.node_id}
+    c.remove_node(node)
+    got += [plain(b) for b in it]
+    assert got == want
+    assert all(p.restarts == 1 and p.node_id != node.node_id for p in loader.stats().ray)
+
+
+def test_without_ray_the_error_names_the_extra():
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["ray"] = None  # as if it were not installed
+        import ferroloader
+        try:
+            ferroloader.DataLoader(list(range(4)), num_workers=2, worker_method="ray")
+        except ferroloader.ConfigError as e:
+            print(e)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=90)
+    assert "pip install 'ferroloader[ray]'" in out.stdout, out.stderr[-2000:]
+
+
+def test_an_unreachable_cluster_is_a_clear_error_at_iter():
+    code = textwrap.dedent(
+        """
+        import ferroloader, torch
+        loader = ferroloader.DataLoader(torch.arange(8), num_workers=1,
+                                        worker_method=ferroloader.RayWorkers(address="127.0.0.1:9"))
+        try:
+            iter(loader)
+        except ferroloader.ConfigError as e:
+            print("refused:", e)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert "refused: worker_method='ray': cannot reach the Ray cluster" in out.stdout, (
+        out.stdout[-2000:] + out.stderr[-2000:]
+    )
+
+
+
