@@ -29,6 +29,7 @@ from .harness import (
     write_json,
 )
 from .scenarios.autotune import sc_autotune
+from .scenarios.cluster import sc_cluster
 from .scenarios.gpu import sc_gpu
 from .scenarios.images import rss_child, sc_image_w2, sc_image_w2_rss, sc_scaling, write_scaling_png
 from .scenarios.packing import sc_packing
@@ -86,6 +87,8 @@ SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
     "autotune": ("num_workers='auto' against a grid of fixed layouts, six jobs", sc_autotune),
     "remote": ("shards on a local S3 server behind a slow proxy: streamed, cached, two ranks",
                sc_remote),
+    "cluster": ("Ray workers on a local 2-node cluster against Ray Data: records, images, JPEG",
+                sc_cluster),
     "world_queue": ("4 ranks: the job's shared shard queue against static sharding, one slow "
                     "rank and equal ranks", sc_world_queue),
 }
