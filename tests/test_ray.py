@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from typing import Any
 
 import ferroloader as fl
@@ -105,11 +106,13 @@ def test_a_state_moves_between_ray_and_local_workers(cluster, first, then):
     assert head + batches(b, epochs=2) == want
 
 
-def test_an_actor_killed_mid_epoch_changes_no_batch(cluster):
+@pytest.mark.parametrize("transport", ["stream", "object_store"])
+def test_an_actor_killed_mid_epoch_changes_no_batch(cluster, transport):
     make = lambda **kw: fl.DataLoader(Drawn(60, delay=0.002), batch_size=4,  # noqa: E731
                                       shuffle=True, seed=5, per_sample_seed=True, **kw)
     want = batches(make())
-    loader = make(num_workers=2, worker_method=fl.RayWorkers(max_restarts=2))
+    loader = make(num_workers=2,
+                  worker_method=fl.RayWorkers(max_restarts=2, transport=transport))
     it = iter(loader)
     got = [plain(next(it)) for _ in range(3)]
     ray.kill(loader._ray_pool.actors[0])
@@ -135,6 +138,29 @@ def test_a_lane_of_an_actor_killed_goes_on_where_it_stood(cluster):
     assert got == want
 
 
+def test_release_ends_the_idle_actors_of_loaders_gone(cluster):
+    import gc
+
+    import ferroloader.ray as flray
+
+    gc.collect()  # (the loaders of the tests before leave their actors idle)
+    flray.release()
+    free = ray.available_resources().get("other", 0)
+    opts = fl.RayWorkers(resources={"other": 1})
+    loader = fl.DataLoader(Drawn(8), batch_size=4, num_workers=2, worker_method=opts)
+    assert len(batches(loader)) == 2
+    assert ray.available_resources().get("other", 0) == free - 2
+    del loader
+    gc.collect()
+    # (the actors wait for the next loader, holding their resources, until released)
+    assert flray.release() == 2
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("other", 0) < free and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("other", 0) == free
+    assert flray.release() == 0
+
+
 def test_errors_are_clear(cluster):
     # a dataset that cannot travel to the cluster: at iter()
     import threading
@@ -156,6 +182,8 @@ def test_errors_are_clear(cluster):
         fl.DataLoader(Drawn(), worker_method="ray")
     with pytest.raises(fl.ConfigError, match="max_restarts"):
         fl.RayWorkers(max_restarts=-1)
+    with pytest.raises(fl.ConfigError, match="transport should be one of"):
+        fl.RayWorkers(transport="udp")
 
 
 def test_an_iterable_replica_lost_is_named(cluster):

@@ -83,6 +83,14 @@ remote         shards on moto's S3 server behind a proxy adding 20 ms per    >= 
                StreamingDataset, each on its own format;
                a warm cache against local disk;                            >= 0.8x
                two ranks sharing one cache: objects downloaded / shards    <= 1x
+cluster        a local Ray cluster of 2 nodes (the trainer's, the workers'): >= 0.95x,
+               ferroloader's 2 Ray workers on the other node (stream) on
+               records, images, JPEG against the same with the batches
+               through Ray's object store; against Ray Data (map_batches, >= 2x,
+               iter_torch_batches; defaults and concurrency=2), JPEG      >= 1x,
+               only at the decode limit; against 2 local worker processes; >= 0.8x
+               on JPEG the training host's CPU per batch, Ray workers      <= 0.25x
+               against local processes; MiB/s between the nodes (images)
 world_queue    4 forked ranks, 64 file shards of 100 items, batch 32:       <= 0.6x,
                an epoch's seconds (first rank's start to last rank's end)
                with Sharding(across="world") against static sharding, one
