@@ -60,3 +60,33 @@ class Stream(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         k, n = (info.id, info.num_workers) if info is not None else (0, 1)
         yield from range(k, 30, n)
+
+
+class WhoAmI(torch.utils.data.Dataset):
+    """Item ``i`` with what ``get_worker_info()`` says in the worker and
+    what ``worker_init_fn`` (``mark``) set there."""
+
+    def __init__(self, n: int = 24) -> None:
+        self.n = n
+        self.mark = -1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[int, int, int, int, int]:
+        info = torch.utils.data.get_worker_info()
+        return (i, info.id, info.num_workers, info.seed, info.dataset.mark)
+
+
+def mark(worker_id: int) -> None:
+    torch.utils.data.get_worker_info().dataset.mark = 100 + worker_id
+
+
+class Sequences(torch.utils.data.Dataset):
+    """Token id sequences of lengths 1 ... 90."""
+
+    def __len__(self) -> int:
+        return 60
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.arange(1 + (i * 37) % 90)

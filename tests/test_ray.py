@@ -17,8 +17,9 @@ from typing import Any
 
 import ferroloader as fl
 import pytest
+import torch
 from helpers import ferro_only, plain, time_limit
-from ray_cases import Drawn, Ranges, Stream, failing_init
+from ray_cases import Drawn, Ranges, Sequences, Stream, WhoAmI, failing_init, mark
 
 ray = pytest.importorskip("ray", reason="the Ray tests need ray (a test extra: ferroloader[ray])")
 
@@ -104,6 +105,44 @@ def test_a_state_moves_between_ray_and_local_workers(cluster, first, then):
     b = make(then)
     b.load_state_dict(state)
     assert head + batches(b, epochs=2) == want
+
+
+def test_worker_info_init_fn_packing_and_snapshots_are_those_of_local_workers(cluster):
+    """What a worker sees (get_worker_info(), worker_init_fn) and what
+    packing and snapshots make: the same with Ray workers as with local
+    worker processes."""
+
+    def info(**kw: Any) -> list[Any]:
+        loader = fl.DataLoader(WhoAmI(), batch_size=4, shuffle=True, num_workers=2,
+                               generator=torch.Generator().manual_seed(9),
+                               worker_init_fn=mark, **kw)
+        return batches(loader)
+
+    local = info()
+    assert {int(w) for b in local for w in b[1]} == {0, 1}
+    assert {int(m) for b in local for m in b[4]} == {100, 101}
+    assert info(worker_method="ray") == local
+
+    def packed(**kw: Any) -> tuple[list[Any], dict[str, Any], list[Any]]:
+        packing = fl.Packing(seq_len=64, rows=2, method="best_fit", pad_id=0)
+        loader = fl.DataLoader(Sequences(), batch_size=8, shuffle=True, seed=1,
+                               collate_fn=packing.collate, num_workers=2,
+                               snapshot_every_n_steps=2, **kw)
+        wrapped = packing.wrap(loader)
+        it = iter(wrapped)
+        head = [plain(next(it)) for _ in range(3)]
+        state = wrapped.state_dict()
+        return head + [plain(b) for b in it], state, head
+
+    want, _, _ = packed()
+    got, state, head = packed(worker_method="ray")
+    assert got == want
+    resumed = fl.Packing(seq_len=64, rows=2, method="best_fit", pad_id=0)
+    loader = fl.DataLoader(Sequences(), batch_size=8, shuffle=True, seed=1,
+                           collate_fn=resumed.collate, num_workers=2)
+    wrapped = resumed.wrap(loader)
+    wrapped.load_state_dict(state)
+    assert head + [plain(b) for b in wrapped] == want
 
 
 @pytest.mark.parametrize("transport", ["stream", "object_store"])
