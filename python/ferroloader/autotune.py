@@ -435,6 +435,398 @@ class Tuner:
         return sum(_machine.pss(p) for p in pids) > 0.9 * self.ram
 
 
+# --------------------------------------------------------------------------- #
+# the policy: a pure state machine over measured intervals, which plans with a
+# model of the machine (ferroloader.tunemodel runs it in simulated time)
+# --------------------------------------------------------------------------- #
+
+# the soft minimum's sharpness: at two equal bounds a rate is 2**(-1/6) (0.89)
+# of them (queues fall short of the tightest bound near the knee)
+SHARPNESS = 6.0
+
+
+def soft_min(bounds: list[float], sharpness: float = SHARPNESS) -> float:
+    finite = [b for b in bounds if math.isfinite(b)]
+    if not finite:
+        return math.inf
+    if min(finite) <= 0:
+        return 0.0
+    return float(sum(b ** -sharpness for b in finite) ** (-1.0 / sharpness))
+
+
+def bounds(cpu: float, wait: float, moving: float, gil: float, step: float, batch: int,
+           cores: float, layout: Layout) -> list[float]:
+    """The rates (samples per second) that bound ``layout``, from costs
+    per sample: ``cpu`` seconds of CPU and ``wait`` seconds of waiting in
+    a worker, ``moving`` seconds of the loop's CPU to take it from a worker
+    process, the share ``gil`` of ``cpu`` that holds the GIL, the loop's
+    ``step`` per batch of ``batch``, on ``cores`` cores."""
+    if layout.num_workers == 0:
+        return [batch / (batch * (cpu + wait) + step)] if cpu + wait + step > 0 else [math.inf]
+    out = [layout.workers / (cpu + wait) if cpu + wait > 0 else math.inf]
+    per = cpu + moving + step / batch
+    out.append(cores / per if per > 0 else math.inf)
+    if gil * cpu > 0 and (layout.worker_method == "thread" or layout.worker_threads > 1):
+        # one process runs its threads' Python one at a time
+        out.append((layout.num_workers if layout.processes else 1) / (gil * cpu))
+    loop = step + batch * moving
+    out.append(batch / loop if loop > 0 else math.inf)
+    return out
+
+
+def candidates(cap: int, processes: bool = True, threads: bool = True,
+               inner: bool = True) -> list[Layout]:
+    """The layouts a tuner may pick with at most ``cap`` workers: the main
+    process, processes, threads, and processes of 2 or 4 threads, of
+    every count to 64 and in steps of 4 % above (the model predicts each:
+    the policy climbs no ladder)."""
+    out = [Layout(0)]
+    counts, n = [], 1
+    while n <= cap:
+        # (every count to 64, then steps of 4 %)
+        counts.append(n)
+        n = n + 1 if n < 64 else math.ceil(n * 1.04)
+    for n in counts:
+        if processes:
+            out.append(Layout(n, "multiprocessing"))
+        if threads:
+            out.append(Layout(n, "thread"))
+        if inner:
+            out += [Layout(n, "multiprocessing", k) for k in (2, 4) if n * k <= cap]
+    return out
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One interval on ``layout``: its seconds, the batches and samples the
+    loop got, the seconds the loop spent in ``next()`` and the CPU seconds
+    its thread spent there (loading, with no workers; taking the batches
+    from the workers, with them), the workers' CPU seconds, the seconds
+    spent in the dataset and the collate (summed over the workers, or the
+    main thread's; 0 when not known), the workers' memory (summed PSS; 0
+    when not read) and the seconds the change to this layout
+    cost (0 when none)."""
+
+    layout: Layout
+    wall: float
+    batches: int
+    samples: int
+    wait: float
+    loop_cpu: float
+    cpu: float = 0.0
+    fetch: float = 0.0
+    memory: int = 0
+    start: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.wall if self.wall > 0 else 0.0
+
+    @property
+    def wait_share(self) -> float:
+        return min(1.0, self.wait / self.wall) if self.wall > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the policy knows before it measures: the cores, the budgets,
+    each worker process's memory at its worst and each worker's arena, the
+    methods allowed, the fewest workers, the batch size."""
+
+    cores: float
+    max_workers: int
+    ram: float
+    per_process: float
+    per_worker: float
+    cpu: Optional[float] = None
+    processes: bool = True
+    threads: bool = True
+    inner: bool = True
+    min_workers: int = 0
+    batch: int = 1
+    mid_epoch: bool = True
+
+
+class Policy:
+    """``num_workers="auto"``'s decisions: a pure state machine. Each
+    measured interval goes in (``observe``); out comes a new layout and
+    why, or ``None`` to keep the one in force. No clock, process or
+    ``/proc`` is read here: the loader measures and applies.
+
+    From the intervals it estimates the job's costs per sample (the CPU
+    and the waiting of loading, measured in the main process; the workers'
+    CPU; the loop's own step and what taking a batch from a worker process
+    costs it; the GIL's share, where threads fall short) and predicts each
+    layout's rate with the model of ``bounds``. It goes to the layout with
+    the fewest workers predicted within 4 % of the best that fits the
+    budgets, measures it, and corrects the predictions of the layouts like
+    it by what it measured; it settles when the plan is the layout in
+    force, or one already measured. It watches after that: a rate fallen
+    far below the settled one, or the workers' memory near the budget,
+    plans again."""
+
+    MEASURE = 2  # intervals on a layout before a decision
+    FEW = 0.955  # the fewest workers within this share of the best
+    GAIN = 1.05  # a move to more workers must promise this much
+    MAX_CHANGES = 8
+
+    def __init__(self, ctx: Context, layout: Layout) -> None:
+        self.ctx = ctx
+        self.layout = layout
+        self.settled = False
+        self.seen: dict[Layout, list[Measurement]] = {}
+        self.changes = 0
+        self.per_process = ctx.per_process
+        self.since = 0  # intervals on the layout in force
+        self._corrections: dict[str, float] = {}
+        self._forget()
+
+    def _forget(self) -> None:
+        """The job's costs, not measured yet."""
+        self.cpu0 = _Avg()  # CPU per sample loading in the main process
+        self.wait = _Avg()  # waiting per sample
+        self.step = _Avg()  # the loop's own seconds per batch
+        self.cpu_w: dict[str, _Avg] = {}  # CPU per sample in workers, per kind
+        self.moving = _Avg()  # the loop's CPU per sample taken from worker processes
+        self.gil_seen = _Avg()
+        # the GIL's share of the CPU: unknown until threads run, when half
+        # is assumed (threads are tried where they could help, and what
+        # they get corrects it)
+        self.gil = GIL_PRIOR
+        self.settled_rate = 0.0
+        self.low = 0
+
+    # measurements in
+
+    def observe(self, m: Measurement) -> Optional[tuple[Layout, str]]:
+        if m.layout != self.layout:
+            self.since = 0  # (the change asked for took effect)
+        self.layout = m.layout
+        if m.wall <= 0 or m.samples <= 0 or m.batches <= 0:
+            return None
+        self.seen.setdefault(m.layout, []).append(m)
+        self._corrections = {}
+        self.since += 1
+        self._learn(m)
+        over = self._memory(m)
+        if over is not None:
+            return over
+        if self.settled:
+            self._watch(m)
+        # a decision every MEASURE intervals (settled: every 4 * MEASURE),
+        # on what the intervals so far taught
+        every = self.MEASURE * (4 if self.settled else 1)
+        if self.since % every:
+            return None
+        return self._decide()
+
+    def _learn(self, m: Measurement) -> None:
+        """The job's costs from an interval: averages over every interval
+        (weighted by samples), of the steady quantities: CPU seconds and
+        seconds in the fetch per sample, the loop's own time per batch."""
+        lay = m.layout
+        n = m.samples
+        self.step.add(max(0.0, m.wall - m.wait) / m.batches, n)
+        if lay.num_workers == 0:
+            # (in the main process the loop's time in next() is the loading)
+            self.cpu0.add(m.loop_cpu / n, n)
+            fetch = m.fetch or max(0.0, m.wait)
+            self.wait.add(max(0.0, (fetch - m.loop_cpu) / n), n)
+            return
+        cpu = m.cpu / n
+        if lay.processes:
+            self.moving.add(m.loop_cpu / n, n)
+        self.cpu_w.setdefault(_kind(lay), _Avg()).add(cpu, n)
+        threads = lay.worker_method == "thread" or lay.worker_threads > 1
+        if m.fetch > 0 and not threads and m.cpu / m.wall < 0.8 * self._cores():
+            # (a worker process's time in the fetch less its CPU; not when
+            # the cores are taken, when it would count the waiting for one)
+            self.wait.add(max(0.0, m.fetch / n - cpu), n)
+        elif self.wait.value is None and m.wait_share > 0.1 and not threads \
+                and m.cpu / m.wall < 0.8 * self._cores():
+            # (no fetch time: each worker was busy the whole interval)
+            self.wait.add(max(0.0, lay.workers * m.wall / n - cpu), n)
+        if cpu > 0 and threads:
+            # the GIL's bound that, with the others, gives the rate measured
+            procs = lay.num_workers if lay.processes else 1
+            free = soft_min(self._bounds(lay, gil=0.0))
+            if m.wait_share > 0.1 and m.rate < 0.97 * free:
+                held = (m.rate ** -SHARPNESS - free ** -SHARPNESS) ** (-1.0 / SHARPNESS)
+                self.gil_seen.add(min(1.0, max(0.02, procs / (held * cpu))), n)
+                self.gil = self.gil_seen.value or GIL_PRIOR
+            else:
+                # (not held by it: at most what the rate allows)
+                self.gil = min(self.gil, procs / (m.rate * cpu))
+
+    def _memory(self, m: Measurement) -> Optional[tuple[Layout, str]]:
+        """The workers' memory over what was counted for them: a process is
+        bigger than thought; where the layout no longer fits the budget,
+        the plan is made again."""
+        lay = m.layout
+        if not lay.processes or m.memory <= self.need(lay):
+            return None
+        measured = (m.memory - lay.workers * self.ctx.per_worker) / lay.processes
+        self.per_process = max(self.per_process, measured * 1.1)
+        if self.fits(lay):
+            return None
+        self.settled = False
+        nxt, why = self._plan()
+        if nxt == lay:
+            return None
+        self.changes += 1
+        return nxt, f"the workers' memory is near the RAM budget; {why}"
+
+    # the model
+
+    def _cores(self) -> float:
+        return float(self.ctx.cpu) if self.ctx.cpu else float(self.ctx.cores)
+
+    def _bounds(self, lay: Layout, gil: Optional[float] = None) -> list[float]:
+        cpu = self.cpu0.value
+        if lay.num_workers:
+            # (a kind not measured yet: another kind's, or the main process's)
+            for kind in (_kind(lay), "p", "pt", "t"):
+                if kind in self.cpu_w:
+                    cpu = self.cpu_w[kind].value
+                    break
+        return bounds(cpu or 0.0, self.wait.value or 0.0,
+                      (self.moving.value or 0.0) if lay.processes else 0.0,
+                      self.gil if gil is None else gil, self.step.value or 0.0, self.ctx.batch,
+                      self._cores(), lay)
+
+    def predict(self, lay: Layout) -> float:
+        """``lay``'s rate by the model, corrected by what the layouts of
+        its kind measured against their predictions (one factor per kind,
+        pooled over them: a single noisy interval moves it little)."""
+        model = soft_min(self._bounds(lay))
+        if not lay.num_workers:
+            return _measured(self.seen[lay]) if lay in self.seen else model
+        return model * self._correction(_kind(lay))
+
+    def _correction(self, kind: str) -> float:
+        """What the layouts of ``kind`` measured against their predictions
+        (cached until the next interval)."""
+        if kind not in self._corrections:
+            got = want = 0.0
+            for k, ms in self.seen.items():
+                if k.num_workers and _kind(k) == kind:
+                    expected = soft_min(self._bounds(k))
+                    if expected > 0 and math.isfinite(expected):
+                        got += sum(m.samples for m in ms)
+                        want += expected * sum(m.wall for m in ms)
+            self._corrections[kind] = min(1.5, max(0.5, got / want)) if want > 0 else 1.0
+        return self._corrections[kind]
+
+    def need(self, lay: Layout) -> float:
+        return lay.processes * self.per_process + lay.workers * self.ctx.per_worker
+
+    def fits(self, lay: Layout) -> bool:
+        ctx = self.ctx
+        return (ctx.min_workers <= lay.workers <= ctx.max_workers
+                and lay.num_workers >= ctx.min_workers
+                and self.need(lay) <= ctx.ram
+                and (lay.num_workers == 0 or (ctx.processes if lay.processes else ctx.threads))
+                and (lay.worker_threads == 1 or ctx.inner))
+
+    def options(self) -> list[Layout]:
+        ctx = self.ctx
+        return [lay for lay in candidates(ctx.max_workers, ctx.processes, ctx.threads, ctx.inner)
+                if self.fits(lay)]
+
+    def _plan(self) -> tuple[Layout, str]:
+        """The layout with the fewest workers predicted within ``FEW`` of
+        the best, and why."""
+        opts = self.options() or [self.layout]
+        value = {lay: self.predict(lay) for lay in opts}
+        top = max(value.values())
+        few = [lay for lay in opts if value[lay] >= self.FEW * top]
+        pick = min(few, key=lambda lay: (lay.workers, lay.processes, lay.worker_threads,
+                                         lay not in self.seen))
+        known = "measured" if pick in self.seen else "predicted"
+        return pick, (f"{known} {value[pick]:.0f} samples/s, the best of {len(opts)} layouts "
+                      f"{top:.0f}")
+
+    def _decide(self) -> Optional[tuple[Layout, str]]:
+        """The plan, where it is worth a change: more workers must promise
+        ``GAIN``; fewer are taken unless the layout in force is within
+        ``FEW`` of the best already."""
+        if self.changes >= self.MAX_CHANGES:
+            if self.settled:
+                return None
+            self.settled = True
+            measured = {lay: _measured(ms) for lay, ms in self.seen.items() if self.fits(lay)}
+            pick = max(measured, key=lambda k: measured[k]) if measured else self.layout
+            self.settled_rate = measured.get(pick, 0.0)
+            if pick == self.layout:
+                return None
+            return pick, f"the best measured after {self.changes} changes"
+        opts = self.options()
+        pick, why = self._plan()
+        here = self.predict(self.layout)
+        top = max(self.predict(lay) for lay in opts) if opts else here
+        keep = self.layout in opts and (
+            pick == self.layout
+            or (pick.workers > self.layout.workers and self.predict(pick) < self.GAIN * here)
+            or (pick.workers <= self.layout.workers and here >= self.FEW * top))
+        if keep:
+            if not self.settled:
+                self.settled = True
+                self.settled_rate = _measured(self.seen[self.layout])
+            return None
+        self.settled = False
+        if pick.workers > PROBE and not any(k.num_workers for k in self.seen):
+            # before many workers start, a few show what taking batches
+            # from them costs the loop, and what threads get
+            smaller = [lay for lay in opts if 0 < lay.workers <= PROBE
+                       and _kind(lay) == _kind(pick)]
+            if smaller:
+                pick = max(smaller, key=lambda lay: (lay.workers, -lay.processes))
+                why = f"a probe of {pick} before {why}"
+        self.changes += 1
+        return pick, why
+
+    def _watch(self, m: Measurement) -> None:
+        """Settled: a rate far below the settled one three intervals in a
+        row (the data got slower): what was learnt is forgotten, and the
+        next decisions are made on new measurements."""
+        self.low = self.low + 1 if m.rate < 0.6 * self.settled_rate else 0
+        if self.low >= 3 and self.ctx.mid_epoch:
+            self.settled = False
+            self.low = 0
+            self.changes = 0
+            self.seen = {m.layout: [m]}
+            self._forget()
+
+
+GIL_PRIOR = 0.5
+# the most workers the first worker layout starts (see Policy._decide)
+PROBE = 4
+
+
+def _kind(lay: Layout) -> str:
+    return "t" if lay.worker_method == "thread" else "p" if lay.worker_threads == 1 else "pt"
+
+
+def _measured(ms: list[Measurement]) -> float:
+    return sum(m.samples for m in ms) / sum(m.wall for m in ms)
+
+
+class _Avg:
+    """A mean weighted by samples (``None`` until a value comes)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.weight = 0.0
+
+    def add(self, value: float, weight: float) -> None:
+        self.total += value * weight
+        self.weight += weight
+
+    @property
+    def value(self) -> Optional[float]:
+        return self.total / self.weight if self.weight > 0 else None
+
+
 def _next_rung(n: int) -> int:
     for r in _LADDER:
         if r > n:
@@ -442,4 +834,4 @@ def _next_rung(n: int) -> int:
     return n * 2
 
 
-__all__ = ["Autotune", "AutotuneStats", "Change", "Layout"]
+__all__ = ["Autotune", "AutotuneStats", "Change", "Context", "Layout", "Measurement", "Policy"]

@@ -1,0 +1,81 @@
+"""The machine model (``ferroloader.tunemodel``) and the model-based policy
+(``autotune.Policy``) run against it in simulated time: the model's
+bounds, the simulator's determinism, and what the policy must never do
+whatever it measures (read a clock or ``/proc``, cross the RAM budget)."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import time
+
+import pytest
+from ferroloader import tunemodel as tm
+from ferroloader.autotune import Context, Layout, Measurement, Policy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+def test_the_main_process_loads_and_steps_in_turn():
+    job = tm.Job(cpu=0.001, wait=0.002, step=0.05, batch=10)
+    assert tm.rate(job, tm.Machine(cores=8), Layout(0)) == pytest.approx(10 / (10 * 0.003 + 0.05))
+
+
+def test_threads_of_one_process_share_its_gil_and_processes_do_not():
+    job = tm.Job(cpu=0.001, gil=1.0, batch=32)
+    m = tm.Machine(cores=16)
+    # pure Python in threads: no faster than one worker
+    assert tm.rate(job, m, Layout(8, "thread")) <= 1000
+    assert tm.rate(job, m, Layout(8)) > 6 * 1000
+    released = tm.Job(cpu=0.001, gil=0.1, batch=32)
+    assert tm.rate(released, m, Layout(8, "thread")) > 6 * 1000
+
+
+def test_a_batch_moved_from_worker_processes_costs_the_loop_and_threads_do_not():
+    job = tm.Job(cpu=0.0005, bytes=8e6, per_byte=2e-10, gil=0.2, batch=8)
+    m = tm.Machine(cores=64)
+    # the loop takes 1.6 ms a sample from processes: at most 625 a second
+    assert tm.rate(job, m, Layout(32)) < 625
+    assert tm.rate(job, m, Layout(32, "thread")) > 2 * 625
+
+
+def test_the_simulation_is_deterministic_for_a_seed():
+    pairs = tm.draw(12, seed=3)
+    a = [(o.run.layouts, o.run.settled_at) for o in tm.evaluate(pairs)]
+    b = [(o.run.layouts, o.run.settled_at) for o in tm.evaluate(pairs)]
+    assert a == b
+
+
+def test_the_policy_reads_no_clock_and_no_file(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the policy read the machine")
+
+    for name in ("perf_counter", "monotonic", "time", "thread_time", "process_time"):
+        monkeypatch.setattr(time, name, refuse)
+    monkeypatch.setattr(os, "times", refuse)
+    monkeypatch.setattr(builtins, "open", refuse)
+    for _kind, job, machine in tm.draw(8, seed=5):
+        tm.run_policy(job, machine, seed=1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000))
+def test_the_policy_never_goes_over_the_ram_budget(seed):
+    # (one of each kind in four draws: memory-bound ones have tight budgets)
+    _kind, job, machine = tm.draw(4, seed=seed)[seed % 4]
+    run = tm.run_policy(job, machine, seed=seed)
+    policy = Policy(tm.context(job, machine), Layout(0))
+    for _, lay in run.layouts:
+        assert policy.need(lay) <= machine.ram
+    assert run.peak_memory <= machine.ram
+
+
+def test_memory_over_what_was_counted_moves_to_a_layout_that_fits():
+    ctx = Context(cores=8, max_workers=32, ram=1000.0, per_process=200.0, per_worker=10.0,
+                  batch=8)
+    p = Policy(ctx, Layout(4))
+    m = Measurement(Layout(4), wall=1.0, batches=10, samples=80, wait=0.9, loop_cpu=0.01,
+                    cpu=2.0, memory=990)
+    nxt = p.observe(m)
+    assert nxt is not None and "memory" in nxt[1]
+    assert p.need(nxt[0]) <= ctx.ram and nxt[0].processes < 4
