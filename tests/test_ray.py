@@ -80,6 +80,32 @@ def test_sharded_batches_equal_the_main_processs(cluster, mode):
         assert got == want
 
 
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_object_storage_shards_go_through_each_nodes_cache(cluster, tmp_path, mode):
+    """file:// shards (object storage's code path) read through a shard
+    cache by the actors: the batches of the main process, the cache
+    filled on the actors' node (here the same folder)."""
+    from remote_servers import read_ints
+    from shard_cases import write_int_shards
+
+    lens = [12, 7, 15, 9]
+    urls = ["file://" + p for p in write_int_shards(str(tmp_path / "src"), lens)]
+
+    def make(cache: str, **kw: Any) -> fl.DataLoader:
+        ds = fl.FileShards(urls, read_ints, lengths=lens,
+                           cache=fl.ShardCache(dir=str(tmp_path / cache), budget="1MiB"))
+        return fl.DataLoader(ds, batch_size=4, shuffle=True, seed=3,
+                             sharding=fl.Sharding(mode=mode, lanes=2), **kw)
+
+    want = batches(make("main"), epochs=2)
+    got = batches(make("ray", num_workers=2, worker_method="ray"), epochs=2)
+    if mode == "dynamic":  # (the order is the workers' race; the items are not)
+        assert sorted(v for b in got for v in b) == sorted(v for b in want for v in b)
+    else:
+        assert got == want
+    assert any(f.is_file() for f in (tmp_path / "ray").rglob("*"))
+
+
 def test_a_mixture_equals_the_main_processs(cluster):
     def make(**kw: Any) -> fl.DataLoader:
         mix = fl.Mixture({"a": list(range(20)), "b": list(range(100, 130))},
