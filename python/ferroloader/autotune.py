@@ -566,8 +566,10 @@ class Policy:
     plans again."""
 
     MEASURE = 2  # intervals on a layout before a decision
-    FEW = 0.955  # the fewest workers within this share of the best
+    FEW = 0.975  # the fewest workers within this share of the best
+    FED = 0.96  # where the step hides the loading: of the loop's rate
     GAIN = 1.05  # a move to more workers must promise this much
+    SETTLED_GAIN = 1.1  # and once settled, any move
     MAX_CHANGES = 8
 
     def __init__(self, ctx: Context, layout: Layout) -> None:
@@ -578,6 +580,7 @@ class Policy:
         self.changes = 0
         self.per_process = ctx.per_process
         self.since = 0  # intervals on the layout in force
+        self.fed = False  # the last plan: the step hides the loading
         self._corrections: dict[str, float] = {}
         self._forget()
 
@@ -589,9 +592,9 @@ class Policy:
         self.cpu_w: dict[str, _Avg] = {}  # CPU per sample in workers, per kind
         self.moving = _Avg()  # the loop's CPU per sample taken from worker processes
         self.gil_seen = _Avg()
-        # the GIL's share of the CPU: unknown until threads run, when half
-        # is assumed (threads are tried where they could help, and what
-        # they get corrects it)
+        # the GIL's share of the CPU: unknown until threads run, when a
+        # quarter is assumed (threads are tried where they could help, and
+        # what they get corrects it)
         self.gil = GIL_PRIOR
         self.settled_rate = 0.0
         self.low = 0
@@ -647,16 +650,32 @@ class Policy:
             # (no fetch time: each worker was busy the whole interval)
             self.wait.add(max(0.0, lay.workers * m.wall / n - cpu), n)
         if cpu > 0 and threads:
-            # the GIL's bound that, with the others, gives the rate measured
+            self._gil()
+
+    def _gil(self) -> None:
+        """The GIL's share from the layouts of threads measured: where one
+        fell short of what the cores and its threads allow, the share whose
+        bound, with the others, gives its rate (each layout's rate over all
+        its intervals: one interval is too noisy)."""
+        shares, most = _Avg(), 1.0
+        for lay, ms in self.seen.items():
+            if not (lay.worker_method == "thread" or lay.worker_threads > 1):
+                continue
+            kind = self.cpu_w.get(_kind(lay))
+            cpu = kind.value if kind is not None else None
+            if not cpu:
+                continue
+            rate = _measured(ms)
             procs = lay.num_workers if lay.processes else 1
             free = soft_min(self._bounds(lay, gil=0.0))
-            if m.wait_share > 0.1 and m.rate < 0.97 * free:
-                held = (m.rate ** -SHARPNESS - free ** -SHARPNESS) ** (-1.0 / SHARPNESS)
-                self.gil_seen.add(min(1.0, max(0.02, procs / (held * cpu))), n)
-                self.gil = self.gil_seen.value or GIL_PRIOR
+            waited = sum(m.wait for m in ms) / sum(m.wall for m in ms)
+            if waited > 0.1 and rate < 0.97 * free:
+                held = (rate ** -SHARPNESS - free ** -SHARPNESS) ** (-1.0 / SHARPNESS)
+                shares.add(min(1.0, max(0.02, procs / (held * cpu))), sum(m.samples for m in ms))
             else:
                 # (not held by it: at most what the rate allows)
-                self.gil = min(self.gil, procs / (m.rate * cpu))
+                most = min(most, procs / (rate * cpu))
+        self.gil = min(shares.value, 1.0) if shares.value is not None else min(GIL_PRIOR, most)
 
     def _memory(self, m: Measurement) -> Optional[tuple[Layout, str]]:
         """The workers' memory over what was counted for them: a process is
@@ -739,12 +758,20 @@ class Policy:
         opts = self.options() or [self.layout]
         value = {lay: self.predict(lay) for lay in opts}
         top = max(value.values())
-        few = [lay for lay in opts if value[lay] >= self.FEW * top]
+        # a loop whose step hides the loading is fed when it waits under
+        # 5 %: the fewest workers that get it there; else the most the
+        # layouts give, within the noise of the estimates
+        step = self.step.value or 0.0
+        fed = step > 0 and top >= 0.9 * self.ctx.batch / step
+        share = self.FED if fed else self.FEW
+        few = [lay for lay in opts if value[lay] >= share * top]
         pick = min(few, key=lambda lay: (lay.workers, lay.processes, lay.worker_threads,
                                          lay not in self.seen))
         known = "measured" if pick in self.seen else "predicted"
-        return pick, (f"{known} {value[pick]:.0f} samples/s, the best of {len(opts)} layouts "
-                      f"{top:.0f}")
+        what = "the fewest that feed the loop" if fed else "the fewest near the best"
+        self.fed = fed
+        return pick, (f"{known} {value[pick]:.0f} samples/s, {what} of {len(opts)} layouts "
+                      f"(best {top:.0f})")
 
     def _decide(self) -> Optional[tuple[Layout, str]]:
         """The plan, where it is worth a change: more workers must promise
@@ -764,10 +791,18 @@ class Policy:
         pick, why = self._plan()
         here = self.predict(self.layout)
         top = max(self.predict(lay) for lay in opts) if opts else here
-        keep = self.layout in opts and (
-            pick == self.layout
-            or (pick.workers > self.layout.workers and self.predict(pick) < self.GAIN * here)
-            or (pick.workers <= self.layout.workers and here >= self.FEW * top))
+        if self.settled:
+            # (settled: only a clear gain moves it; noise moves the
+            # estimates, and a start costs)
+            # (or, where the step hides the loading, fewer workers that
+            # still feed it)
+            keep = self.layout in opts and self.predict(pick) < self.SETTLED_GAIN * here \
+                and not (self.fed and pick.workers < self.layout.workers)
+        else:
+            keep = self.layout in opts and (
+                pick == self.layout
+                or (pick.workers > self.layout.workers and self.predict(pick) < self.GAIN * here)
+                or (pick.workers <= self.layout.workers and here >= self.FEW * top))
         if keep:
             if not self.settled:
                 self.settled = True
@@ -798,7 +833,7 @@ class Policy:
             self._forget()
 
 
-GIL_PRIOR = 0.5
+GIL_PRIOR = 0.25
 # the most workers the first worker layout starts (see Policy._decide)
 PROBE = 4
 
