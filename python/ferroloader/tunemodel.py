@@ -299,6 +299,34 @@ def run_policy(job: Job, machine: Machine, seed: int, **kw: object) -> Run:
     return simulate(decide, Layout(0), job, machine, seed, arena=ARENA, **kw)  # type: ignore[arg-type]
 
 
+def run_climbing(job: Job, machine: Machine, seed: int, **kw: object) -> Run:
+    """The climbing policy before this one (``autotune.Tuner``) on one
+    pair, for the side-by-side: what it reads of the machine (cores,
+    a process's memory, file descriptors) answers the model's."""
+    from ferroloader import _machine, autotune
+
+    saved = (_machine.cores, _machine.private_dirty, _machine.fd_room)
+    _machine.cores = lambda: machine.cores
+    _machine.private_dirty = lambda: int(job.mem)
+    _machine.fd_room = lambda: 1 << 16
+    try:
+        bounds = autotune.Autotune(max_workers=machine.worker_cap,
+                                   ram=int(min(machine.ram, 2**62)))
+        tuner = autotune.Tuner(bounds, Layout(0), True, [])
+
+        def decide(m: Measurement) -> Optional[Layout]:
+            nxt = tuner.observe(autotune._Interval(m.batches, m.wall, m.wait, m.cpu))
+            if nxt is None:
+                return None
+            tuner.record(0, 0, nxt[0], nxt[1])
+            return nxt[0]
+
+        return simulate(decide, Layout(0), job, machine, seed, arena=ARENA,
+                        **kw)  # type: ignore[arg-type]
+    finally:
+        _machine.cores, _machine.private_dirty, _machine.fd_room = saved
+
+
 def outcome(kind: str, job: Job, machine: Machine, run: Run) -> Outcome:
     opts = [lay for lay in layouts(machine) if memory(job, lay, ARENA) <= machine.ram]
     top, top_rate = best(job, machine, opts, ARENA)
@@ -313,5 +341,59 @@ def evaluate(pairs: list[tuple[str, Job, Machine]],
             for i, (kind, job, machine) in enumerate(pairs)]
 
 
+def summary(outs: list[Outcome]) -> dict[str, float]:
+    """What the done-when asks of a policy over the pairs."""
+    ratios = sorted(o.ratio for o in outs)
+    hides = [o for o in outs if o.hides]
+    settle = sorted(o.run.settled_at for o in outs)
+    return {
+        "pairs": len(outs),
+        "at least 0.95 of the best": sum(r >= 0.95 for r in ratios) / len(ratios),
+        "the worst": ratios[0],
+        "median": ratios[len(ratios) // 2],
+        "settled within 60 s": sum(t <= 60 for t in settle) / len(settle),
+        "the latest settling (s)": settle[-1],
+        "over the RAM budget": sum(o.run.peak_memory > o.machine.ram for o in outs),
+        "step hides the loading": len(hides),
+        "of those, more than 1 worker over the fewest that feed":
+            sum(o.run.final.workers > o.fewest + 1 for o in hides),
+        "... where the fewest are under 8":
+            sum(o.run.final.workers > o.fewest + 1 for o in hides if o.fewest < 8),
+        "... pairs with fewest under 8": sum(o.fewest < 8 for o in hides),
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """``python -m ferroloader.tunemodel [PAIRS] [SEED]``: the model-based
+    policy and the climbing one side by side on drawn pairs."""
+    import sys
+    import time
+
+    args = sys.argv[1:] if argv is None else argv
+    n = int(args[0]) if args else 240
+    seed = int(args[1]) if len(args) > 1 else 1
+    pairs = draw(n, seed)
+    rows = {}
+    for name, runner in (("model-based Policy", run_policy), ("climbing Tuner", run_climbing)):
+        t = time.perf_counter()
+        rows[name] = summary(evaluate(pairs, runner))
+        rows[name]["simulation seconds"] = time.perf_counter() - t
+    names = list(rows)
+    print(f"| {n} pairs, seed {seed} | " + " | ".join(names) + " |")
+    print("| --- |" + " --- |" * len(names))
+    for key in rows[names[0]]:
+        cells = []
+        for name in names:
+            v = rows[name][key]
+            cells.append(f"{v:.1%}" if 0 < v < 1 and "seconds" not in key and "worst" not in key
+                         and "median" not in key else f"{v:.2f}" if isinstance(v, float)
+                         else str(v))
+        print(f"| {key} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
+
+
 __all__ = ["Job", "Machine", "Outcome", "Run", "best", "draw", "evaluate", "layouts", "memory",
-           "rate", "run_policy", "simulate"]
+           "rate", "run_climbing", "run_policy", "simulate", "summary"]
