@@ -17,7 +17,7 @@ from ferroloader import _machine, state
 from ferroloader._epoch import stateful
 from ferroloader._iterators import _harvest_stats
 from ferroloader._launch import _thread_unsafe_attributes
-from ferroloader.autotune import _MIN_INTERVAL, Layout, Tuner, _Interval
+from ferroloader.autotune import _MIN_INTERVAL, Layout, ModelTuner, Tuner, _Interval
 
 
 class _Meter:
@@ -108,7 +108,8 @@ class AutoIter:
                     "(as torchdata does): at least one worker, so that no change alters the order"
                 )
             start = loader._tuned_layout or Layout(loader._auto_min_workers)
-            tuner = Tuner(loader.autotune, start, why is None, notes)
+            tuner = ModelTuner(loader.autotune, start, why is None, notes,
+                               loader.batch_size or 1)
             tuner.min_workers = loader._auto_min_workers
             if no_threads is not None:
                 tuner.threads_ok = tuner.inner_threads_ok = False
@@ -131,6 +132,8 @@ class AutoIter:
         self._inner = fixed_iter()
         self._start()
         self._pending: Optional[tuple[Layout, str]] = None
+        self._start_cost = 0.0
+        self._tuner_bytes_seen = False
         self._handed = 0
         self._decided = False  # the next epoch's layout is chosen
 
@@ -139,6 +142,7 @@ class AutoIter:
         self._t0 = time.perf_counter()
         self._batches = 0
         self._waited = 0.0
+        self._loop_cpu = 0.0
         workers = max(1, self._tuner.layout.workers)
         self._warm = workers  # batches before measuring
         self._enough = 2 * workers  # an interval has at least two rounds
@@ -167,6 +171,7 @@ class AutoIter:
 
     def __next__(self) -> Any:
         t = time.perf_counter()
+        tc = time.thread_time()
         while True:
             if self._pending is not None and self._drained():
                 self._switch()
@@ -180,14 +185,19 @@ class AutoIter:
             break
         now = time.perf_counter()
         self._handed += 1
+        if not self._tuner_bytes_seen:
+            self._tuner_bytes_seen = True
+            if isinstance(self._tuner, ModelTuner):
+                self._tuner.batch_bytes = _nbytes(batch)
         if self._warm > 0:
             self._warm -= 1
             if self._warm == 0:
-                self._t0, self._batches, self._waited = now, 0, 0.0
+                self._t0, self._batches, self._waited, self._loop_cpu = now, 0, 0.0, 0.0
                 self._meter.delta()
             return batch
         self._batches += 1
         self._waited += now - t
+        self._loop_cpu += time.thread_time() - tc
         if self._batches >= self._enough and self._pending is None and not self._decided:
             wall = now - self._t0
             if wall >= _MIN_INTERVAL:
@@ -195,17 +205,19 @@ class AutoIter:
         return batch
 
     def _measure(self, wall: float) -> None:
-        m = _Interval(self._batches, wall, self._waited, self._meter.delta())
-        self._t0, self._batches, self._waited = time.perf_counter(), 0, 0.0
-        tuner = self._tuner
-        decided = tuner.observe(m)
         now = time.perf_counter()
-        if decided is None and self._meter.pids and now >= self._next_memory_check:
+        memory = 0
+        if self._meter.pids and now >= self._next_memory_check:
             # (reading the workers' PSS walks their page tables: every 2 s)
             self._next_memory_check = now + 2.0
-            over = tuner.memory_over(self._meter.pids)
-        else:
-            over = False
+            memory = sum(_machine.pss(p) for p in self._meter.pids)
+        m = _Interval(self._batches, wall, self._waited, self._meter.delta(),
+                      loop_cpu=self._loop_cpu, memory=memory, start=self._start_cost)
+        self._start_cost = 0.0
+        self._t0, self._batches, self._waited, self._loop_cpu = time.perf_counter(), 0, 0.0, 0.0
+        tuner = self._tuner
+        decided = tuner.observe(m)
+        over = decided is None and memory > 0.9 * tuner.ram
         if over:
             lay = tuner.layout
             smaller = replace(lay, num_workers=max(lay.num_workers // 2, tuner.min_workers))
@@ -271,10 +283,12 @@ class AutoIter:
                 inner._hold(False)
             return
         tuner.record(self._epoch_number(), self._handed, layout, reason)
+        t0 = time.perf_counter()
         snap = state.snapshot(loader)
         _close(inner)
         try:
             self._restart(layout, snap)
+            self._start_cost = time.perf_counter() - t0
         except Exception as e:
             # (e.g. out of file descriptors): back on the layout that ran,
             # from the same state; if that fails too, its error is raised
@@ -291,6 +305,19 @@ class AutoIter:
         state.load(loader, snap)
         self._inner = self._fixed_iter()
         self._start()
+
+
+def _nbytes(batch: Any, depth: int = 0) -> int:
+    """A batch's bytes: its tensors' and arrays' (in dicts, lists and
+    tuples), 64 for anything else."""
+    n = getattr(batch, "nbytes", None)
+    if isinstance(n, int):
+        return n
+    if depth < 4 and isinstance(batch, dict):
+        return sum(_nbytes(v, depth + 1) for v in batch.values())
+    if depth < 4 and isinstance(batch, (list, tuple)):
+        return sum(_nbytes(v, depth + 1) for v in batch)
+    return 64
 
 
 def _only_prefetch(a: Layout, b: Layout) -> bool:
