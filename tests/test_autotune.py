@@ -561,3 +561,16 @@ def test_when_no_worker_layout_beats_the_main_process_it_goes_back_to_it():
     t = _tuner(methods=("processes",), prefetch=False)
     _feed(t, rate, lambda lay: 0.95)
     assert t.settled and t.layout.workers == 0
+
+
+def test_epochs_shorter_than_an_interval_are_measured_whole():
+    """An epoch far shorter than a measuring interval is measured at its
+    end, so the tuner decides from the first epochs on (for the next)."""
+    loader = ferroloader.DataLoader(torch.arange(64), batch_size=4, shuffle=True, seed=0,
+                                    num_workers="auto")
+    fixed = ferroloader.DataLoader(torch.arange(64), batch_size=4, shuffle=True, seed=0)
+    for _ in range(3):
+        assert [b.tolist() for b in loader] == [b.tolist() for b in fixed]
+    policy = loader._tuner.policy
+    assert policy is not None
+    assert sum(len(v) for v in policy.seen.values()) >= 3

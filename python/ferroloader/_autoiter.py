@@ -133,6 +133,7 @@ class AutoIter:
         self._start()
         self._pending: Optional[tuple[Layout, str]] = None
         self._start_cost = 0.0
+        self._intervals = 0  # measured in this epoch
         self._tuner_bytes_seen = False
         self._handed = 0
         self._decided = False  # the next epoch's layout is chosen
@@ -181,6 +182,7 @@ class AutoIter:
                 if self._pending is not None and self._drained_not_ended():
                     self._switch()  # nothing more comes from it: go on on the new layout
                     continue
+                self._epoch_end()
                 raise
             break
         now = time.perf_counter()
@@ -204,7 +206,17 @@ class AutoIter:
                 self._measure(wall)
         return batch
 
-    def _measure(self, wall: float) -> None:
+    def _epoch_end(self) -> None:
+        """An epoch shorter than an interval is measured whole at its end;
+        what is decided takes effect in the next epoch."""
+        if self._decided or self._pending is not None or self._batches < 2 or self._intervals:
+            return
+        wall = time.perf_counter() - self._t0
+        if wall > 0:
+            self._measure(wall, epoch_end=True)
+
+    def _measure(self, wall: float, epoch_end: bool = False) -> None:
+        self._intervals += 1
         now = time.perf_counter()
         memory = 0
         if self._meter.pids and now >= self._next_memory_check:
@@ -212,7 +224,8 @@ class AutoIter:
             self._next_memory_check = now + 2.0
             memory = sum(_machine.pss(p) for p in self._meter.pids)
         m = _Interval(self._batches, wall, self._waited, self._meter.delta(),
-                      loop_cpu=self._loop_cpu, memory=memory, start=self._start_cost)
+                      loop_cpu=self._loop_cpu, memory=memory, start=self._start_cost,
+                      epoch_end=epoch_end)
         self._start_cost = 0.0
         self._t0, self._batches, self._waited, self._loop_cpu = time.perf_counter(), 0, 0.0, 0.0
         tuner = self._tuner
@@ -227,7 +240,7 @@ class AutoIter:
             tuner.settled = True
         if decided is not None:
             layout, reason = decided
-            if tuner.mid_epoch:
+            if tuner.mid_epoch and not epoch_end:
                 self._pending = decided
             else:
                 self._loader._tuned_layout = layout

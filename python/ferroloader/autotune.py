@@ -9,15 +9,17 @@ hands over the batches in flight, takes its own ``state_dict()`` (nothing
 pending, so nothing is read twice), and continues the epoch from that state
 on the new layout. A prefetch change needs no restart at all.
 
-The tuner measures, over short intervals, what the training loop sees (its
-batches per second, its share of time waiting in ``next()``, its own step)
-and what the layout costs (the workers' CPU from ``/proc``, their memory as
-PSS), and climbs a ladder of worker counts: it keeps a step when the loop
-gets at least 5 % more batches per second, and stops at the smallest layout
-under which the loop waits less than 5 % of its time, or when a step gains
-nothing, or a budget (CPU, RAM, ``max_workers``) would be crossed. Workers
-that mostly wait (I/O) become threads; a dataset that cannot run in threads
-keeps it to processes, and the stats say why.
+The tuner (``ModelTuner``, deciding with ``Policy``) measures, over short
+intervals, what the training loop sees (its time and its CPU in ``next()``,
+its own step) and what the layout costs (the workers' CPU from ``/proc``,
+their memory as PSS). From these it estimates the job's costs per sample,
+predicts every layout's rate with a model of the machine
+(``ferroloader.tunemodel`` proves the policy against it in simulated time),
+and goes to the fewest workers predicted near the best within the budgets
+(CPU, RAM, ``max_workers``), checking each prediction by measurement. A
+dataset that cannot run in threads keeps it to processes, and the stats say
+why. ``Tuner``, the climbing policy that came before, is kept for the
+side-by-side in simulation.
 
 >>> import ferroloader, torch
 >>> loader = ferroloader.DataLoader(torch.arange(64), batch_size=8, num_workers="auto")
@@ -153,7 +155,8 @@ class Autotune:
         methods: the layouts it may pick from: ``"processes"``,
             ``"threads"`` (worker threads of this process),
             ``"threads_in_processes"`` (``worker_threads`` > 1).
-        prefetch: whether it may change ``prefetch_factor`` (2 or 4).
+        prefetch: accepted for compatibility: the tuner keeps a
+            prefetch depth of 2 (the climbing ``Tuner`` tried 4).
 
     >>> import ferroloader
     >>> ferroloader.Autotune(max_workers=8, methods=("processes",))
@@ -245,6 +248,7 @@ class _Interval:
     loop_cpu: float = 0.0
     memory: int = 0
     start: float = 0.0
+    epoch_end: bool = False
 
     @property
     def rate(self) -> float:
@@ -511,8 +515,9 @@ class Measurement:
     from the workers, with them), the workers' CPU seconds, the seconds
     spent in the dataset and the collate (summed over the workers, or the
     main thread's; 0 when not known), the workers' memory (summed PSS; 0
-    when not read) and the seconds the change to this layout
-    cost (0 when none)."""
+    when not read), the seconds the change to this layout
+    cost (0 when none), and whether it is a whole epoch shorter than an
+    interval (measured at its end: a decision is made on it)."""
 
     layout: Layout
     wall: float
@@ -524,6 +529,7 @@ class Measurement:
     fetch: float = 0.0
     memory: int = 0
     start: float = 0.0
+    epoch_end: bool = False
 
     @property
     def rate(self) -> float:
@@ -626,7 +632,9 @@ class Policy:
         # a decision every MEASURE intervals (settled: every 4 * MEASURE),
         # on what the intervals so far taught
         every = self.MEASURE * (4 if self.settled else 1)
-        if self.since % every:
+        if self.since % every and not m.epoch_end:
+            # (an epoch shorter than an interval: each is a decision, for
+            # the next epoch)
             return None
         return self._decide()
 
@@ -910,7 +918,7 @@ class ModelTuner(Tuner):
         samples = m.samples or m.batches * self.batch
         nxt = self.policy.observe(Measurement(
             self.layout, m.wall, m.batches, samples, m.wait, m.loop_cpu, m.cpu,
-            memory=m.memory, start=m.start))
+            memory=m.memory, start=m.start, epoch_end=m.epoch_end))
         self.settled = self.policy.settled
         return nxt
 
