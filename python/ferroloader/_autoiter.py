@@ -164,6 +164,8 @@ class AutoIter:
         changes only between epochs, at the next epoch (for tests)."""
         if layout.num_workers < self._tuner.min_workers:
             raise ValueError(f"this loader keeps at least {self._tuner.min_workers} worker")
+        # (a forced layout stays: epochs ending are not measured any more)
+        self._tuner.forced = True
         if self._tuner.mid_epoch:
             self._pending = (layout, "forced")
         else:
@@ -209,7 +211,8 @@ class AutoIter:
     def _epoch_end(self) -> None:
         """An epoch shorter than an interval is measured whole at its end;
         what is decided takes effect in the next epoch."""
-        if self._decided or self._pending is not None or self._batches < 2 or self._intervals:
+        if self._decided or self._pending is not None or self._batches < 2 or self._intervals \
+                or self._tuner.forced:
             return
         wall = time.perf_counter() - self._t0
         if wall > 0:

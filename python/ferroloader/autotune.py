@@ -275,6 +275,8 @@ class Tuner:
         self.inner_threads_ok = "threads_in_processes" in bounds.methods
         self.processes_ok = "processes" in bounds.methods or self.inner_threads_ok
         self.max_workers, self.cpu, self.ram = bounds.budgets()
+        # a layout forced from outside (tests): epoch ends are not measured
+        self.forced = False
         # the fastest layout measured so far, to go back to
         self.best: Optional[tuple[Layout, _Interval]] = None
         # the layout measured last, which the next step is judged against
