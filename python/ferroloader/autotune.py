@@ -573,12 +573,14 @@ class Policy:
     CPU; the loop's own step and what taking a batch from a worker process
     costs it; the GIL's share, where threads fall short) and predicts each
     layout's rate with the model of ``bounds``. It goes to the layout with
-    the fewest workers predicted within 4 % of the best that fits the
-    budgets, measures it, and corrects the predictions of the layouts like
-    it by what it measured; it settles when the plan is the layout in
-    force, or one already measured. It watches after that: a rate fallen
-    far below the settled one, or the workers' memory near the budget,
-    plans again."""
+    the fewest workers predicted within ``1 - FEW`` of the best that fits
+    the budgets (where the step hides the loading, within ``1 - FED`` of
+    the loop's rate), measures it, and corrects the predictions of the
+    layouts of its kind by what it measured. It decides every ``MEASURE``
+    intervals and settles when the plan is not worth a change; once
+    settled it moves only for ``SETTLED_GAIN``. A rate fallen far below
+    the settled one starts it over; the workers' memory over what was
+    counted for them plans again."""
 
     MEASURE = 2  # intervals on a layout before a decision
     FEW = 0.975  # the fewest workers within this share of the best
