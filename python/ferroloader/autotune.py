@@ -479,8 +479,11 @@ def bounds(cpu: float, wait: float, moving: float, gil: float, step: float, batc
     out = [layout.workers / (cpu + wait) if cpu + wait > 0 else math.inf]
     per = cpu + moving + step / batch
     out.append(cores / per if per > 0 else math.inf)
-    if gil * cpu > 0 and (layout.worker_method == "thread" or layout.worker_threads > 1):
-        # one process runs its threads' Python one at a time
+    shared = (layout.worker_method == "thread" and layout.num_workers > 1) \
+        or layout.worker_threads > 1
+    if gil * cpu > 0 and shared:
+        # one process runs its threads' Python one at a time (one thread
+        # alone is bounded by its own time already)
         out.append((layout.num_workers if layout.processes else 1) / (gil * cpu))
     loop = step + batch * moving
     out.append(batch / loop if loop > 0 else math.inf)
