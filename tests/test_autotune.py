@@ -563,9 +563,11 @@ def test_when_no_worker_layout_beats_the_main_process_it_goes_back_to_it():
     assert t.settled and t.layout.workers == 0
 
 
-def test_epochs_shorter_than_an_interval_are_measured_whole():
+def test_epochs_shorter_than_an_interval_are_measured_whole(monkeypatch):
     """An epoch far shorter than a measuring interval is measured at its
-    end, so the tuner decides from the first epochs on (for the next)."""
+    end, so the model-based tuner decides from the first epochs on (for
+    the next)."""
+    monkeypatch.setenv("FERROLOADER_AUTOTUNE_POLICY", "model")
     loader = ferroloader.DataLoader(torch.arange(64), batch_size=4, shuffle=True, seed=0,
                                     num_workers="auto")
     fixed = ferroloader.DataLoader(torch.arange(64), batch_size=4, shuffle=True, seed=0)

@@ -7,6 +7,7 @@ it on the new layout."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from typing import Any, Optional
@@ -108,8 +109,13 @@ class AutoIter:
                     "(as torchdata does): at least one worker, so that no change alters the order"
                 )
             start = loader._tuned_layout or Layout(loader._auto_min_workers)
-            tuner = ModelTuner(loader.autotune, start, why is None, notes,
-                               loader.batch_size or 1)
+            if os.environ.get("FERROLOADER_AUTOTUNE_POLICY") == "model":
+                # (the model-based policy, opt-in while it is proven: see
+                # the autotune guide)
+                tuner = ModelTuner(loader.autotune, start, why is None, notes,
+                                   loader.batch_size or 1)
+            else:
+                tuner = Tuner(loader.autotune, start, why is None, notes)
             tuner.min_workers = loader._auto_min_workers
             if no_threads is not None:
                 tuner.threads_ok = tuner.inner_threads_ok = False
@@ -212,7 +218,7 @@ class AutoIter:
         """An epoch shorter than an interval is measured whole at its end;
         what is decided takes effect in the next epoch."""
         if self._decided or self._pending is not None or self._batches < 2 or self._intervals \
-                or self._tuner.forced:
+                or self._tuner.forced or not isinstance(self._tuner, ModelTuner):
             return
         wall = time.perf_counter() - self._t0
         if wall > 0:

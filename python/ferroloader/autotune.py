@@ -9,17 +9,22 @@ hands over the batches in flight, takes its own ``state_dict()`` (nothing
 pending, so nothing is read twice), and continues the epoch from that state
 on the new layout. A prefetch change needs no restart at all.
 
-The tuner (``ModelTuner``, deciding with ``Policy``) measures, over short
-intervals, what the training loop sees (its time and its CPU in ``next()``,
-its own step) and what the layout costs (the workers' CPU from ``/proc``,
-their memory as PSS). From these it estimates the job's costs per sample,
-predicts every layout's rate with a model of the machine
-(``ferroloader.tunemodel`` proves the policy against it in simulated time),
-and goes to the fewest workers predicted near the best within the budgets
-(CPU, RAM, ``max_workers``), checking each prediction by measurement. A
-dataset that cannot run in threads keeps it to processes, and the stats say
-why. ``Tuner``, the climbing policy that came before, is kept for the
-side-by-side in simulation.
+The tuner (``Tuner``) measures, over short intervals, what the training
+loop sees (its batches per second, its share of time waiting in
+``next()``, its own step) and what the layout costs (the workers' CPU from
+``/proc``, their memory as PSS), and climbs a ladder of worker counts: it
+keeps a step when the loop gets at least 5 % more batches per second, and
+stops at the smallest layout under which the loop waits less than 5 % of
+its time, or when a step gains nothing, or a budget (CPU, RAM,
+``max_workers``) would be crossed. Workers that mostly wait (I/O) become
+threads; a dataset that cannot run in threads keeps it to processes, and
+the stats say why.
+
+With ``FERROLOADER_AUTOTUNE_POLICY=model`` (opt-in while it is proven),
+``ModelTuner`` decides instead with ``Policy``: it estimates the job's
+costs per sample, predicts every layout's rate with a model of the machine
+(``ferroloader.tunemodel`` proves it in simulated time) and goes to the
+fewest workers predicted near the best.
 
 >>> import ferroloader, torch
 >>> loader = ferroloader.DataLoader(torch.arange(64), batch_size=8, num_workers="auto")
@@ -155,8 +160,8 @@ class Autotune:
         methods: the layouts it may pick from: ``"processes"``,
             ``"threads"`` (worker threads of this process),
             ``"threads_in_processes"`` (``worker_threads`` > 1).
-        prefetch: accepted for compatibility: the tuner keeps a
-            prefetch depth of 2 (the climbing ``Tuner`` tried 4).
+        prefetch: whether it may change ``prefetch_factor`` (2 or 4; the
+            model-based policy keeps 2).
 
     >>> import ferroloader
     >>> ferroloader.Autotune(max_workers=8, methods=("processes",))
