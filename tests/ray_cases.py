@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
-import ferroloader as fl
 import torch
 
 
@@ -27,26 +26,6 @@ class Drawn(torch.utils.data.Dataset):
             time.sleep(self.delay)
         return {"i": i, "x": torch.tensor([i, 2 * i], dtype=torch.float32),
                 "r": random.randrange(1000), "t": int(torch.randint(1000, ()))}
-
-
-class Ranges(fl.ShardedDataset):
-    """Shard ``s`` holds ``1000 * s + o`` for ``o`` in ``range(lens[s])``."""
-
-    def __init__(self, lens: list[int], delay: float = 0.0) -> None:
-        self.lens = lens
-        self.delay = delay
-
-    def shards(self) -> list[int]:
-        return list(range(len(self.lens)))
-
-    def iter_shard(self, shard: int, start: int = 0) -> Iterator[int]:
-        for o in range(start, self.lens[shard]):
-            if self.delay:
-                time.sleep(self.delay)
-            yield 1000 * shard + o
-
-    def shard_len(self, shard: int) -> Optional[int]:
-        return self.lens[shard]
 
 
 def failing_init(worker_id: int) -> None:

@@ -19,7 +19,8 @@ import ferroloader as fl
 import pytest
 import torch
 from helpers import ferro_only, plain, time_limit
-from ray_cases import Drawn, Ranges, Sequences, Stream, WhoAmI, failing_init, mark
+from ray_cases import Drawn, Sequences, Stream, WhoAmI, failing_init, mark
+from shard_cases import Counted
 
 ray = pytest.importorskip("ray", reason="the Ray tests need ray (a test extra: ferroloader[ray])")
 
@@ -68,7 +69,7 @@ def test_sharded_batches_equal_the_main_processs(cluster, mode):
     lens = [7, 1, 13, 3, 0, 5, 9]
 
     def make(**kw: Any) -> fl.DataLoader:
-        return fl.DataLoader(Ranges(lens), batch_size=3, shuffle=True, seed=1,
+        return fl.DataLoader(Counted(lens), batch_size=3, shuffle=True, seed=1,
                              sharding=fl.Sharding(mode=mode, lanes=3), **kw)
 
     want = batches(make())
@@ -191,7 +192,7 @@ def test_a_lane_of_an_actor_killed_goes_on_where_it_stood(cluster):
     lens = [9, 14, 5, 11, 8, 6]
 
     def make(**kw: Any) -> fl.DataLoader:
-        return fl.DataLoader(Ranges(lens, delay=0.002), batch_size=3, shuffle=True, seed=2,
+        return fl.DataLoader(Counted(lens, delay=0.002), batch_size=3, shuffle=True, seed=2,
                              sharding=fl.Sharding(lanes=4), **kw)
 
     want = batches(make())

@@ -179,18 +179,7 @@ def worker_entry(
                 job["collate_fn"], job["init_fn"] = collate_fn, init_fn
         # the globals as torch seeds its worker's (with threads: as the
         # process's first worker's; each thread also has generators of its own)
-        seed = base_seed + worker_id
-        random.seed(seed)
-        torch.manual_seed(seed)
-        try:
-            import numpy as np
-
-            np.random.seed(_torch_worker._generate_state(base_seed, worker_id))
-        except ImportError:
-            pass
-        _torch_worker._worker_info = _torch_worker.WorkerInfo(
-            id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset
-        )
+        _seed_globals(dataset, worker_id, num_workers, base_seed)
         if len(jobs) == 1:
             _serve(fds[0], dataset, jobs[0], wrap, init_exception, main_pid, None)
         else:
@@ -374,6 +363,13 @@ def actor_host(dataset: Any, job: dict[str, Any], base_seed: int, num_workers: i
     host a worker process serves with, called message by message."""
     worker_id = job["worker_id"]
     wrap = _wrapper(f"in DataLoader worker {worker_id} (a Ray actor)")
+    _seed_globals(dataset, worker_id, num_workers, base_seed)
+    return _core.ActorHost(worker_spec(dataset, job, wrap, None, 0, None))
+
+
+def _seed_globals(dataset: Any, worker_id: int, num_workers: int, base_seed: int) -> None:
+    """torch's worker set-up: the global generators seeded as torch seeds
+    a worker's, and ``get_worker_info()``."""
     seed = base_seed + worker_id
     random.seed(seed)
     torch.manual_seed(seed)
@@ -386,7 +382,6 @@ def actor_host(dataset: Any, job: dict[str, Any], base_seed: int, num_workers: i
     _torch_worker._worker_info = _torch_worker.WorkerInfo(
         id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset
     )
-    return _core.ActorHost(worker_spec(dataset, job, wrap, None, 0, None))
 
 
 class IteratorRegistry:
