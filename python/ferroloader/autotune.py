@@ -661,7 +661,9 @@ class Policy:
             # (in the main process the loop's time in next() is the loading)
             self.cpu0.add(m.loop_cpu / n, n)
             fetch = m.fetch or max(0.0, m.wait)
-            self.wait.add(max(0.0, (fetch - m.loop_cpu) / n), n)
+            # (not clamped per interval: a small wait's differences are
+            # noisy around it, and clamping each would bias it up)
+            self.wait.add((fetch - m.loop_cpu) / n, n)
             return
         cpu = m.cpu / n
         if lay.processes:
@@ -671,11 +673,11 @@ class Policy:
         if m.fetch > 0 and not threads and m.cpu / m.wall < 0.8 * self._cores():
             # (a worker process's time in the fetch less its CPU; not when
             # the cores are taken, when it would count the waiting for one)
-            self.wait.add(max(0.0, m.fetch / n - cpu), n)
+            self.wait.add(m.fetch / n - cpu, n)
         elif self.wait.value is None and m.wait_share > 0.1 and not threads \
                 and m.cpu / m.wall < 0.8 * self._cores():
             # (no fetch time: each worker was busy the whole interval)
-            self.wait.add(max(0.0, lay.workers * m.wall / n - cpu), n)
+            self.wait.add(lay.workers * m.wall / n - cpu, n)
         if cpu > 0 and threads:
             self._gil()
 
@@ -696,9 +698,17 @@ class Policy:
             procs = lay.num_workers if lay.processes else 1
             free = soft_min(self._bounds(lay, gil=0.0))
             waited = sum(m.wait for m in ms) / sum(m.wall for m in ms)
-            if waited > 0.1 and rate < 0.97 * free:
+            # (only a shortfall past the noise of its intervals: near
+            # another bound the inversion would turn noise into a share)
+            if waited > 0.1 and _past_noise([(m.rate / free, m.wall) for m in ms]) < 1.0:
                 held = (rate ** -SHARPNESS - free ** -SHARPNESS) ** (-1.0 / SHARPNESS)
-                shares.add(min(1.0, max(0.02, procs / (held * cpu))), sum(m.samples for m in ms))
+                share = procs / (held * cpu)
+                # (a share over 1, all of the CPU holding the GIL and more,
+                # cannot explain it: not the GIL's shortfall)
+                if share <= 1.0:
+                    shares.add(max(0.02, share), sum(m.samples for m in ms))
+                    continue
+                most = min(most, procs / (rate * cpu))
             else:
                 # (not held by it: at most what the rate allows)
                 most = min(most, procs / (rate * cpu))
@@ -728,14 +738,16 @@ class Policy:
         return float(self.ctx.cpu) if self.ctx.cpu else float(self.ctx.cores)
 
     def _bounds(self, lay: Layout, gil: Optional[float] = None) -> list[float]:
+        # (a kind not measured yet: another kind's, or the main process's;
+        # the main process not measured, the workers')
         cpu = self.cpu0.value
-        if lay.num_workers:
-            # (a kind not measured yet: another kind's, or the main process's)
-            for kind in (_kind(lay), "p", "pt", "t"):
+        order = (_kind(lay), "p", "pt", "t") if lay.num_workers else ("p", "pt", "t")
+        if lay.num_workers or cpu is None:
+            for kind in order:
                 if kind in self.cpu_w:
                     cpu = self.cpu_w[kind].value
                     break
-        return bounds(cpu or 0.0, self.wait.value or 0.0,
+        return bounds(cpu or 0.0, max(0.0, self.wait.value or 0.0),
                       (self.moving.value or 0.0) if lay.processes else 0.0,
                       self.gil if gil is None else gil, self.step.value or 0.0, self.ctx.batch,
                       self._cores(), lay)
@@ -750,17 +762,19 @@ class Policy:
         return model * self._correction(_kind(lay))
 
     def _correction(self, kind: str) -> float:
-        """What the layouts of ``kind`` measured against their predictions
-        (cached until the next interval)."""
+        """What the layouts of ``kind`` measured against their predictions,
+        past the noise: the mean of the intervals' ratios, moved towards 1
+        by twice its standard error (one interval's rate is noisy; the
+        prediction stands where the measurements do not clearly miss it).
+        Cached until the next interval."""
         if kind not in self._corrections:
-            got = want = 0.0
+            ratios: list[tuple[float, float]] = []
             for k, ms in self.seen.items():
                 if k.num_workers and _kind(k) == kind:
                     expected = soft_min(self._bounds(k))
                     if expected > 0 and math.isfinite(expected):
-                        got += sum(m.samples for m in ms)
-                        want += expected * sum(m.wall for m in ms)
-            self._corrections[kind] = min(1.5, max(0.5, got / want)) if want > 0 else 1.0
+                        ratios += [(m.rate / expected, m.wall) for m in ms]
+            self._corrections[kind] = _past_noise(ratios)
         return self._corrections[kind]
 
     def need(self, lay: Layout) -> float:
@@ -861,6 +875,10 @@ class Policy:
 
 
 GIL_PRIOR = 0.25
+# an interval's rate, relative: the spread assumed with one measured, and
+# the least assumed with more
+NOISE_PRIOR = 0.2
+NOISE_FLOOR = 0.05
 # the most workers the first worker layout starts (see Policy._decide)
 PROBE = 4
 
@@ -871,6 +889,23 @@ def _kind(lay: Layout) -> str:
 
 def _measured(ms: list[Measurement]) -> float:
     return sum(m.samples for m in ms) / sum(m.wall for m in ms)
+
+
+def _past_noise(ratios: list[tuple[float, float]]) -> float:
+    """The mean of ``(ratio, weight)`` pairs moved towards 1 by twice its
+    standard error (an unknown spread, with one ratio, is taken as 20 %),
+    within 0.5 and 1.5."""
+    if not ratios:
+        return 1.0
+    weight = sum(w for _, w in ratios)
+    mean = sum(r * w for r, w in ratios) / weight
+    n = len(ratios)
+    spread = math.sqrt(sum(w * (r - mean) ** 2 for r, w in ratios) / weight * n / (n - 1)) \
+        if n > 1 else NOISE_PRIOR
+    # (a few intervals that happen to agree do not make the noise small)
+    spread = max(spread, NOISE_FLOOR)
+    off = max(0.0, abs(mean - 1.0) - 2.0 * spread / math.sqrt(n))
+    return min(1.5, max(0.5, 1.0 + math.copysign(off, mean - 1.0)))
 
 
 class _Avg:

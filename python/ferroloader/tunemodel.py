@@ -161,20 +161,25 @@ def simulate(policy: Callable[[Measurement], Optional[Layout]], start: Layout, j
         # its CPU there (loading, or taking the batches from the workers)
         outside = batches * job.step * steady()
         if layout.num_workers == 0:
-            fetch = samples * (job.cpu + job.wait) * steady()
+            # (the fetch's time is its CPU, measured with it, and its waiting)
+            loop_cpu = samples * job.cpu * steady()
+            fetch = loop_cpu + samples * job.wait * steady()
             wall = outside + fetch
             wait = fetch
-            loop_cpu = samples * job.cpu * steady()
             cpu = 0.0
         else:
-            wait = max(0.0, wall - outside)
-            loop_cpu = min(wait, samples * job.moving(layout) * steady())
-            cpu = samples * job.cpu * steady()
+            # (the interval lasts at least the loop's own time: its step
+            # and taking the batches; the noise cannot make it shorter)
+            loop_cpu = samples * job.moving(layout) * steady()
+            wall = max(wall, outside + loop_cpu)
+            wait = wall - outside
+            busy = steady()
+            cpu = samples * job.cpu * busy
             # a worker's time in the fetch: its CPU (longer where the cores
             # are taken) and its waiting, at most the whole interval
             taken = max(1.0, cpu / wall / machine.cores)
             fetch = min(layout.workers * wall,
-                        samples * (job.cpu * taken + job.wait) * steady())
+                        samples * (job.cpu * taken * busy + job.wait * steady()))
         mem = memory(job, layout, arena)
         run.peak_memory = max(run.peak_memory, mem)
         m = Measurement(layout=layout, wall=wall, batches=batches, samples=samples, wait=wait,
