@@ -592,10 +592,13 @@ class Policy:
 
     MEASURE = 2  # intervals on a layout before a decision
     FEW = 0.975  # the fewest workers within this share of the best
-    FED = 0.96  # where the step hides the loading: of the loop's rate
+    FED = 0.965  # where the step hides the loading: of the loop's rate
     GAIN = 1.05  # a move to more workers must promise this much
     SETTLED_GAIN = 1.1  # and once settled, any move
     MAX_CHANGES = 8
+    DECIDE_AFTER = 10.0  # seconds on a layout: a decision, however few intervals
+    EXPLORE = 45.0  # seconds of tuning, after which a settled layout is kept
+    LATE_GAIN = 1.25  # unless a move promises this much
 
     def __init__(self, ctx: Context, layout: Layout) -> None:
         self.ctx = ctx
@@ -605,6 +608,7 @@ class Policy:
         self.changes = 0
         self.per_process = ctx.per_process
         self.since = 0  # intervals on the layout in force
+        self.here = 0.0  # seconds measured since the last decision
         self.fed = False  # the last plan: the step hides the loading
         self._corrections: dict[str, float] = {}
         self._forget()
@@ -623,18 +627,22 @@ class Policy:
         self.gil = GIL_PRIOR
         self.settled_rate = 0.0
         self.low = 0
+        self.elapsed = 0.0  # seconds measured and changing since
 
     # measurements in
 
     def observe(self, m: Measurement) -> Optional[tuple[Layout, str]]:
         if m.layout != self.layout:
             self.since = 0  # (the change asked for took effect)
+            self.here = 0.0
         self.layout = m.layout
         if m.wall <= 0 or m.samples <= 0 or m.batches <= 0:
             return None
         self.seen.setdefault(m.layout, []).append(m)
         self._corrections = {}
         self.since += 1
+        self.here += m.wall
+        self.elapsed += m.wall + m.start
         self._learn(m)
         over = self._memory(m)
         if over is not None:
@@ -643,11 +651,15 @@ class Policy:
             self._watch(m)
         # a decision every MEASURE intervals (settled: every 4 * MEASURE),
         # on what the intervals so far taught
-        every = self.MEASURE * (4 if self.settled else 1)
-        if self.since % every and not m.epoch_end:
+        scale = 4 if self.settled else 1
+        # (or once DECIDE_AFTER seconds were measured since the last: slow
+        # batches make few, long intervals)
+        if self.since % (self.MEASURE * scale) and not m.epoch_end \
+                and self.here < self.DECIDE_AFTER * scale:
             # (an epoch shorter than an interval: each is a decision, for
             # the next epoch)
             return None
+        self.here = 0.0
         return self._decide()
 
     def _learn(self, m: Measurement) -> None:
@@ -703,10 +715,10 @@ class Policy:
             if waited > 0.1 and _past_noise([(m.rate / free, m.wall) for m in ms]) < 1.0:
                 held = (rate ** -SHARPNESS - free ** -SHARPNESS) ** (-1.0 / SHARPNESS)
                 share = procs / (held * cpu)
-                # (a share over 1, all of the CPU holding the GIL and more,
-                # cannot explain it: not the GIL's shortfall)
-                if share <= 1.0:
-                    shares.add(max(0.02, share), sum(m.samples for m in ms))
+                # (a share well over 1, all of the CPU holding the GIL and
+                # more, cannot explain it: not the GIL's shortfall)
+                if share <= 1.25:
+                    shares.add(min(1.0, max(0.02, share)), sum(m.samples for m in ms))
                     continue
                 most = min(most, procs / (rate * cpu))
             else:
@@ -823,7 +835,13 @@ class Policy:
                 return None
             self.settled = True
             measured = {lay: _measured(ms) for lay, ms in self.seen.items() if self.fits(lay)}
-            pick = max(measured, key=lambda k: measured[k]) if measured else self.layout
+            pick = self.layout
+            if measured:
+                # (where the step hides the loading, the fewest workers
+                # measured to feed it)
+                top = max(measured.values())
+                near = [k for k in measured if measured[k] >= (self.FED if self.fed else 1) * top]
+                pick = min(near, key=lambda k: (k.workers, -measured[k]))
             self.settled_rate = measured.get(pick, 0.0)
             if pick == self.layout:
                 return None
@@ -837,15 +855,21 @@ class Policy:
             # estimates, and a start costs)
             # (or, where the step hides the loading, fewer workers that
             # still feed it)
-            keep = self.layout in opts and self.predict(pick) < self.SETTLED_GAIN * here \
-                and not (self.fed and pick.workers < self.layout.workers)
+            # (after EXPLORE seconds of tuning, only a large gain: the
+            # layout is kept unless the data or what was learnt changes)
+            late = self.elapsed >= self.EXPLORE
+            gain = self.LATE_GAIN if late else self.SETTLED_GAIN
+            keep = self.layout in opts and self.predict(pick) < gain * here \
+                and not (self.fed and not late and pick.workers < self.layout.workers)
         else:
             keep = self.layout in opts and (
                 pick == self.layout
                 or (pick.workers > self.layout.workers and self.predict(pick) < self.GAIN * here)
                 or (pick.workers <= self.layout.workers and here >= self.FEW * top))
         if keep:
-            if not self.settled:
+            # (settled on MEASURE intervals at least: one long interval
+            # moves, but is not enough to stay)
+            if not self.settled and self.since >= self.MEASURE:
                 self.settled = True
                 self.settled_rate = _measured(self.seen[self.layout])
             return None

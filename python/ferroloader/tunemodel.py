@@ -138,7 +138,8 @@ def simulate(policy: Callable[[Measurement], Optional[Layout]], start: Layout, j
     """Runs ``policy`` (a measurement in, a new layout or ``None`` out)
     from ``start`` for ``seconds`` of simulated time, or until it has kept
     one layout for ``stop_after`` seconds. Each interval lasts at least
-    ``interval`` seconds and two rounds of the workers' batches; its rate,
+    ``interval`` seconds and two rounds of the workers' batches (one batch
+    in the main process); its rate,
     waiting, CPU and memory carry the job's noise."""
     rng = random.Random(seed)
     t = 0.0
@@ -148,7 +149,9 @@ def simulate(policy: Callable[[Measurement], Optional[Layout]], start: Layout, j
     pending_start = 0.0
     while t < seconds and t - last_change < stop_after:
         true = rate(job, machine, layout)
-        batches = max(2 * max(layout.workers, 1), math.ceil(interval * true / job.batch))
+        # (two rounds of the workers' batches, which come in bursts; the
+        # main process's come one by one)
+        batches = max(2 * layout.workers or 1, math.ceil(interval * true / job.batch))
         samples = batches * job.batch
         # the rate carries the job's noise; what a worker's or the loop's
         # time per sample is (CPU seconds, seconds in the fetch) 5 %
