@@ -371,6 +371,9 @@ def summary(outs: list[Outcome]) -> dict[str, float]:
     }
 
 
+SHARES = ("at least 0.95 of the best", "settled within 60 s")
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """``python -m ferroloader.tunemodel [PAIRS] [SEED]``: the model-based
     policy and the climbing one side by side on drawn pairs."""
@@ -393,8 +396,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         cells = []
         for name in names:
             v = rows[name][key]
-            cells.append(f"{v:.1%}" if 0 < v < 1 and "seconds" not in key and "worst" not in key
-                         and "median" not in key else f"{v:.2f}" if isinstance(v, float)
+            cells.append(f"{v:.1%}" if key in SHARES else f"{v:.2f}" if isinstance(v, float)
                          else str(v))
         print(f"| {key} | " + " | ".join(cells) + " |")
 
