@@ -567,7 +567,7 @@ def test_epochs_shorter_than_an_interval_are_measured_whole(monkeypatch):
     """An epoch far shorter than a measuring interval is measured at its
     end, so the model-based tuner decides from the first epochs on (for
     the next)."""
-    monkeypatch.setenv("FERROLOADER_AUTOTUNE_POLICY", "model")
+    monkeypatch.delenv("FERROLOADER_AUTOTUNE_POLICY", raising=False)
     loader = ferroloader.DataLoader(torch.arange(64), batch_size=4, shuffle=True, seed=0,
                                     num_workers="auto")
     fixed = ferroloader.DataLoader(torch.arange(64), batch_size=4, shuffle=True, seed=0)
@@ -576,3 +576,24 @@ def test_epochs_shorter_than_an_interval_are_measured_whole(monkeypatch):
     policy = loader._tuner.policy
     assert policy is not None
     assert sum(len(v) for v in policy.seen.values()) >= 3
+
+
+@pytest.mark.parametrize("policy, kind", [(None, "ModelTuner"), ("model", "ModelTuner"),
+                                          ("climb", "Tuner")])
+def test_the_model_based_policy_decides_unless_the_climbing_one_is_asked_for(
+        monkeypatch, policy, kind):
+    if policy is None:
+        monkeypatch.delenv("FERROLOADER_AUTOTUNE_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("FERROLOADER_AUTOTUNE_POLICY", policy)
+    loader = ferroloader.DataLoader(torch.arange(16), batch_size=4, num_workers="auto")
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11],
+                                            [12, 13, 14, 15]]
+    assert type(loader._tuner).__name__ == kind
+
+
+def test_an_unknown_tuning_policy_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("FERROLOADER_AUTOTUNE_POLICY", "fastest")
+    loader = ferroloader.DataLoader(torch.arange(16), batch_size=4, num_workers="auto")
+    with pytest.raises(ferroloader.ConfigError, match="'model' or 'climb', got 'fastest'"):
+        iter(loader)

@@ -19,6 +19,7 @@ from ferroloader._epoch import stateful
 from ferroloader._iterators import _harvest_stats
 from ferroloader._launch import _thread_unsafe_attributes
 from ferroloader.autotune import _MIN_INTERVAL, Layout, ModelTuner, Tuner, _Interval
+from ferroloader.errors import ConfigError
 
 
 class _Meter:
@@ -109,13 +110,17 @@ class AutoIter:
                     "(as torchdata does): at least one worker, so that no change alters the order"
                 )
             start = loader._tuned_layout or Layout(loader._auto_min_workers)
-            if os.environ.get("FERROLOADER_AUTOTUNE_POLICY") == "model":
-                # (the model-based policy, opt-in while it is proven: see
-                # the autotune guide)
+            policy = os.environ.get("FERROLOADER_AUTOTUNE_POLICY") or "model"
+            if policy not in ("model", "climb"):
+                raise ConfigError(
+                    f"FERROLOADER_AUTOTUNE_POLICY should be 'model' or 'climb', got {policy!r}")
+            if policy == "climb":
+                # (the climbing policy that came before, kept for a
+                # side-by-side: see the autotune guide)
+                tuner = Tuner(loader.autotune, start, why is None, notes)
+            else:
                 tuner = ModelTuner(loader.autotune, start, why is None, notes,
                                    loader.batch_size or 1)
-            else:
-                tuner = Tuner(loader.autotune, start, why is None, notes)
             tuner.min_workers = loader._auto_min_workers
             if no_threads is not None:
                 tuner.threads_ok = tuner.inner_threads_ok = False

@@ -9,22 +9,22 @@ hands over the batches in flight, takes its own ``state_dict()`` (nothing
 pending, so nothing is read twice), and continues the epoch from that state
 on the new layout. A prefetch change needs no restart at all.
 
-The tuner (``Tuner``) measures, over short intervals, what the training
-loop sees (its batches per second, its share of time waiting in
-``next()``, its own step) and what the layout costs (the workers' CPU from
-``/proc``, their memory as PSS), and climbs a ladder of worker counts: it
-keeps a step when the loop gets at least 5 % more batches per second, and
-stops at the smallest layout under which the loop waits less than 5 % of
-its time, or when a step gains nothing, or a budget (CPU, RAM,
-``max_workers``) would be crossed. Workers that mostly wait (I/O) become
-threads; a dataset that cannot run in threads keeps it to processes, and
-the stats say why.
+The tuner (``ModelTuner``) measures, over short intervals, what the
+training loop sees (its batches and samples, its time and CPU in
+``next()``) and what the layout costs (the workers' CPU from ``/proc``,
+their memory as PSS), and hands them to ``Policy``, a pure state machine:
+it estimates the job's costs per sample, predicts every layout's rate
+with a model of the machine (``ferroloader.tunemodel`` proves it in
+simulated time) and goes to the fewest workers predicted near the best,
+within the budgets (CPU, RAM, ``max_workers``). Workers that mostly wait
+(I/O) become threads; a dataset that cannot run in threads keeps it to
+processes, and the stats say why.
 
-With ``FERROLOADER_AUTOTUNE_POLICY=model`` (opt-in while it is proven),
-``ModelTuner`` decides instead with ``Policy``: it estimates the job's
-costs per sample, predicts every layout's rate with a model of the machine
-(``ferroloader.tunemodel`` proves it in simulated time) and goes to the
-fewest workers predicted near the best.
+With ``FERROLOADER_AUTOTUNE_POLICY=climb``, ``Tuner``, the climbing
+policy it replaced, decides instead: it climbs a ladder of worker counts,
+keeps a step when the loop gets at least 5 % more batches per second,
+and stops at the smallest layout under which the loop waits less than
+5 % of its time, or when a step gains nothing.
 
 >>> import ferroloader, torch
 >>> loader = ferroloader.DataLoader(torch.arange(64), batch_size=8, num_workers="auto")
@@ -461,6 +461,9 @@ class Tuner:
 # the soft minimum's sharpness: at two equal bounds a rate is 2**(-1/6) (0.89)
 # of them (queues fall short of the tightest bound near the knee)
 SHARPNESS = 6.0
+# and between the workers' bound and the cores' for workers that only
+# compute: 2**(-1/40) (0.98)
+KNEE = 40.0
 
 
 def soft_min(bounds: list[float], sharpness: float = SHARPNESS) -> float:
@@ -481,9 +484,14 @@ def bounds(cpu: float, wait: float, moving: float, gil: float, step: float, batc
     ``step`` per batch of ``batch``, on ``cores`` cores."""
     if layout.num_workers == 0:
         return [batch / (batch * (cpu + wait) + step)] if cpu + wait + step > 0 else [math.inf]
-    out = [layout.workers / (cpu + wait) if cpu + wait > 0 else math.inf]
     per = cpu + moving + step / batch
-    out.append(cores / per if per > 0 else math.inf)
+    # how many work at once, and the cores: queues form between them only
+    # from when the workers wait (workers that only compute fill the cores
+    # with none), so their knee is sharper the busier a worker is
+    busy = cpu / (cpu + wait) if cpu + wait > 0 else 0.0
+    out = [soft_min([layout.workers / (cpu + wait) if cpu + wait > 0 else math.inf,
+                     cores / per if per > 0 else math.inf],
+                    SHARPNESS + (KNEE - SHARPNESS) * busy ** 2)]
     shared = (layout.worker_method == "thread" and layout.num_workers > 1) \
         or layout.worker_threads > 1
     if gil * cpu > 0 and shared:

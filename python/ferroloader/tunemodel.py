@@ -22,7 +22,9 @@ one measured interval. A layout's rate is bounded by:
 - the loop: ``batch / (step + batch * moving)``;
 
 combined as a soft minimum (queues make a rate fall short of its
-tightest bound near the knee). The simulator's rates also carry what a
+tightest bound near the knee; between concurrency and the cores the knee
+is sharper the more a worker computes, since queues there come from its
+waiting). The simulator's rates also carry what a
 policy cannot know up front: processes past the cores contend (caches,
 context switches), and every measured interval is noisy.
 

@@ -276,6 +276,9 @@ def _long(fl: Any, job: Job, n: int, workers: Any) -> Tuple[float, float, Any, i
     return whole, steady, loader, peak.peak
 
 
+_POLICY = "FERROLOADER_AUTOTUNE_POLICY"
+
+
 def bounds_of(fl: Any, job: Job) -> Any:
     return fl.Autotune(ram=job.ram) if job.ram else "auto"
 
@@ -283,7 +286,8 @@ def bounds_of(fl: Any, job: Job) -> Any:
 def sc_autotune(st: Settings, fl: Any) -> List[Check]:
     """Per job: the best of a grid of fixed layouts (B), then ``"auto"``:
     its first epoch from nothing against B, its steady rate against B, and
-    against torch's ``num_workers=0`` and ``num_workers=os.cpu_count()``."""
+    against torch's ``num_workers=0`` and ``num_workers=os.cpu_count()``;
+    both against ``"auto"`` with the climbing policy it replaced."""
     probe_workers(fl)
     seconds = 0.5 if st.quick else 1.5
     checks: List[Check] = []
@@ -315,14 +319,29 @@ def sc_autotune(st: Settings, fl: Any) -> List[Check]:
                       "the best fixed layout's", 0.9)
             t0 = Check(f"{job.name}: auto steady", "samples/s", "torch num_workers=0", 1.0)
             tn = Check(f"{job.name}: auto steady", "samples/s", f"torch num_workers={CORES}", 1.0)
+            # the model-based policy (auto's own) against the climbing one
+            # it replaced, side by side
+            cs = Check(f"{job.name}: auto, second half of an epoch", "samples/s",
+                       "auto with the climbing policy", 0.95)
+            cw = Check(f"{job.name}: auto, a whole epoch from nothing", "samples/s",
+                       "auto with the climbing policy", 0.95)
             settled, peak = [], 0
-            # rounds interleaved, which goes first alternating (the machine drifts)
+            # rounds interleaved, which goes first rotating (the machine drifts)
+            kinds = ["fixed", "auto", "climb"]
             for r in range(max(1, min(st.repeats, 3))):
-                order = ["fixed", "auto"] if r % 2 == 0 else ["auto", "fixed"]
+                order = kinds[r % 3:] + kinds[:r % 3]
                 got = {}
                 for kind in order:
                     spec = best_layout if kind == "fixed" else bounds_of(fl, job)
-                    whole, steady, loader, p = _long(fl, job, n, spec)
+                    saved = os.environ.pop(_POLICY, None)
+                    if kind == "climb":
+                        os.environ[_POLICY] = "climb"
+                    try:
+                        whole, steady, loader, p = _long(fl, job, n, spec)
+                    finally:
+                        os.environ.pop(_POLICY, None)
+                        if saved is not None:
+                            os.environ[_POLICY] = saved
                     got[kind] = (whole, steady)
                     if kind == "auto":
                         stats = loader.stats().autotune
@@ -331,13 +350,15 @@ def sc_autotune(st: Settings, fl: Any) -> List[Check]:
                     del loader
                 c.add(got["fixed"][1], got["auto"][1])
                 w.add(got["fixed"][0], got["auto"][0])
+                cs.add(got["climb"][1], got["auto"][1])
+                cw.add(got["climb"][0], got["auto"][0])
                 t0.add(torch0, got["auto"][1])
                 tn.add(torch_n, got["auto"][1])
             note = (f"best fixed {best_layout} {best:.0f}/s; auto settled on "
                     f"{'; '.join(settled)}; torch nw=0 {torch0:.0f}/s, nw={CORES} "
                     f"{torch_n:.0f}/s")
             c.note = note
-            checks += [c, w, t0, tn]
+            checks += [c, w, t0, tn, cs, cw]
             if job.ram:
                 m = Check(f"{job.name}: peak summed PSS of auto's workers", "MiB", "the budget",
                           1.0, higher_is_better=False)
