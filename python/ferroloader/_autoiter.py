@@ -155,9 +155,11 @@ class AutoIter:
         self._batches = 0
         self._waited = 0.0
         self._loop_cpu = 0.0
-        workers = max(1, self._tuner.layout.workers)
-        self._warm = workers  # batches before measuring
-        self._enough = 2 * workers  # an interval has at least two rounds
+        workers = self._tuner.layout.workers
+        self._warm = max(1, workers)  # batches before measuring
+        # an interval has at least two rounds of the workers' batches, which
+        # come in bursts (the main process's come one by one: one batch)
+        self._enough = 2 * workers or 1
         self._next_memory_check = 0.0
 
     def __iter__(self) -> AutoIter:

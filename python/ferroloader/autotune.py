@@ -728,10 +728,8 @@ class Policy:
                 if share <= 1.25:
                     shares.add(min(1.0, max(0.02, share)), sum(m.samples for m in ms))
                     continue
-                most = min(most, procs / (rate * cpu))
-            else:
-                # (not held by it: at most what the rate allows)
-                most = min(most, procs / (rate * cpu))
+            # (not held by it: at most what the rate allows)
+            most = min(most, procs / (rate * cpu))
         self.gil = min(shares.value, 1.0) if shares.value is not None else min(GIL_PRIOR, most)
 
     def _memory(self, m: Measurement) -> Optional[tuple[Layout, str]]:
