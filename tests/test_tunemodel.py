@@ -1,5 +1,5 @@
 """The machine model (``ferroloader.tunemodel``) and the model-based policy
-(``autotune.Policy``) run against it in simulated time: the model's
+(``tunepolicy.Policy``) run against it in simulated time: the model's
 bounds, the simulator's determinism, and what the policy must never do
 whatever it measures (read a clock or ``/proc``, cross the RAM budget)."""
 
@@ -11,7 +11,8 @@ import time
 
 import pytest
 from ferroloader import tunemodel as tm
-from ferroloader.autotune import Context, Layout, Measurement, Policy
+from ferroloader.autotune import Layout
+from ferroloader.tunepolicy import Context, Measurement, Policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -98,7 +99,7 @@ def test_a_correction_lies_between_the_measured_mean_and_one(values, spread):
     """Past the noise: the correction never goes beyond what the intervals
     measured, never crosses 1, and one interval alone moves it only by
     what lies past twice the assumed spread."""
-    from ferroloader.autotune import NOISE_PRIOR, _past_noise
+    from ferroloader.tunepolicy import NOISE_PRIOR, _past_noise
 
     ratios = [(v, 1.0) for v in values]
     mean = sum(values) / len(values)

@@ -15,11 +15,59 @@ from typing import Any, Optional
 import torch.utils.data.dataloader as _tdl
 
 from ferroloader import _machine, state
+from ferroloader._env import _INITIAL_ARENA
 from ferroloader._epoch import stateful
 from ferroloader._iterators import _harvest_stats
 from ferroloader._launch import _thread_unsafe_attributes
-from ferroloader.autotune import _MIN_INTERVAL, Layout, ModelTuner, Tuner, _Interval
+from ferroloader.autotune import _MIN_INTERVAL, Autotune, Layout, Tuner, _Interval
 from ferroloader.errors import ConfigError
+from ferroloader.tunepolicy import Context, Measurement, Policy
+
+
+class ModelTuner(Tuner):
+    """``num_workers="auto"``'s tuner: the model-based ``Policy`` decides
+    on the loader's measurements; this keeps the bookkeeping (the changes
+    with their reasons, the notes, the budgets) that ``stats()`` shows."""
+
+    def __init__(self, bounds: Autotune, layout: Layout, mid_epoch: bool, notes: list[str],
+                 batch: int) -> None:
+        super().__init__(bounds, layout, mid_epoch, notes)
+        self.batch = max(1, batch)
+        self.policy: Optional[Policy] = None
+        # a batch's bytes, once one is seen (a worker's arena holds its
+        # batches in flight: what of it is touched is what it takes)
+        self.batch_bytes = 0
+
+    @property
+    def per_worker(self) -> int:
+        if not self.batch_bytes:
+            return _INITIAL_ARENA
+        return min(_INITIAL_ARENA, max(1 << 20, 2 * (self.layout.prefetch_factor + 1)
+                                       * self.batch_bytes))
+
+    def need(self, layout: Layout) -> int:
+        return layout.processes * self.per_process + layout.workers * self.per_worker
+
+    def context(self) -> Context:
+        return Context(cores=_machine.cores(), max_workers=self.max_workers, ram=self.ram,
+                       per_process=self.per_process, per_worker=self.per_worker, cpu=self.cpu,
+                       processes=self.processes_ok, threads=self.threads_ok,
+                       inner=self.inner_threads_ok, min_workers=self.min_workers,
+                       batch=self.batch, mid_epoch=self.mid_epoch)
+
+    def observe(self, m: _Interval) -> Optional[tuple[Layout, str]]:
+        before = self.changes[-1] if self.changes else None
+        if before is not None and before.rate_after is None:
+            before.rate_after, before.wait_after = m.rate, m.wait_share
+        self.current = m
+        if self.policy is None:
+            self.policy = Policy(self.context(), self.layout)
+        samples = m.samples or m.batches * self.batch
+        nxt = self.policy.observe(Measurement(
+            self.layout, m.wall, m.batches, samples, m.wait, m.loop_cpu, m.cpu,
+            memory=m.memory, start=m.start, epoch_end=m.epoch_end))
+        self.settled = self.policy.settled
+        return nxt
 
 
 class _Meter:

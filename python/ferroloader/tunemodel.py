@@ -2,7 +2,7 @@
 job on a machine of N cores, and a simulator that runs a tuning policy
 against it in simulated time, with noise.
 
-The tuner's policy (``ferroloader.autotune.Policy``) is a pure state
+The tuner's policy (``ferroloader.tunepolicy.Policy``) is a pure state
 machine: measurements in, a layout out. This module is what it is proven
 against where users run it, 2 to 128 cores, which this project's 2-core
 machine cannot show: thousands of simulated epochs take seconds.
@@ -44,7 +44,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ferroloader.autotune import Context, Layout, Measurement, Policy, bounds, candidates, soft_min
+from ferroloader.autotune import Layout
+from ferroloader.tunepolicy import Context, Measurement, Policy, bounds, candidates, soft_min
 
 MiB = 1 << 20
 
@@ -210,7 +211,7 @@ def simulate(policy: Callable[[Measurement], Optional[Layout]], start: Layout, j
 
 def layouts(machine: Machine, processes: bool = True, threads: bool = True,
             inner: bool = True) -> list[Layout]:
-    """The layouts a tuner may pick on ``machine`` (``autotune.candidates``)."""
+    """The layouts a tuner may pick on ``machine`` (``tunepolicy.candidates``)."""
     return candidates(machine.worker_cap, processes, threads, inner)
 
 
@@ -299,7 +300,7 @@ def context(job: Job, machine: Machine) -> Context:
 
 
 def run_policy(job: Job, machine: Machine, seed: int, **kw: object) -> Run:
-    """``autotune.Policy`` on one pair, from the main process."""
+    """``tunepolicy.Policy`` on one pair, from the main process."""
     policy = Policy(context(job, machine), Layout(0))
 
     def decide(m: Measurement) -> Optional[Layout]:
