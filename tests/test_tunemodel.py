@@ -132,3 +132,12 @@ def test_a_shortfall_that_the_loop_explains_is_not_read_as_the_gil():
         policy.observe(Measurement(probe, wall=wall, batches=8, samples=n, wait=0.9 * wall,
                                    loop_cpu=n * 1.87e-4, cpu=n * 1.33e-4))
     assert policy.gil < 0.5
+
+
+@pytest.mark.parametrize("module", ["autotune", "tunemodel", "tunepolicy"])
+def test_the_modules_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"ferroloader.{module}"))
+    assert result.attempted > 0 and result.failed == 0
