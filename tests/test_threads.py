@@ -469,3 +469,82 @@ def test_init_fn_errors_reach_the_loop_as_torch_words_them():
     with pytest.raises(ValueError, match="init failed in worker 1"):
         list(it)
     del it
+
+
+class Plain(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n, self.scale = n, 3
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i * self.scale
+
+
+def _dict_made(obj) -> bool:
+    """Whether ``obj``'s attributes live in a dict object (read without
+    making one: the garbage collector's view of what it holds)."""
+    return any(type(r) is dict for r in gc.get_referents(obj))
+
+
+@ferro_only
+@time_limit(60)
+@pytest.mark.parametrize("layout", [dict(num_workers=2, worker_method="thread"),
+                                    dict(num_workers="auto")])
+def test_the_thread_lint_leaves_the_datasets_attributes_in_place(layout):
+    """Reading a dataset's __dict__ (to name what threads cannot share)
+    would move its attributes out of the object on CPython 3.11-3.12, and
+    slow every attribute read of its __getitem__ for the object's life
+    (10 % of a whole epoch of the autotune bench's strings job)."""
+    probe = Plain(1)
+    probe.__dict__  # noqa: B018 (what the lint must not do)
+    if not _dict_made(probe):
+        pytest.skip("this Python keeps the attributes in place when __dict__ is read")
+    ds = Plain(8)
+    assert not _dict_made(ds)
+    assert [int(x) for b in FERRO.DataLoader(ds, batch_size=4, **layout) for x in b] == \
+        [3 * i for i in range(8)]
+    assert not _dict_made(ds)
+
+
+@ferro_only
+@time_limit(60)
+def test_an_unsafe_attribute_is_named_once_the_dict_exists(tmp_path):
+    """A dataset whose __dict__ was already read is still linted."""
+    path = tmp_path / "data"
+    path.write_bytes(b"x" * 16)
+    ds = HoldsSharedObjects(4, str(path))
+    ds.__dict__  # noqa: B018
+    try:
+        with pytest.warns(ferroloader.ThreadSafetyWarning, match="'f' is an open file"):
+            list(FERRO.DataLoader(ds, batch_size=2, num_workers=2, worker_method="thread"))
+    finally:
+        ds.f.close()
+        ds.db.close()
+
+
+@ferro_only
+@time_limit(60)
+def test_slots_are_not_linted(tmp_path):
+    """Attributes in __slots__ have no names in a __dict__: no warning, as
+    before (the lint reads the instance's own dict)."""
+    path = tmp_path / "data"
+    path.write_bytes(b"x" * 16)
+
+    class Slotted(torch.utils.data.Dataset):
+        __slots__ = ("f",)
+
+        def __init__(self, f):
+            self.f = f
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return i
+
+    with open(path, "rb") as f, warnings.catch_warnings():
+        warnings.simplefilter("error", ferroloader.ThreadSafetyWarning)
+        assert len(list(FERRO.DataLoader(Slotted(f), batch_size=2, num_workers=2,
+                                         worker_method="thread"))) == 2

@@ -261,27 +261,55 @@ def _thread_unsafe_attributes(dataset: Any) -> list[tuple[str, str]]:
     """The dataset's own attributes that threads cannot share safely, with
     why and what to do instead (a lint: objects deeper down, or locked by
     the dataset itself, are not seen or are not a problem)."""
+    if not any(_thread_unsafe(v) is not None for v in _held_values(dataset)):
+        return []
+    # (only now its names: reading __dict__ is what _held_values avoids)
+    found = []
+    for name, value in sorted(getattr(dataset, "__dict__", {}).items()):
+        problem = _thread_unsafe(value)
+        if problem is not None:
+            found.append((name, problem))
+    return found
+
+
+def _held_values(obj: Any) -> list[Any]:
+    """The values ``obj`` holds, found without reading its ``__dict__``: on
+    CPython 3.11 and 3.12 reading it moves the attributes out of the
+    object's inline storage, and each attribute read in its
+    ``__getitem__`` then takes up to twice as long, for the object's life."""
+    import gc
+
+    values = []
+    for ref in gc.get_referents(obj):
+        values.append(ref)
+        # (an instance dict already made: its values; one of many keys is
+        # no attribute dict, and scanning it would cost an iter() dearly)
+        if type(ref) is dict and len(ref) <= 256:
+            values.extend(ref.values())
+    return values
+
+
+def _thread_unsafe(value: Any) -> Optional[str]:
+    """Why threads cannot share ``value``, with what to do instead, or
+    ``None``."""
     import io
     import random
     import sqlite3
 
     import numpy as np
 
-    found = []
-    for name, value in sorted(getattr(dataset, "__dict__", {}).items()):
-        if isinstance(value, io.IOBase) and not value.closed:
-            found.append((name, "an open file: a seek() and read() by one thread interleave "
-                          "with another's; open a file per worker (keyed by "
-                          "get_worker_info().id) or read at an offset with os.pread"))
-        elif isinstance(value, (random.Random, np.random.RandomState, np.random.Generator,
-                                torch.Generator)):
-            found.append((name, f"a random generator ({type(value).__name__}): its draws then "
-                          "depend on which thread runs first; draw from "
-                          "get_worker_info().rng (or torch.thread_safe_generator())"))
-        elif isinstance(value, sqlite3.Connection):
-            found.append((name, "a sqlite3 connection, which refuses use from other threads; "
-                          "connect once per worker"))
-    return found
+    if isinstance(value, io.IOBase) and not value.closed:
+        return ("an open file: a seek() and read() by one thread interleave "
+                "with another's; open a file per worker (keyed by "
+                "get_worker_info().id) or read at an offset with os.pread")
+    if isinstance(value, (random.Random, np.random.RandomState, np.random.Generator,
+                          torch.Generator)):
+        return (f"a random generator ({type(value).__name__}): its draws then "
+                "depend on which thread runs first; draw from "
+                "get_worker_info().rng (or torch.thread_safe_generator())")
+    if isinstance(value, sqlite3.Connection):
+        return "a sqlite3 connection, which refuses use from other threads; connect once per worker"
+    return None
 
 
 def _start_threads(
