@@ -23,6 +23,8 @@ from ferroloader.autotune import _MIN_INTERVAL, Autotune, Layout, Tuner, _Interv
 from ferroloader.errors import ConfigError
 from ferroloader.tunepolicy import Context, Measurement, Policy
 
+_BUDGETS_FRESH = 2.0  # seconds
+
 
 class ModelTuner(Tuner):
     """``num_workers="auto"``'s tuner: the model-based ``Policy`` decides
@@ -174,8 +176,11 @@ class AutoIter:
                 tuner.threads_ok = tuner.inner_threads_ok = False
                 tuner.processes_ok = True
             loader._tuner = tuner
-        else:
+        elif time.monotonic() - tuner.budgets_read > _BUDGETS_FRESH:
+            # (read again, the memory free having changed; not at every
+            # iter(): reading /proc costs a short epoch a percent)
             tuner.max_workers, tuner.cpu, tuner.ram = tuner.bounds.budgets()
+            tuner.budgets_read = time.monotonic()
         self._tuner = tuner
         if loader._tuned_layout is not None:
             tuner.layout = loader._tuned_layout

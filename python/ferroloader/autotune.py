@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Optional
 
@@ -280,6 +281,7 @@ class Tuner:
         self.inner_threads_ok = "threads_in_processes" in bounds.methods
         self.processes_ok = "processes" in bounds.methods or self.inner_threads_ok
         self.max_workers, self.cpu, self.ram = bounds.budgets()
+        self.budgets_read = time.monotonic()
         # a layout forced from outside (tests): epoch ends are not measured
         self.forced = False
         # the fastest layout measured so far, to go back to

@@ -229,10 +229,11 @@ class Policy:
         scale = 4 if self.settled else 1
         # (or once DECIDE_AFTER seconds were measured since the last: slow
         # batches make few, long intervals)
-        if self.since % (self.MEASURE * scale) and not m.epoch_end \
+        if self.since % (self.MEASURE * scale) and (not m.epoch_end or self.settled) \
                 and self.here < self.DECIDE_AFTER * scale:
             # (an epoch shorter than an interval: each is a decision, for
-            # the next epoch)
+            # the next epoch, until settled: then a plan over every layout
+            # each epoch would cost a short epoch several percent)
             return None
         self.here = 0.0
         return self._decide()
