@@ -141,3 +141,19 @@ def test_the_modules_examples_run(module):
 
     result = doctest.testmod(importlib.import_module(f"ferroloader.{module}"))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_gil_share_learnt_after_settling_is_acted_on_at_once():
+    """Threads chosen on the GIL's prior (a probe of 4 waiting threads
+    cannot show it) turn out held by it once hundreds run: the policy moves
+    to processes of threads on the next interval, not after the settled
+    cadence and the late gain, and within the minute. (A pair drawn by
+    ``tm.draw(240, 3)``, where it stayed on 378 threads at 0.85 of the best.)"""
+    job = tm.Job(cpu=1.7903e-4, wait=0.042224, bytes=120.7, gil=0.87928, mem=123.84e6,
+                 start=2.2844, step=0.0092936, batch=64, noise=0.14952)
+    machine = tm.Machine(cores=128, ram=float(1 << 40))
+    out = tm.outcome("wait", job, machine, tm.run_policy(job, machine, seed=77))
+    threads = [lay for _, lay in out.run.layouts if lay.worker_method == "thread"]
+    assert any(lay.workers > 100 for lay in threads), "the pair no longer shows the case"
+    assert out.run.final.processes and out.ratio >= 0.9
+    assert out.run.settled_at <= 60

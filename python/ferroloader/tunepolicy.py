@@ -201,6 +201,7 @@ class Policy:
         # what they get corrects it)
         self.gil = GIL_PRIOR
         self.settled_rate = 0.0
+        self.settled_gil = GIL_PRIOR  # the GIL's share when it settled
         self.low = 0
         self.elapsed = 0.0  # seconds measured and changing since
 
@@ -226,7 +227,7 @@ class Policy:
             self._watch(m)
         # a decision every MEASURE intervals (settled: every 4 * MEASURE),
         # on what the intervals so far taught
-        scale = 4 if self.settled else 1
+        scale = 4 if self.settled and not self._relearned() else 1
         # (or once DECIDE_AFTER seconds were measured since the last: slow
         # batches make few, long intervals)
         if self.since % (self.MEASURE * scale) and (not m.epoch_end or self.settled) \
@@ -408,6 +409,7 @@ class Policy:
             if self.settled:
                 return None
             self.settled = True
+            self.settled_gil = self.gil
             measured = {lay: _measured(ms) for lay, ms in self.seen.items() if self.fits(lay)}
             pick = self.layout
             if measured:
@@ -431,7 +433,9 @@ class Policy:
             # still feed it)
             # (after EXPLORE seconds of tuning, only a large gain: the
             # layout is kept unless the data or what was learnt changes)
-            late = self.elapsed >= self.EXPLORE
+            # (unless the GIL's share turned out far from what it settled
+            # on: the layout was chosen on a guess)
+            late = self.elapsed >= self.EXPLORE and not self._relearned()
             gain = self.LATE_GAIN if late else self.SETTLED_GAIN
             keep = self.layout in opts and self.predict(pick) < gain * here \
                 and not (self.fed and not late and pick.workers < self.layout.workers)
@@ -445,6 +449,7 @@ class Policy:
             # moves, but is not enough to stay)
             if not self.settled and self.since >= self.MEASURE:
                 self.settled = True
+                self.settled_gil = self.gil
                 self.settled_rate = _measured(self.seen[self.layout])
             return None
         self.settled = False
@@ -458,6 +463,11 @@ class Policy:
                 why = f"a probe of {pick} before {why}"
         self.changes += 1
         return pick, why
+
+    def _relearned(self) -> bool:
+        """Settled on a GIL's share far from what it is now measured at
+        (the prior, before threads ran many at once)."""
+        return abs(self.gil - self.settled_gil) >= 0.25
 
     def _watch(self, m: Measurement) -> None:
         """Settled: a rate far below the settled one three intervals in a
