@@ -86,3 +86,24 @@ def test_torch_names_rebound_to_ferroloader_load_without_recursion() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "rebound: loads" in out.stdout
+
+
+_LIVE_AT_EXIT = textwrap.dedent(
+    """
+    import ferroloader
+    loader = ferroloader.DataLoader(list(range(10)), batch_size=2)
+    it = iter(loader)
+    next(it)
+    auto = iter(ferroloader.DataLoader(list(range(10)), batch_size=2, num_workers="auto"))
+    next(auto)
+    """
+)
+
+
+def test_an_iterator_alive_at_exit_says_nothing() -> None:
+    """A script that ends with its iterators alive exits as torch's does:
+    no "Exception ignored in ... __del__" on stderr."""
+    out = subprocess.run([sys.executable, "-c", _LIVE_AT_EXIT], capture_output=True,
+                         text=True, timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""

@@ -10,6 +10,7 @@ import itertools
 import multiprocessing.connection as mp_connection
 import os
 import selectors
+import sys
 from typing import (
     Any,
     Optional,
@@ -171,7 +172,11 @@ class _SingleProcessIter(_core.SingleProcessIter):
     _epoch_record: _epoch.Epoch
     _stats_box: list[LoaderStats]
 
-    def __del__(self) -> None:
+    def __del__(self, _finalizing: Any = sys.is_finalizing) -> None:
+        if _finalizing():
+            # (at interpreter exit the module's globals may already be
+            # None, and no state_dict() or stats() can follow)
+            return
         rec = getattr(self, "_epoch_record", None)
         if rec is not None:
             state.detach(rec, self)
