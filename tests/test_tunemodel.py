@@ -157,3 +157,21 @@ def test_a_gil_share_learnt_after_settling_is_acted_on_at_once():
     assert any(lay.workers > 100 for lay in threads), "the pair no longer shows the case"
     assert out.run.final.processes and out.ratio >= 0.9
     assert out.run.settled_at <= 60
+
+
+def test_processes_the_ram_holds_no_more_of_try_threads_inside_once():
+    """A memory-bound job whose budget holds 3 processes: a noisy probe of
+    4 threads in one process read the GIL's share as 1, so threads inside
+    the 3 processes were never kept (0.81 of the best). Before settling on
+    the processes it tries them with 2 threads each, once, and keeps what
+    measures better. (A pair drawn by ``tm.draw(240, 4)``.)"""
+    job = tm.Job(cpu=0.010361, wait=0.0, bytes=4123.7, gil=0.81193, mem=1648.75e6,
+                 start=2.6387, per_byte=1e-10, step=0.0, batch=128, noise=0.18785)
+    machine = tm.Machine(cores=16, ram=6367.7e6)
+    out = tm.outcome("memory", job, machine, tm.run_policy(job, machine, seed=30))
+    policy = Policy(tm.context(job, machine), Layout(0))
+    assert not policy.fits(Layout(4)), "the budget should hold 3 processes at most"
+    kinds = [(lay.processes, lay.worker_threads) for _, lay in out.run.layouts]
+    assert (3, 2) in kinds or out.run.final.worker_threads > 1
+    assert out.ratio >= 0.9
+    assert out.run.settled_at <= 60

@@ -185,6 +185,7 @@ class Policy:
         self.since = 0  # intervals on the layout in force
         self.here = 0.0  # seconds measured since the last decision
         self.fed = False  # the last plan: the step hides the loading
+        self.tried_inner = False  # (see _inner_trial)
         self._corrections: dict[str, float] = {}
         self._forget()
 
@@ -448,6 +449,10 @@ class Policy:
             # (settled on MEASURE intervals at least: one long interval
             # moves, but is not enough to stay)
             if not self.settled and self.since >= self.MEASURE:
+                trial = self._inner_trial()
+                if trial is not None:
+                    self.changes += 1
+                    return trial
                 self.settled = True
                 self.settled_gil = self.gil
                 self.settled_rate = _measured(self.seen[self.layout])
@@ -463,6 +468,25 @@ class Policy:
                 why = f"a probe of {pick} before {why}"
         self.changes += 1
         return pick, why
+
+    def _inner_trial(self) -> Optional[tuple[Layout, str]]:
+        """Before settling on worker processes that the budgets (the RAM,
+        most often) hold no more of: their count with 2 threads each, once, where the GIL
+        alone would hold it back. A share read from a few noisy intervals
+        of threads that is too high is never corrected, since threads are
+        then never run again; one measured layout settles it."""
+        lay = self.layout
+        trial = Layout(lay.num_workers, "multiprocessing", 2, lay.prefetch_factor)
+        if self.tried_inner or not lay.processes or lay.worker_threads != 1 or self.fed \
+                or self.fits(Layout(lay.num_workers + 1, "multiprocessing")) \
+                or not self.fits(trial) or trial in self.seen:
+            return None
+        self.tried_inner = True
+        free = soft_min(self._bounds(trial, gil=0.0))
+        if free < self.GAIN * _measured(self.seen[lay]):
+            return None  # (not even without the GIL)
+        return trial, (f"a trial of {trial}: the budgets hold no more processes, and the "
+                       f"GIL's share ({self.gil:.2f}) rests on a few intervals")
 
     def _relearned(self) -> bool:
         """Settled on a GIL's share far from what it is now measured at
