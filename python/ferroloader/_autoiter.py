@@ -57,17 +57,16 @@ class ModelTuner(Tuner):
                        inner=self.inner_threads_ok, min_workers=self.min_workers,
                        batch=self.batch, mid_epoch=self.mid_epoch)
 
-    def observe(self, m: _Interval) -> Optional[tuple[Layout, str]]:
+    def measured(self, m: Measurement) -> Optional[tuple[Layout, str]]:
+        # (the change records and stats() show the interval in batches)
+        seen = _Interval(m.batches, m.wall, m.wait, m.cpu)
         before = self.changes[-1] if self.changes else None
         if before is not None and before.rate_after is None:
-            before.rate_after, before.wait_after = m.rate, m.wait_share
-        self.current = m
+            before.rate_after, before.wait_after = seen.rate, seen.wait_share
+        self.current = seen
         if self.policy is None:
             self.policy = Policy(self.context(), self.layout)
-        samples = m.samples or m.batches * self.batch
-        nxt = self.policy.observe(Measurement(
-            self.layout, m.wall, m.batches, samples, m.wait, m.loop_cpu, m.cpu,
-            memory=m.memory, start=m.start, epoch_end=m.epoch_end))
+        nxt = self.policy.observe(m)
         self.settled = self.policy.settled
         return nxt
 
@@ -292,13 +291,14 @@ class AutoIter:
             # (reading the workers' PSS walks their page tables: every 2 s)
             self._next_memory_check = now + 2.0
             memory = sum(_machine.pss(p) for p in self._meter.pids)
-        m = _Interval(self._batches, wall, self._waited, self._meter.delta(),
-                      loop_cpu=self._loop_cpu, memory=memory, start=self._start_cost,
-                      epoch_end=epoch_end)
+        tuner = self._tuner
+        m = Measurement(tuner.layout, wall, self._batches,
+                        self._batches * (self._loader.batch_size or 1), self._waited,
+                        self._loop_cpu, self._meter.delta(), memory=memory,
+                        start=self._start_cost, epoch_end=epoch_end)
         self._start_cost = 0.0
         self._t0, self._batches, self._waited, self._loop_cpu = time.perf_counter(), 0, 0.0, 0.0
-        tuner = self._tuner
-        decided = tuner.observe(m)
+        decided = tuner.measured(m)
         over = decided is None and memory > 0.9 * tuner.ram
         if over:
             lay = tuner.layout

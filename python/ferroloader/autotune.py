@@ -240,21 +240,14 @@ def of(num_workers: Any) -> Optional[Autotune]:
 
 @dataclass
 class _Interval:
-    """One measurement: batches handed over, the wall time, the time the
-    loop waited in ``next()``, and the loader's CPU seconds."""
+    """One measurement as the climbing policy reads it: batches handed
+    over, the wall time, the time the loop waited in ``next()``, and the
+    loader's CPU seconds."""
 
     batches: int
     wall: float
     wait: float
     cpu: float
-    # (what the model-based policy reads besides: samples handed over, the
-    # loop's CPU in next(), the workers' PSS when read, the last change's
-    # seconds)
-    samples: int = 0
-    loop_cpu: float = 0.0
-    memory: int = 0
-    start: float = 0.0
-    epoch_end: bool = False
 
     @property
     def rate(self) -> float:
@@ -309,6 +302,12 @@ class Tuner:
 
     def fits(self, layout: Layout) -> bool:
         return layout.workers <= self.max_workers and self.need(layout) <= self.ram
+
+    def measured(self, m: Any) -> Optional[tuple[Layout, str]]:
+        """An interval as the loader measures it (a ``tunepolicy.Measurement``,
+        which this module cannot import): what the climbing policy reads
+        of it."""
+        return self.observe(_Interval(m.batches, m.wall, m.wait, m.cpu))
 
     def observe(self, m: _Interval) -> Optional[tuple[Layout, str]]:
         """An interval on the current layout: the next layout and why, or

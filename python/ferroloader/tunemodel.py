@@ -326,7 +326,7 @@ def run_climbing(job: Job, machine: Machine, seed: int, **kw: object) -> Run:
         tuner = autotune.Tuner(bounds, Layout(0), True, [])
 
         def decide(m: Measurement) -> Optional[Layout]:
-            nxt = tuner.observe(autotune._Interval(m.batches, m.wall, m.wait, m.cpu))
+            nxt = tuner.measured(m)
             if nxt is None:
                 return None
             tuner.record(0, 0, nxt[0], nxt[1])
