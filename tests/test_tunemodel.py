@@ -175,3 +175,20 @@ def test_processes_the_ram_holds_no_more_of_try_threads_inside_once():
     assert (3, 2) in kinds or out.run.final.worker_threads > 1
     assert out.ratio >= 0.9
     assert out.run.settled_at <= 60
+
+
+def test_a_gil_share_read_from_a_shortfall_near_the_loops_bound_is_measured_again():
+    """A transport-bound job whose step hides the loading: 2 threads feed
+    the loop, but their first noisy intervals fell 9 % short of it, which
+    read as a GIL share of 0.96 (it is 0.40). One thread was then kept
+    (0.87 of the best) and the threads never run again. Before settling it
+    measures them once more and keeps them. (A pair drawn by
+    ``tm.draw(240, 6)``.)"""
+    job = tm.Job(cpu=0.00026639, wait=0.0, bytes=2729223.1, gil=0.40257, mem=215.256e6,
+                 start=0.62342, per_byte=1.16423e-10, step=0.0040731, batch=16, noise=0.16923)
+    machine = tm.Machine(cores=16)
+    out = tm.outcome("transport", job, machine, tm.run_policy(job, machine, seed=179))
+    assert sum(lay == Layout(2, "thread") for _, lay in out.run.layouts) >= 2
+    assert out.run.final.workers >= 2
+    assert out.ratio >= 0.95
+    assert out.run.settled_at <= 60

@@ -186,6 +186,8 @@ class Policy:
         self.here = 0.0  # seconds measured since the last decision
         self.fed = False  # the last plan: the step hides the loading
         self.tried_inner = False  # (see _inner_trial)
+        self.tried_threads = False  # (see _threads_trial)
+        self.gil_read = False  # the GIL's share read from a shortfall, not assumed
         self._corrections: dict[str, float] = {}
         self._forget()
 
@@ -300,6 +302,7 @@ class Policy:
                     continue
             # (not held by it: at most what the rate allows)
             most = min(most, procs / (rate * cpu))
+        self.gil_read = shares.value is not None
         self.gil = min(shares.value, 1.0) if shares.value is not None else min(GIL_PRIOR, most)
 
     def _memory(self, m: Measurement) -> Optional[tuple[Layout, str]]:
@@ -449,7 +452,7 @@ class Policy:
             # (settled on MEASURE intervals at least: one long interval
             # moves, but is not enough to stay)
             if not self.settled and self.since >= self.MEASURE:
-                trial = self._inner_trial()
+                trial = self._inner_trial() or self._threads_trial()
                 if trial is not None:
                     self.changes += 1
                     return trial
@@ -487,6 +490,34 @@ class Policy:
             return None  # (not even without the GIL)
         return trial, (f"a trial of {trial}: the budgets hold no more processes, and the "
                        f"GIL's share ({self.gil:.2f}) rests on a few intervals")
+
+    def _threads_trial(self) -> Optional[tuple[Layout, str]]:
+        """Before settling on a layout chosen over threads that the GIL's
+        share held back: the fastest of those threads once more, where the
+        share was read from a shortfall of a few intervals within 20 % of
+        what they would get without it. Near another bound (the loop's,
+        the cores') such a shortfall is as likely the noise, and a share
+        read too high is never corrected, since the threads are then not
+        run again; their intervals pooled settle it."""
+        if self.tried_threads or not self.gil_read or self.layout not in self.seen:
+            return None
+        here = _measured(self.seen[self.layout])
+        best: Optional[tuple[float, Layout]] = None
+        for lay, ms in self.seen.items():
+            if lay.workers <= self.layout.workers or not self.fits(lay) \
+                    or len(ms) > 4 * self.MEASURE \
+                    or not (lay.worker_method == "thread" or lay.worker_threads > 1):
+                continue
+            free = soft_min(self._bounds(lay, gil=0.0))
+            rate = _measured(ms)
+            if free >= self.GAIN * here and rate >= max(here, 0.8 * free) \
+                    and (best is None or rate > best[0]):
+                best = (rate, lay)
+        if best is None:
+            return None
+        self.tried_threads = True
+        return best[1], (f"a trial of {best[1]} again: the GIL's share ({self.gil:.2f}) was "
+                         f"read from a shortfall within the noise")
 
     def _relearned(self) -> bool:
         """Settled on a GIL's share far from what it is now measured at
