@@ -169,6 +169,7 @@ class Policy:
     FEW = 0.975  # the fewest workers within this share of the best
     FED = 0.965  # where the step hides the loading: of the loop's rate
     GAIN = 1.05  # a move to more workers must promise this much
+    FEWER = 0.95  # where the loop is fed, a move to fewer workers must leave out 5 %
     SETTLED_GAIN = 1.1  # and once settled, any move
     MAX_CHANGES = 8
     DECIDE_AFTER = 10.0  # seconds on a layout: a decision, however few intervals
@@ -447,7 +448,9 @@ class Policy:
             keep = self.layout in opts and (
                 pick == self.layout
                 or (pick.workers > self.layout.workers and self.predict(pick) < self.GAIN * here)
-                or (pick.workers <= self.layout.workers and here >= self.FEW * top))
+                or (pick.workers <= self.layout.workers and here >= self.FEW * top)
+                or (self.fed and self.FEWER * self.layout.workers < pick.workers
+                    < self.layout.workers and self.predict(pick) < self.GAIN * here))
         if keep:
             # (settled on MEASURE intervals at least: one long interval
             # moves, but is not enough to stay)
