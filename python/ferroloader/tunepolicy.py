@@ -186,8 +186,7 @@ class Policy:
         self.since = 0  # intervals on the layout in force
         self.here = 0.0  # seconds measured since the last decision
         self.fed = False  # the last plan: the step hides the loading
-        self.tried_inner = False  # (see _inner_trial)
-        self.tried_threads = False  # (see _threads_trial)
+        self.tried = False  # a trial before settling (see _inner_trial)
         self.gil_read = False  # the GIL's share read from a shortfall, not assumed
         self._corrections: dict[str, float] = {}
         self._forget()
@@ -455,7 +454,11 @@ class Policy:
             # (settled on MEASURE intervals at least: one long interval
             # moves, but is not enough to stay)
             if not self.settled and self.since >= self.MEASURE:
-                trial = self._inner_trial() or self._threads_trial()
+                # (one trial at most: each costs a change, and a start;
+                # past EXPLORE seconds, only of threads inside processes)
+                trial = None if self.tried else self._inner_trial() \
+                    or (None if self.elapsed >= self.EXPLORE else
+                        self._threads_trial() or self._kind_trial())
                 if trial is not None:
                     self.changes += 1
                     return trial
@@ -483,14 +486,14 @@ class Policy:
         then never run again; one measured layout settles it."""
         lay = self.layout
         trial = Layout(lay.num_workers, "multiprocessing", 2, lay.prefetch_factor)
-        if self.tried_inner or not lay.processes or lay.worker_threads != 1 or self.fed \
+        if not lay.processes or lay.worker_threads != 1 or self.fed \
                 or self.fits(Layout(lay.num_workers + 1, "multiprocessing")) \
                 or not self.fits(trial) or trial in self.seen:
             return None
-        self.tried_inner = True
         free = soft_min(self._bounds(trial, gil=0.0))
         if free < self.GAIN * _measured(self.seen[lay]):
             return None  # (not even without the GIL)
+        self.tried = True
         return trial, (f"a trial of {trial}: the budgets hold no more processes, and the "
                        f"GIL's share ({self.gil:.2f}) rests on a few intervals")
 
@@ -502,7 +505,7 @@ class Policy:
         the cores') such a shortfall is as likely the noise, and a share
         read too high is never corrected, since the threads are then not
         run again; their intervals pooled settle it."""
-        if self.tried_threads or not self.gil_read or self.layout not in self.seen:
+        if not self.gil_read or self.layout not in self.seen:
             return None
         here = _measured(self.seen[self.layout])
         best: Optional[tuple[float, Layout]] = None
@@ -518,9 +521,35 @@ class Policy:
                 best = (rate, lay)
         if best is None:
             return None
-        self.tried_threads = True
+        self.tried = True
         return best[1], (f"a trial of {best[1]} again: the GIL's share ({self.gil:.2f}) was "
                          f"read from a shortfall within the noise")
+
+    def _kind_trial(self) -> Optional[tuple[Layout, str]]:
+        """Before settling: where another kind of layout was corrected
+        down on a few intervals (a probe's, most often) and the plan without
+        that correction is a layout of that kind with fewer workers or a
+        clear gain, that layout, once. Two intervals 18 % slow by the noise
+        would otherwise keep a kind out for good."""
+        here = _kind(self.layout)
+        few = {k: 0 for k in ("p", "t", "pt") if k != here}
+        for lay, ms in self.seen.items():
+            if lay.num_workers and _kind(lay) in few:
+                few[_kind(lay)] += len(ms)
+        doubted = {k for k, n in few.items()
+                   if 0 < n <= 2 * self.MEASURE and self._correction(k) < 1.0}
+        if not doubted:
+            return None
+        saved = dict(self._corrections), self.fed
+        self._corrections.update({k: 1.0 for k in doubted})
+        pick, _ = self._plan()
+        gain = self.predict(pick) / self.predict(self.layout)
+        self._corrections, self.fed = saved
+        if _kind(pick) not in doubted or pick in self.seen \
+                or not (pick.workers < self.layout.workers or gain >= self.GAIN):
+            return None
+        self.tried = True
+        return pick, f"a trial of {pick}: its kind was measured short on a few intervals"
 
     def _relearned(self) -> bool:
         """Settled on a GIL's share far from what it is now measured at
