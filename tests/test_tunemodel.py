@@ -224,3 +224,19 @@ def test_a_kind_measured_short_on_a_probes_two_intervals_is_tried_once_more():
     assert out.run.final.workers <= out.fewest + 1
     assert out.ratio >= 0.95
     assert out.run.settled_at <= 60
+
+
+def test_telling_the_fewest_from_one_under_the_mark_takes_longer_the_more_workers_feed():
+    """Where a loop needs few workers, one more is a large step in the rate
+    and seconds of intervals tell it; where it needs a hundred, one is a
+    fraction of a percent and no 60 s of noisy intervals can."""
+    machine = tm.Machine(cores=128)
+    few = tm.Job(cpu=0.004, step=0.032, batch=32, noise=0.15)  # about 4 workers feed it
+    many = tm.Job(cpu=0.004, wait=0.1, step=0.032, batch=32, noise=0.15)  # about 100
+    told = []
+    for job in (few, many):
+        out = tm.outcome("cpu", job, machine, tm.Run(layouts=[(0.0, Layout(1))]))
+        told.append((out.fewest, out.telling))
+    (f_few, t_few), (f_many, t_many) = told
+    assert f_few < 8 < 64 < f_many
+    assert t_few <= 60 < 10 * 60 < t_many

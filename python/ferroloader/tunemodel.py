@@ -288,6 +288,7 @@ class Outcome:
     best_rate: float
     ratio: float
     fewest: int
+    telling: float  # seconds of intervals to tell fewest + 1 workers from under 0.95
 
     @property
     def hides(self) -> bool:
@@ -343,7 +344,25 @@ def outcome(kind: str, job: Job, machine: Machine, run: Run) -> Outcome:
     top, top_rate = best(job, machine, opts, ARENA)
     fewest = min(lay.workers for lay in opts if rate(job, machine, lay) >= 0.95 * top_rate)
     return Outcome(kind, job, machine, run, top, top_rate,
-                   rate(job, machine, run.final) / top_rate, fewest)
+                   rate(job, machine, run.final) / top_rate, fewest,
+                   telling(job, machine, opts, top_rate, fewest))
+
+
+def telling(job: Job, machine: Machine, opts: list[Layout], top_rate: float,
+            fewest: int) -> float:
+    """Seconds of measured intervals a policy needs to tell the fastest
+    layout of at most ``fewest + 1`` workers from one under 0.95 of the
+    best, at twice the standard error of the job's noise: ``(2 * noise /
+    gap) ** 2`` intervals of that layout's length (0.4 s, or two rounds of
+    its batches). Near the knee of many workers the gap is a fraction of a
+    percent, and this runs to hours."""
+    near = max((lay for lay in opts if lay.workers <= fewest + 1),
+               key=lambda lay: rate(job, machine, lay))
+    gap = rate(job, machine, near) / top_rate - 0.95
+    if gap <= 0:
+        return math.inf
+    length = max(0.4, 2 * max(1, near.workers) * job.batch / rate(job, machine, near))
+    return (2 * job.noise / gap) ** 2 * length
 
 
 def evaluate(pairs: list[tuple[str, Job, Machine]],
@@ -371,6 +390,9 @@ def summary(outs: list[Outcome]) -> dict[str, float]:
         "... where the fewest are under 8":
             sum(o.run.final.workers > o.fewest + 1 for o in hides if o.fewest < 8),
         "... pairs with fewest under 8": sum(o.fewest < 8 for o in hides),
+        "... where 60 s of intervals can tell the fewest + 1 from under 0.95":
+            sum(o.run.final.workers > o.fewest + 1 for o in hides if o.telling <= 60),
+        "... pairs where they can": sum(o.telling <= 60 for o in hides),
     }
 
 
@@ -409,4 +431,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["Job", "Machine", "Outcome", "Run", "best", "draw", "evaluate", "layouts", "memory",
-           "rate", "run_climbing", "run_policy", "simulate", "summary"]
+           "rate", "run_climbing", "run_policy", "simulate", "summary", "telling"]
