@@ -356,12 +356,12 @@ def telling(job: Job, machine: Machine, opts: list[Layout], top_rate: float,
     gap) ** 2`` intervals of that layout's length (0.4 s, or two rounds of
     its batches). Near the knee of many workers the gap is a fraction of a
     percent, and this runs to hours."""
-    near = max((lay for lay in opts if lay.workers <= fewest + 1),
-               key=lambda lay: rate(job, machine, lay))
-    gap = rate(job, machine, near) / top_rate - 0.95
+    near_rate, near = max(((rate(job, machine, lay), lay) for lay in opts
+                           if lay.workers <= fewest + 1), key=lambda pair: pair[0])
+    gap = near_rate / top_rate - 0.95
     if gap <= 0:
         return math.inf
-    length = max(0.4, 2 * max(1, near.workers) * job.batch / rate(job, machine, near))
+    length = max(0.4, 2 * max(1, near.workers) * job.batch / near_rate)
     return (2 * job.noise / gap) ** 2 * length
 
 

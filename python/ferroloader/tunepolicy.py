@@ -186,7 +186,7 @@ class Policy:
         self.since = 0  # intervals on the layout in force
         self.here = 0.0  # seconds measured since the last decision
         self.fed = False  # the last plan: the step hides the loading
-        self.tried = False  # a trial before settling (see _inner_trial)
+        self.tried = False  # the one trial before settling (see _decide)
         self.gil_read = False  # the GIL's share read from a shortfall, not assumed
         self._corrections: dict[str, float] = {}
         self._forget()
@@ -261,7 +261,7 @@ class Policy:
         if lay.processes:
             self.moving.add(m.loop_cpu / n, n)
         self.cpu_w.setdefault(_kind(lay), _Avg()).add(cpu, n)
-        threads = lay.worker_method == "thread" or lay.worker_threads > 1
+        threads = _threaded(lay)
         if m.fetch > 0 and not threads and m.cpu / m.wall < 0.8 * self._cores():
             # (a worker process's time in the fetch less its CPU; not when
             # the cores are taken, when it would count the waiting for one)
@@ -280,7 +280,7 @@ class Policy:
         its intervals: one interval is too noisy)."""
         shares, most = _Avg(), 1.0
         for lay, ms in self.seen.items():
-            if not (lay.worker_method == "thread" or lay.worker_threads > 1):
+            if not _threaded(lay):
                 continue
             kind = self.cpu_w.get(_kind(lay))
             cpu = kind.value if kind is not None else None
@@ -343,14 +343,16 @@ class Policy:
                       self.gil if gil is None else gil, self.step.value or 0.0, self.ctx.batch,
                       self._cores(), lay)
 
-    def predict(self, lay: Layout) -> float:
+    def predict(self, lay: Layout, uncorrected: frozenset[str] = frozenset()) -> float:
         """``lay``'s rate by the model, corrected by what the layouts of
         its kind measured against their predictions (one factor per kind,
-        pooled over them: a single noisy interval moves it little)."""
+        pooled over them: a single noisy interval moves it little), unless
+        its kind is ``uncorrected``."""
         model = soft_min(self._bounds(lay))
         if not lay.num_workers:
             return _measured(self.seen[lay]) if lay in self.seen else model
-        return model * self._correction(_kind(lay))
+        kind = _kind(lay)
+        return model if kind in uncorrected else model * self._correction(kind)
 
     def _correction(self, kind: str) -> float:
         """What the layouts of ``kind`` measured against their predictions,
@@ -386,9 +388,15 @@ class Policy:
 
     def _plan(self) -> tuple[Layout, str]:
         """The layout with the fewest workers predicted within ``FEW`` of
-        the best, and why."""
+        the best, and why; whether the step hides the loading (``fed``)."""
+        pick, why, self.fed = self._choose()
+        return pick, why
+
+    def _choose(self, uncorrected: frozenset[str] = frozenset()) -> tuple[Layout, str, bool]:
+        """The plan: the layout, why, and whether the loop is fed (its
+        predictions uncorrected for the kinds ``uncorrected``)."""
         opts = self.options() or [self.layout]
-        value = {lay: self.predict(lay) for lay in opts}
+        value = {lay: self.predict(lay, uncorrected) for lay in opts}
         top = max(value.values())
         # a loop whose step hides the loading is fed when it waits under
         # 5 %: the fewest workers that get it there; else the most the
@@ -401,9 +409,8 @@ class Policy:
                                          lay not in self.seen))
         known = "measured" if pick in self.seen else "predicted"
         what = "the fewest that feed the loop" if fed else "the fewest near the best"
-        self.fed = fed
         return pick, (f"{known} {value[pick]:.0f} samples/s, {what} of {len(opts)} layouts "
-                      f"(best {top:.0f})")
+                      f"(best {top:.0f})"), fed
 
     def _decide(self) -> Optional[tuple[Layout, str]]:
         """The plan, where it is worth a change: more workers must promise
@@ -512,7 +519,7 @@ class Policy:
         for lay, ms in self.seen.items():
             if lay.workers <= self.layout.workers or not self.fits(lay) \
                     or len(ms) > 4 * self.MEASURE \
-                    or not (lay.worker_method == "thread" or lay.worker_threads > 1):
+                    or not _threaded(lay):
                 continue
             free = soft_min(self._bounds(lay, gil=0.0))
             rate = _measured(ms)
@@ -531,20 +538,16 @@ class Policy:
         that correction is a layout of that kind with fewer workers or a
         clear gain, that layout, once. Two intervals 18 % slow by the noise
         would otherwise keep a kind out for good."""
-        here = _kind(self.layout)
-        few = {k: 0 for k in ("p", "t", "pt") if k != here}
+        few = {k: 0 for k in ("p", "t", "pt") if k != _kind(self.layout)}
         for lay, ms in self.seen.items():
             if lay.num_workers and _kind(lay) in few:
                 few[_kind(lay)] += len(ms)
-        doubted = {k for k, n in few.items()
-                   if 0 < n <= 2 * self.MEASURE and self._correction(k) < 1.0}
+        doubted = frozenset(k for k, n in few.items()
+                            if 0 < n <= 2 * self.MEASURE and self._correction(k) < 1.0)
         if not doubted:
             return None
-        saved = dict(self._corrections), self.fed
-        self._corrections.update({k: 1.0 for k in doubted})
-        pick, _ = self._plan()
-        gain = self.predict(pick) / self.predict(self.layout)
-        self._corrections, self.fed = saved
+        pick, _, _ = self._choose(doubted)
+        gain = self.predict(pick, doubted) / self.predict(self.layout)
         if _kind(pick) not in doubted or pick in self.seen \
                 or not (pick.workers < self.layout.workers or gain >= self.GAIN):
             return None
@@ -580,6 +583,11 @@ PROBE = 4
 
 def _kind(lay: Layout) -> str:
     return "t" if lay.worker_method == "thread" else "p" if lay.worker_threads == 1 else "pt"
+
+
+def _threaded(lay: Layout) -> bool:
+    """Threads share a process's GIL in ``lay``."""
+    return _kind(lay) != "p"
 
 
 def _measured(ms: list[Measurement]) -> float:
