@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import Counter
 from typing import Any, Callable
 
@@ -345,3 +346,78 @@ def test_each_rank_resuming_its_own_state_on_the_same_ranks(even):
         assert len({len(t[0]) for t in tails}) == 1
         got += held_back([t[1] for t in tails], lens)
     assert sorted(got) == all_items(lens)
+
+
+def test_a_list_of_states_missing_or_repeating_a_rank_is_refused_before_anything_is_read():
+    """Three ranks read 3 batches of 4 each; the epoch resumes on one rank
+    from a list of their states. Every rank's state gives the 240 items of
+    240; a list that misses a rank or repeats one is refused, naming the
+    ranks, by load_state_dict() and merge_states() alike (it gave 252 and
+    360 items: claims read twice)."""
+    lens = [20] * 12
+    store, name = dist.HashStore(), job_name()
+    lds = [loader(Counted(lens), store, name, r, 3, even=False, batch=4) for r in range(3)]
+
+    def head(ld: fl.DataLoader) -> Any:
+        it = iter(ld)
+        seen = [next(it) for _ in range(3)]
+        return items(seen), ld.state_dict()
+
+    heads = side_by_side([lambda ld=ld: head(ld) for ld in lds])
+    states = [h[1] for h in heads]
+    for bad, says in (([states[0], states[1]], r"rank 2 is missing"),
+                      ([states[0]] * 3, r"rank 0's state is given 3 times"),
+                      ([states[0], states[0], states[2]], r"rank 1 is missing.*rank 0's state is "
+                                                          r"given 2 times")):
+        one = loader(Counted(lens), dist.HashStore(), job_name(), 0, 1, even=False, batch=4)
+        with pytest.raises(fl.ConfigError, match=says):
+            one.load_state_dict(bad)
+        with pytest.raises(fl.ConfigError, match=says):
+            fl.merge_states(bad)
+        # a merged state built otherwise is checked again before a read
+        merged = fl.merge_states(states)
+        merged["epoch"]["shards"]["accounts"] = [
+            merged["epoch"]["shards"]["accounts"][states.index(s)] for s in bad]
+        one.load_state_dict(merged)
+        with pytest.raises(fl.ConfigError, match=says):
+            iter(one)
+    one = loader(Counted(lens), dist.HashStore(), job_name(), 0, 1, even=False, batch=4)
+    one.load_state_dict(states)
+    rest = items(list(one))
+    assert sorted([v for h in heads for v in h[0]] + rest) == all_items(lens)
+
+
+def test_states_of_two_jobs_are_refused():
+    lens = [5] * 6
+    states = []
+    for world in (2, 3):
+        store, name = dist.HashStore(), job_name()
+        lds = [loader(Counted(lens), store, name, r, world, even=False) for r in range(world)]
+        states.append(side_by_side([lambda ld=ld: (next(iter(ld)), ld.state_dict())[1]
+                                    for ld in lds]))
+    with pytest.raises(fl.ConfigError, match=r"different epochs|different sizes"):
+        fl.merge_states(states[0] + states[1][:1])
+
+
+def test_a_rank_that_does_not_start_the_next_epoch_is_named_after_a_bounded_logged_wait(
+        monkeypatch, caplog):
+    """Ranks given different epoch counts: rank 1 reads one epoch, rank 0
+    two. Rank 0 waits for rank 1's account of the first epoch, says so once
+    in the log, and past Sharding(wait_for_ranks=) raises naming rank 1."""
+    import logging
+
+    import ferroloader.worldqueue as wq
+
+    monkeypatch.setattr(wq, "LOG_AFTER", 0.3)
+    store, name = dist.HashStore(), job_name()
+    lds = [fl.DataLoader(Counted([6, 5, 4]), batch_size=2, seed=SEED, sharding=fl.Sharding(
+        mode="dynamic", across="world", store=store, name=name, rank=r, world_size=2,
+        wait_for_ranks=1.5)) for r in range(2)]
+    side_by_side([lambda ld=ld: list(ld) for ld in lds])
+    with caplog.at_level(logging.WARNING, logger="ferroloader.worldqueue"):
+        t0 = time.monotonic()
+        with pytest.raises(fl.ShardQueueError, match=r"from rank 1 \(of 2\).*wait_for_ranks"):
+            list(lds[0])
+        assert 1.5 <= time.monotonic() - t0 < STUCK_AFTER
+    said = [r.getMessage() for r in caplog.records if r.name == "ferroloader.worldqueue"]
+    assert len(said) == 1 and "rank 1 of 2" in said[0], said

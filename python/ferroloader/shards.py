@@ -257,7 +257,10 @@ class Sharding:
       (``ferroloader.worldqueue``). ``store``: that store (default: the
       default process group's); ``name``: its keys' namespace, when two
       loaders of a job read the same shards (default: the loader's place
-      among the process's loaders that use the queue).
+      among the process's loaders that use the queue). ``wait_for_ranks``:
+      the seconds a rank waits for the other ranks' accounts when an epoch
+      with ``even=True`` starts or a resume begins (logged after 5 s), then
+      a ``ShardQueueError`` naming the ranks that did not come.
 
     >>> import ferroloader
     >>> ferroloader.Sharding(mode="dynamic").lanes
@@ -276,13 +279,36 @@ class Sharding:
     across: str = "rank"
     store: Any = field(default=None, compare=False, repr=False)
     name: Optional[str] = None
+    wait_for_ranks: float = 120.0
 
     def __post_init__(self) -> None:
-        if self.mode not in _MODES:
+        if not isinstance(self.mode, str) or self.mode not in _MODES:
             raise ConfigError(f"Sharding mode should be one of {_MODES}, but got {self.mode!r}")
-        if self.across not in ("rank", "world"):
+        if not isinstance(self.across, str) or self.across not in ("rank", "world"):
             raise ConfigError(f"Sharding across should be 'rank' or 'world', but got "
                               f"{self.across!r}")
+        for flag in ("even", "largest_first"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"Sharding {flag} should be True or False, but got "
+                                  f"{getattr(self, flag)!r}")
+        for count in ("rank", "world_size"):
+            value = getattr(self, count)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"Sharding {count} should be an int (or None: from "
+                                  f"torch.distributed), but got {value!r}")
+        wait = self.wait_for_ranks
+        if (isinstance(wait, bool) or not isinstance(wait, (int, float))
+                or not 0 < wait < float("inf")):
+            raise ConfigError(f"Sharding wait_for_ranks should be a positive number of seconds, "
+                              f"but got {wait!r}")
+        if self.store is not None and not all(
+                callable(getattr(self.store, m, None)) for m in ("add", "set", "get", "wait")):
+            hint = (" (an address: a TCPStore there is torch.distributed.TCPStore(host, port, "
+                    "world_size, is_master=rank == 0))" if isinstance(self.store, str) else "")
+            raise ConfigError(
+                f"Sharding store should be a torch.distributed.Store every rank reaches (a "
+                f"TCPStore, FileStore or HashStore), but got {self.store!r}{hint}"
+            )
         if self.across == "world" and self.mode != "dynamic":
             raise ConfigError(
                 f"Sharding(across='world') is a dynamic queue shared by the ranks: it needs "
@@ -302,6 +328,9 @@ class Sharding:
             raise ConfigError("Sharding needs both rank and world_size, or neither")
         if self.rank is not None:
             assert self.world_size is not None
+            if self.world_size < 1:
+                raise ConfigError(f"Sharding world_size should be a positive int, but got "
+                                  f"{self.world_size}")
             if not 0 <= self.rank < self.world_size:
                 raise ConfigError(
                     f"Sharding rank should be in [0, {self.world_size - 1}], but got {self.rank}"

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Optional, Sequence
@@ -44,9 +45,10 @@ from ferroloader.shards import ShardedDataset, Sharding
 Work = tuple[int, int, int]
 OPEN = 2**64 - 1
 
-# how long a rank waits, at iter(), for the others' account of the epoch
-# before (when it carries what evenness held back)
-WAIT_FOR_RANKS = timedelta(minutes=10)
+# after this many seconds of waiting for other ranks, a rank says so (once)
+LOG_AFTER = 5.0
+
+log = logging.getLogger("ferroloader.worldqueue")
 
 
 def default_store() -> Any:
@@ -233,16 +235,51 @@ def publish(store: Any, key: str, value: Any) -> None:
     store.set(key, json.dumps(value))
 
 
-def gather(store: Any, keys: Sequence[str], timeout: timedelta = WAIT_FOR_RANKS) -> list[Any]:
-    """The values at ``keys``, waiting for each (a clear error past ``timeout``)."""
+def gather(store: Any, keys: Sequence[str], wait: float, what: str) -> list[Any]:
+    """The values at ``keys`` (key ``r`` is rank ``r``'s), waiting up to
+    ``wait`` seconds for them: logged once after ``LOG_AFTER`` seconds,
+    then a ``ShardQueueError`` naming the ranks whose keys never came."""
+    start = time.monotonic()
+    logged = False
+    while True:
+        left = wait - (time.monotonic() - start)
+        step = min(max(left, 0.001), LOG_AFTER if not logged else 5.0)
+        try:
+            store.wait(list(keys), timedelta(seconds=step))
+            return [json.loads(store.get(k)) for k in keys]
+        except Exception as e:
+            failure = e  # a timeout, or a store that is gone: missing() tells
+        missing = _missing(store, keys, failure)
+        if not missing:
+            continue  # (they came between the wait and the check)
+        waited = time.monotonic() - start
+        ranks = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
+        if waited >= wait:
+            raise ShardQueueError(
+                f"the job's shared shard queue waited {waited:.0f} s for {what} from rank"
+                f"{'s' if len(missing) > 1 else ''} {ranks} (of {len(keys)}), at "
+                f"{describe(store)}: a rank that did not start this epoch (ranks given "
+                "different epoch counts, or one that ended early) or did not load its state. "
+                "Sharding(wait_for_ranks=...) sets the wait"
+            ) from None
+        if not logged and waited >= LOG_AFTER:
+            logged = True
+            log.warning(
+                "ferroloader: waiting for %s from rank%s %s of %d (%.0f s so far, up to %.0f s: "
+                "Sharding(wait_for_ranks=...))", what, "s" if len(missing) > 1 else "", ranks,
+                len(keys), waited, wait)
+
+
+def _missing(store: Any, keys: Sequence[str], failure: BaseException) -> list[int]:
+    """The ranks whose key is not in the store yet; a store that cannot
+    answer is gone (``ShardQueueError``)."""
     try:
-        store.wait(list(keys), timeout)
-        return [json.loads(store.get(k)) for k in keys]
+        return [r for r, k in enumerate(keys) if not store.check([k])]
     except Exception as e:
         raise ShardQueueError(
-            f"the job's shard queue waited for every rank's account of the last epoch at "
-            f"{describe(store)} ({type(e).__name__}: {e}); a rank that did not start this "
-            "epoch, or a store that is gone"
+            f"the job's shard queue lost its store ({describe(store)}) while it waited for "
+            f"every rank's account of the epoch: {type(e).__name__}: {e} (the wait said: "
+            f"{type(failure).__name__}: {failure})"
         ) from None
 
 
@@ -256,17 +293,51 @@ def forget(store: Any, keys: Sequence[str]) -> None:
 
 
 
+def check_ranks(accounts: Sequence[dict[str, Any]], what: str = "load_state_dict()") -> None:
+    """Every rank of the saved job exactly once, all of one epoch of one job:
+    the accounts of the ranks' states (each names its rank and world size).
+    A rank missing would leave its claims unread and a rank given twice
+    would read them twice, so either is an error naming the ranks."""
+    ids = {a.get("list_id") for a in accounts}
+    if len(ids) != 1:
+        raise ConfigError(
+            f"{what}: the ranks' states describe different epochs of the shared queue (their "
+            "lists differ): give every rank the states saved at the same step"
+        )
+    worlds = sorted({a.get("world") for a in accounts}, key=repr)
+    if len(worlds) != 1 or not isinstance(worlds[0], int) or worlds[0] < 1:
+        raise ConfigError(
+            f"{what}: the states were saved by jobs of different sizes (world sizes "
+            f"{worlds}): give the states of every rank of one job, saved at the same step"
+        )
+    world = worlds[0]
+    ranks = Counter(a.get("rank") for a in accounts)
+    missing = [r for r in range(world) if r not in ranks]
+    repeated = sorted((r, n) for r, n in ranks.items() if n > 1 and isinstance(r, int))
+    stray = sorted((r for r in ranks if not isinstance(r, int) or not 0 <= r < world), key=repr)
+    if not (missing or repeated or stray):
+        return
+    problems = []
+    if missing:
+        problems.append(f"the state of rank{'s' if len(missing) > 1 else ''} "
+                        f"{', '.join(map(str, missing))} is missing")
+    problems += [f"rank {r}'s state is given {n} times" for r, n in repeated]
+    if stray:
+        problems.append(f"a state names rank {stray[0]!r}, not a rank of {world}")
+    raise ConfigError(
+        f"{what}: the states given are not one state per rank of the saved job of {world} "
+        f"rank{'s' if world > 1 else ''}: {'; '.join(problems)}. Each rank's state holds "
+        "only its own claims, so every rank's state, saved at the same step, is needed "
+        "exactly once (gather them with torch.distributed.all_gather_object)"
+    )
+
+
 def remaining(accounts: Sequence[dict[str, Any]]) -> list[Work]:
     """What an epoch has left, from every rank's account of it: the unread
     parts of the works the ranks claimed (ordered by shard and position),
     then the works nobody claimed, in the list's order. Every rank computes
     the same list from the same accounts."""
-    ids = {a["list_id"] for a in accounts}
-    if len(ids) != 1:
-        raise ConfigError(
-            "the ranks' states describe different epochs of the shared queue (their lists "
-            "differ): give every rank the states saved at the same step"
-        )
+    check_ranks(accounts, "iter()")
     works = [tuple(w) for w in accounts[0]["list"]]
     claimed: set[int] = set()
     # (a list: a shard may be in the list twice, carried and its own)
@@ -331,6 +402,7 @@ class WorldEpoch:
         self.epoch = epoch
         self.rank, self.world = ep.rank, ep.world
         self.store = sharding.store if sharding.store is not None else default_store()
+        self.wait = sharding.wait_for_ranks
         self.rec: Any = None  # the epoch's record (ShardEpoch.bind)
         if loader._world_name is None:
             loader._world_name = sharding.name or _next_name()
@@ -432,7 +504,8 @@ class WorldEpoch:
         last one), through the store under this generation."""
         key = f"{self.ns}/{what}"
         self._call(lambda: publish(self.store, f"{key}/{self.rank}", account))
-        accounts = gather(self.store, [f"{key}/{r}" for r in range(self.world)])
+        accounts = gather(self.store, [f"{key}/{r}" for r in range(self.world)], self.wait,
+                          "the states it resumes from")
         if int(self._call(lambda: self.store.add(f"{key}/read", 1))) == self.world:
             forget(self.store, [f"{key}/{r}" for r in range(self.world)] + [f"{key}/read"])
         return accounts
@@ -452,7 +525,8 @@ class WorldEpoch:
             mine = prev.final_account()
             key = f"{prev.prefix}/account"
             self._call(lambda: publish(self.store, f"{key}/{self.rank}", mine))
-            accounts = gather(self.store, [f"{key}/{r}" for r in range(self.world)])
+            accounts = gather(self.store, [f"{key}/{r}" for r in range(self.world)],
+                              self.wait, f"its account of epoch {prev.epoch}")
             if int(self._call(lambda: self.store.add(f"{prev.prefix}/read", 1))) == self.world:
                 forget(self.store, [f"{key}/{r}" for r in range(self.world)]
                        + [f"{prev.prefix}/read", f"{prev.prefix}/next"])
@@ -593,7 +667,9 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 return out  # before any epoch: nothing to merge
             raise ConfigError("merge_states(): some states hold what their last epoch held "
                               "back and some do not; save every rank's state at the same step")
-        out["world_carry"] = {"merged": True, "accounts": accounts_of(carries, "last epoch")}
+        accounts = accounts_of(carries, "last epoch")
+        check_ranks(accounts, "merge_states()")
+        out["world_carry"] = {"merged": True, "accounts": accounts}
         return out
     # mid-epoch: a rank that had finished the epoch gives its account of
     # it (its claims, nothing left of them)
@@ -610,8 +686,10 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     base = next(s for s in states if s["epoch"] is not None)
     out = copy.deepcopy(base)
     out.pop("world_carry", None)
+    accounts = accounts_of(parts, "epoch")
+    check_ranks(accounts, "merge_states()")
     out["epoch"]["shards"] = {"mode": "dynamic", "across": "world", "merged": True,
-                              "accounts": accounts_of(parts, "epoch")}
+                              "accounts": accounts}
     return out
 
 
@@ -647,14 +725,32 @@ class DynamicDistributedSampler:
     def __init__(self, dataset: Any, *, block: int = 64, shuffle: bool = True, seed: int = 0,
                  even: bool = True, store: Any = None, name: Optional[str] = None,
                  rank: Optional[int] = None, num_replicas: Optional[int] = None) -> None:
+        def fail(arg: str, forms: str, value: Any) -> ConfigError:
+            return ConfigError(f"DynamicDistributedSampler {arg} should be {forms}, but got "
+                               f"{arg}={value!r}")
+
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-            raise ConfigError(f"block should be a positive int, but got block={block!r}")
+            raise fail("block", "a positive int", block)
+        for arg, value in (("shuffle", shuffle), ("even", even)):
+            if not isinstance(value, bool):
+                raise fail(arg, "True or False", value)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise fail("seed", "an int", seed)
+        for arg, value in (("rank", rank), ("num_replicas", num_replicas)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise fail(arg, "an int (or None: from torch.distributed)", value)
+        if num_replicas is not None and num_replicas < 1:
+            raise fail("num_replicas", "a positive int", num_replicas)
+        if rank is not None and num_replicas is not None and not 0 <= rank < num_replicas:
+            raise fail("rank", f"in [0, {num_replicas - 1}]", rank)
+        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            raise fail("dataset", "a map-style dataset (with __len__ and __getitem__)", dataset)
         self.dataset = dataset
         self.block = block
-        self.shuffle = bool(shuffle)
+        self.shuffle = shuffle
         self.seed = seed
         self.sharding = Sharding(mode="dynamic", across="world", shuffle_block=block,
-                                 even=bool(even), store=store, name=name, rank=rank,
+                                 even=even, store=store, name=name, rank=rank,
                                  world_size=num_replicas)
 
     def __len__(self) -> int:
