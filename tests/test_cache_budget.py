@@ -19,6 +19,8 @@ from shard_cases import write_int_shards
 pytestmark = [
     pytest.mark.timeout(180),
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    # (budgets below the lanes' shards are drawn on purpose)
+    pytest.mark.filterwarnings("ignore::ferroloader.CacheBudgetWarning"),
 ]
 
 # a loader that has not finished in this long is stuck (a run takes well
@@ -119,3 +121,40 @@ def test_leases_make_the_cache_short_of_room_and_go_with_their_epoch(tmp_path):
     gc.collect()
     assert not cache.short_of_room()
     assert len([v for b in it for v in b.tolist()]) == 58
+
+
+@pytest.mark.filterwarnings("default::ferroloader.CacheBudgetWarning")
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_a_budget_below_the_lanes_shards_warns_once_and_counts_the_downloads_again(
+        tmp_path, mode):
+    """The walk's case, small: 8 lanes over shards of 16 KiB with a budget
+    of 20 KiB (one shard) fetched far more than the data, without a word.
+    Now the first iter() warns once, naming the budget the readers need,
+    and stats().remote counts the downloads of evicted shards; with that
+    budget, neither."""
+    import warnings
+
+    lens = [2048] * 8  # 16 KiB each (8 bytes an item)
+    urls = _write(str(tmp_path / "src"), lens)
+
+    def run(budget: int, folder: str) -> tuple[list[Any], Any]:
+        cache = fl.ShardCache(dir=str(tmp_path / folder), budget=budget)
+        ds = fl.FileShards(urls, read_ints, lengths=lens, cache=cache)
+        nw = 8 if mode == "dynamic" else 0  # (dynamic: a lane per worker thread)
+        extra = {"worker_method": "thread"} if nw else {}
+        loader = fl.DataLoader(ds, batch_size=256, shuffle=True, seed=1, num_workers=nw,
+                               sharding=fl.Sharding(mode=mode, lanes=8), **extra)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always", fl.CacheBudgetWarning)
+            for _ in range(2):
+                assert sorted(v for b in loader for v in b.tolist()) == sorted(
+                    1000 * s + o for s, n in enumerate(lens) for o in range(n))
+        said = [w for w in seen if issubclass(w.category, fl.CacheBudgetWarning)]
+        return said, loader.stats().remote
+
+    said, stats = run(20 << 10, "small")
+    assert len(said) == 1, [str(w.message) for w in said]
+    assert "128KiB" in str(said[0].message) and "8 readers" in str(said[0].message)
+    assert stats.redownloads > 0 and stats.downloads == 8 + stats.redownloads, stats
+    said, stats = run(128 << 10, "enough")
+    assert said == [] and stats.redownloads == 0 and stats.downloads == 8, stats

@@ -25,6 +25,8 @@ TORCH_BASE: dict[type[BaseException], type[BaseException]] = {
     errors.InternalError: RuntimeError,
     # torch's own store raises RuntimeError subclasses (DistStoreError)
     errors.ShardQueueError: RuntimeError,
+    # a worker lost where torch's loader has none (a Ray actor): a worker death
+    errors.RayWorkerLost: RuntimeError,
     errors.ConfigError: ValueError,
     # raised where torchdata's StatefulDataLoader raises AssertionError
     errors.StateMismatchError: AssertionError,
@@ -36,7 +38,8 @@ def test_every_error_class_is_listed_with_its_torch_base():
     FerroloaderError and a subclass of the exception torch raises there."""
     exported = {getattr(errors, name) for name in errors.__all__} - {errors.FerroloaderError}
     # the warning classes: UserWarnings, not errors
-    warning_classes = {errors.RebuiltAsTorchWarning, errors.ThreadSafetyWarning}
+    warning_classes = {errors.RebuiltAsTorchWarning, errors.ThreadSafetyWarning,
+                       errors.CacheBudgetWarning}
     for w in warning_classes:
         assert issubclass(w, UserWarning) and not issubclass(w, errors.FerroloaderError)
         assert getattr(ferroloader, w.__name__) is w

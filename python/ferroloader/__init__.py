@@ -38,10 +38,12 @@ from ferroloader.dataset import (
 )
 from ferroloader.distributed import DistributedSampler
 from ferroloader.errors import (
+    CacheBudgetWarning,
     ConfigError,
     FerroloaderError,
     InternalError,
     ProtocolError,
+    RayWorkerLost,
     RebuiltAsTorchWarning,
     ShardQueueError,
     SharedMemoryError,
@@ -76,6 +78,7 @@ from ferroloader.worldqueue import DynamicDistributedSampler, QueueStats, merge_
 __all__ = [
     "Autotune",
     "BatchSampler",
+    "CacheBudgetWarning",
     "CacheStats",
     "ChainDataset",
     "ConcatDataset",
@@ -102,6 +105,7 @@ __all__ = [
     "ProtocolError",
     "QueueStats",
     "RandomSampler",
+    "RayWorkerLost",
     "RayWorkers",
     "RebuiltAsTorchWarning",
     "Sampler",

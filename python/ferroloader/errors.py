@@ -10,6 +10,8 @@ torch re-raises them.
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 
 class FerroloaderError(Exception):
     """Base class of every error the loader's engine raises itself.
@@ -62,6 +64,37 @@ class WorkerDiedError(FerroloaderError, RuntimeError):
     ...     print("exit code 3" in str(e))
     True
     """
+
+
+class RayWorkerLost(WorkerDiedError):
+    """A Ray worker (``worker_method="ray"``) was lost and could not be
+    replaced: its actor died more times than ``RayWorkers(max_restarts=)``
+    allows, or an ``IterableDataset``'s replica died (it cannot move to
+    another actor), or no node could take a new one. The message says which
+    worker, on which node, what it was reading (the task's indices or
+    lane), and how its process ended as far as Ray knows it (an exit code
+    where Ray recorded one; ``os._exit`` and signals leave Ray none);
+    ``worker_id``, ``node_ip``, ``exit_code`` and ``task`` hold the same.
+    A ``WorkerDiedError``, so ``except RuntimeError`` catches it as torch's
+    worker deaths.
+
+    >>> import ferroloader
+    >>> issubclass(ferroloader.RayWorkerLost, ferroloader.WorkerDiedError)
+    True
+    """
+
+    def __init__(self, message: str, worker_id: Optional[int] = None,
+                 node_ip: Optional[str] = None, exit_code: Optional[int] = None,
+                 task: Any = None) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.node_ip = node_ip
+        self.exit_code = exit_code
+        self.task = task
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.args[0], self.worker_id, self.node_ip, self.exit_code,
+                             self.task))
 
 
 class WorkerTimeoutError(FerroloaderError, RuntimeError):
@@ -153,6 +186,20 @@ class RebuiltAsTorchWarning(UserWarning):
     """
 
 
+class CacheBudgetWarning(UserWarning):
+    """A ``ShardCache`` budget below what a loader's readers keep open
+    between batches (each lane or worker one shard): the readers then let
+    go of their shards after every batch and open them again, and a shard
+    evicted meanwhile is downloaded again (``stats().remote.redownloads``
+    counts them). Slower, and on cloud storage paid for; never stuck. The
+    warning gives the budget the readers need; it comes once per cache.
+
+    >>> import ferroloader
+    >>> issubclass(ferroloader.CacheBudgetWarning, UserWarning)
+    True
+    """
+
+
 class ThreadSafetyWarning(UserWarning):
     """A dataset given to worker threads holds an object that threads
     cannot share safely (an open file read with seek and read, a random
@@ -177,10 +224,12 @@ class ThreadSafetyWarning(UserWarning):
 
 
 __all__ = [
+    "CacheBudgetWarning",
     "ConfigError",
     "FerroloaderError",
     "InternalError",
     "ProtocolError",
+    "RayWorkerLost",
     "RebuiltAsTorchWarning",
     "ShardQueueError",
     "SharedMemoryError",

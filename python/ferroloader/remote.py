@@ -14,22 +14,26 @@ downloaded once while it fits. See ``docs/guide/remote.md``.
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import shutil
 import struct
 import uuid
+import warnings
 import weakref
 from dataclasses import astuple, dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar
 
 from ferroloader import _core
-from ferroloader.errors import ConfigError
+from ferroloader.errors import CacheBudgetWarning, ConfigError
 
 _T = TypeVar("_T")
 
 _GIB = 1 << 30
-# a process's counters as it writes them: fetched, downloads, hits, misses, waited
-_COUNTERS = struct.Struct("<QQQQd")
+# a process's counters as it writes them: fetched, downloads, hits, misses,
+# waited, re-downloads
+_COUNTERS = struct.Struct("<QQQQdQ")
 
 
 def is_url(path: Any) -> bool:
@@ -93,6 +97,50 @@ def _check_option(key: str, text: str) -> None:
         )
 
 
+# the keys users reach for most, for suggestions (every key object_store's
+# builders parse is accepted: _core.store_option_known)
+_COMMON_OPTIONS = (
+    "aws_endpoint", "aws_region", "aws_access_key_id", "aws_secret_access_key",
+    "aws_session_token", "aws_skip_signature", "aws_virtual_hosted_style_request",
+    "allow_http", "google_service_account", "google_service_account_key",
+    "google_application_credentials", "azure_storage_account_name",
+    "azure_storage_account_key", "azure_storage_sas_key", "azure_storage_token",
+    "azure_use_emulator", "timeout", "connect_timeout", "proxy_url", "retries",
+    "retry_timeout",
+)
+
+
+def _check_options(options: Any) -> dict[str, str]:
+    """``options`` as the stores take them (str to str), every key one
+    that some store knows: a misspelt key would be ignored, and the store
+    would reach for its default (an endpoint on the internet)."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"ShardCache options should be a dict of object_store settings "
+                          f"(such as {{'aws_endpoint': 'http://...'}}), but got "
+                          f"options={options!r}")
+    out = {}
+    for key, value in options.items():
+        if not isinstance(key, str) or not _core.store_option_known(key):
+            near = difflib.get_close_matches(str(key).lower(), _COMMON_OPTIONS, n=1, cutoff=0.6)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(
+                f"ShardCache options: {key!r} is not a setting of any store{hint}. The keys "
+                "are object_store's: S3's (aws_endpoint, aws_region, aws_access_key_id, ...), "
+                "GCS's (google_service_account, ...), Azure's (azure_storage_account_name, "
+                "...), the HTTP client's (allow_http, timeout, proxy_url, ...), and retries, "
+                "retry_timeout"
+            )
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif not isinstance(value, (str, int, float)):
+            raise ConfigError(f"ShardCache options: {key!r} should be a str (or a number or "
+                              f"bool), but got {value!r}")
+        out[key] = str(value)
+    return out
+
+
 def _show_bytes(n: int) -> str:
     """``n`` bytes as the shortest exact IEC size (``"20GiB"``), else bytes."""
     for unit, scale in (("TiB", 1 << 40), ("GiB", _GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -105,14 +153,17 @@ def _show_bytes(n: int) -> str:
 class CacheStats:
     """What the shard cache did for one loader, summed over its processes:
     bytes downloaded, objects downloaded, opens that found the shard cached
-    (``hits``) or waited for it (``misses``), and the seconds readers
-    waited on the network (``waited``). ``DataLoader.stats().remote`` gives
-    them for a loader over remote shards.
+    (``hits``) or waited for it (``misses``), the seconds readers waited on
+    the network (``waited``), and downloads of objects the cache had
+    evicted before (``redownloads``: a budget below what the readers keep
+    open fetches shards again). ``DataLoader.stats().remote`` gives them
+    for a loader over remote shards.
 
     >>> import ferroloader
     >>> stats = ferroloader.CacheStats(fetched_bytes=3 << 20, downloads=3, hits=9, misses=3)
-    >>> print(stats)
-    shard cache: 3.0 MiB fetched in 3 downloads; 9 hits, 3 misses; readers waited 0.000 s
+    >>> print(stats)  # doctest: +NORMALIZE_WHITESPACE
+    shard cache: 3.0 MiB fetched in 3 downloads (0 again after eviction); 9 hits,
+    3 misses; readers waited 0.000 s
     """
 
     fetched_bytes: int = 0
@@ -120,6 +171,7 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     waited: float = 0.0
+    redownloads: int = 0
 
     def __add__(self, other: CacheStats) -> CacheStats:
         return CacheStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
@@ -127,8 +179,8 @@ class CacheStats:
     def __str__(self) -> str:
         return (
             f"shard cache: {self.fetched_bytes / 2**20:.1f} MiB fetched in {self.downloads} "
-            f"downloads; {self.hits} hits, {self.misses} misses; readers waited "
-            f"{self.waited:.3f} s"
+            f"downloads ({self.redownloads} again after eviction); {self.hits} hits, "
+            f"{self.misses} misses; readers waited {self.waited:.3f} s"
         )
 
 
@@ -175,6 +227,9 @@ class ShardCache:
         options: Optional[Mapping[str, str]] = None,
         streams: int = 8,
     ) -> None:
+        if dir is not None and not isinstance(dir, (str, os.PathLike)):
+            raise ConfigError(f"ShardCache dir should be a path (a str or os.PathLike), but got "
+                              f"dir={dir!r}")
         self.dir = os.path.abspath(os.fspath(dir)) if dir is not None else _default_dir()
         if budget is None:
             self.budget = _default_budget()
@@ -189,7 +244,7 @@ class ShardCache:
                               f"or a size string, but got {budget!r}")
         else:
             self.budget = budget
-        self.options = {str(k): str(v) for k, v in (options or {}).items()}
+        self.options = _check_options(options)
         for key in ("retries", "retry_timeout"):
             if key in self.options:
                 _check_option(key, self.options[key])
@@ -201,6 +256,7 @@ class ShardCache:
         self._native_box: list[Any] = []
         self._sizes: dict[str, int] = {}
         self._stats_fd: list[int] = []  # [pid, fd] of this process's counters file
+        self._warned_budget = False
         # the counters' folder goes with the object that made it (copies in
         # workers do not own it)
         weakref.finalize(self, _remove_owned, os.getpid(), self._counters_dir())
@@ -274,15 +330,36 @@ class ShardCache:
 
     def prefetch_pieces(
         self, pieces: Iterable[tuple[str, Optional[tuple[int, int]]]], hold: int = 0,
-        streams: Optional[int] = None,
+        streams: Optional[int] = None, readers: int = 0,
     ) -> Prefetch:
         """``prefetch`` of ``(url, (start, end) or None)`` pieces: parts of
         objects (Parquet row groups) or whole ones. ``hold``: the bytes the
-        loader's readers may keep open between batches, claimed as a lease
-        on the cache's room while the handle lives (see ``short_of_room``)."""
+        loader's ``readers`` may keep open between batches, claimed as a
+        lease on the cache's room while the handle lives (``lease``)."""
         items = [(u, r, self._sizes.get(u)) for u, r in pieces]
-        lease = self._native().lease(hold) if hold > 0 else None
+        lease = self.lease(hold, readers)
         return Prefetch(self._native().prefetch(items, streams or self.streams), lease)
+
+    def lease(self, hold: int, readers: int) -> Any:
+        """Claims ``hold`` bytes of room for what a loader's ``readers``
+        keep open between batches, while the returned handle lives (see
+        ``short_of_room``); ``None`` for nothing. A budget below ``hold``
+        warns once (``CacheBudgetWarning``): every reader then opens its
+        shard again after each batch, and downloads it again if evicted."""
+        if hold <= 0:
+            return None
+        if hold > self.budget and not self._warned_budget:
+            self._warned_budget = True
+            warnings.warn(
+                f"ShardCache budget {_show_bytes(self.budget)} is below what the loader's "
+                f"{readers} reader{'s' if readers != 1 else ''} keep open between batches "
+                f"(their largest shards: {_show_bytes(hold)}): each reader lets go of its "
+                "shard after every batch and opens it again, downloading it again once it "
+                "was evicted (stats().remote.redownloads counts them). Give "
+                f"ShardCache(budget=...) at least {_show_bytes(hold)}, or fewer readers "
+                "(Sharding(lanes=...), num_workers)",
+                CacheBudgetWarning, stacklevel=2)
+        return self._native().lease(hold)
 
     def sizes(self, urls: list[str]) -> list[int]:
         """The objects' sizes in bytes (asked 32 at a time), remembered by
@@ -333,8 +410,7 @@ class ShardCache:
                 os.makedirs(d, exist_ok=True)
                 fd = os.open(os.path.join(d, str(os.getpid())), os.O_WRONLY | os.O_CREAT, 0o644)
                 self._stats_fd[:] = [os.getpid(), fd]
-            fetched, downloads, hits, misses, waited = self._native().counters()
-            record = _COUNTERS.pack(fetched, downloads, hits, misses, waited)
+            record = _COUNTERS.pack(*self._native().counters())
             os.pwrite(self._stats_fd[1], record, 0)
         except OSError:
             pass  # counters are best effort; reads never fail for them
@@ -365,10 +441,27 @@ def _remove_owned(owner: int, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
 def cache_for(paths: Iterable[Any], cache: Optional[ShardCache]) -> Optional[ShardCache]:
     """The cache a dataset over ``paths`` reads URLs through: ``cache``, or
     a default ``ShardCache`` when one of them is a URL (``None`` when all
-    are local)."""
+    are local). A URL of a scheme no store reads is an error, not a path."""
+    if cache is not None and not isinstance(cache, ShardCache):
+        hint = (f" (for a folder: cache=ferroloader.ShardCache(dir={cache!r}))"
+                if isinstance(cache, (str, os.PathLike)) else "")
+        raise ConfigError(f"cache should be a ferroloader.ShardCache or None, but got "
+                          f"cache={cache!r}{hint}")
+    paths = list(paths)
+    for p in paths:
+        m = _SCHEME.match(p) if isinstance(p, str) else None
+        if m is not None and not is_url(p):
+            raise ConfigError(
+                f"{p!r}: no store reads {m.group(1)}:// URLs (s3://, gs://, az://, abfs(s)://, "
+                "http(s):// and file:// are read through the shard cache; a local path has no "
+                "scheme)"
+            )
     if cache is not None or not any(is_url(p) for p in paths):
         return cache
     return ShardCache()

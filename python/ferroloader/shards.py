@@ -325,7 +325,9 @@ class Sharding:
                     f"Sharding {name} should be a positive int (at most {most}), but got {value!r}"
                 )
         if (self.rank is None) != (self.world_size is None):
-            raise ConfigError("Sharding needs both rank and world_size, or neither")
+            raise ConfigError(f"Sharding rank and world_size should be given together (or both "
+                              f"left None), but got rank={self.rank!r}, "
+                              f"world_size={self.world_size!r}")
         if self.rank is not None:
             assert self.world_size is not None
             if self.world_size < 1:
@@ -517,7 +519,7 @@ def fetch_ahead(cache: ShardCache, pieces: Sequence[Any], holders: int = 0) -> O
         return None
     sizes = cache.check([u for u, _ in wanted], [r for _, r in wanted])
     hold = sum(sorted(sizes, reverse=True)[:holders])
-    return cache.prefetch_pieces(wanted, hold)
+    return cache.prefetch_pieces(wanted, hold, readers=holders)
 
 
 def _check_resume(ep: ShardEpoch, resume: dict[str, Any]) -> None:

@@ -467,7 +467,7 @@ class WorldEpoch:
                          for p in dict.fromkeys(map(_key, wanted))]
                 got = cache.check([u for u, _ in items], [r for _, r in items])
                 lanes = max(loader._workers, 1)
-                self.lease = cache._native().lease(sum(sorted(got, reverse=True)[:lanes]))
+                self.lease = cache.lease(sum(sorted(got, reverse=True)[:lanes]), lanes)
                 on_claim = _prefetcher(cache, pieces, works)
         self.queue = WorldQueue(self.store, self.prefix, works, sizes, quota, ahead=1,
                                 stats=self.stats, on_claim=on_claim)
@@ -729,11 +729,11 @@ class DynamicDistributedSampler:
             return ConfigError(f"DynamicDistributedSampler {arg} should be {forms}, but got "
                                f"{arg}={value!r}")
 
-        if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-            raise fail("block", "a positive int", block)
-        for arg, value in (("shuffle", shuffle), ("even", even)):
-            if not isinstance(value, bool):
-                raise fail(arg, "True or False", value)
+        if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block < 2**63:
+            raise fail("block", "a positive int (below 2**63)", block)
+        for arg, flag in (("shuffle", shuffle), ("even", even)):
+            if not isinstance(flag, bool):
+                raise fail(arg, "True or False", flag)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise fail("seed", "an int", seed)
         for arg, value in (("rank", rank), ("num_replicas", num_replicas)):

@@ -78,5 +78,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<remote::PyPrefetch>()?;
     m.add_class::<remote::PyLease>()?;
     m.add_function(wrap_pyfunction!(remote::is_url, m)?)?;
+    m.add_function(wrap_pyfunction!(remote::store_option_known, m)?)?;
     Ok(())
 }

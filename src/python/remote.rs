@@ -76,9 +76,9 @@ impl PyCache {
         }
     }
 
-    /// `(bytes fetched, downloads, hits, misses, seconds waited)` of this
-    /// process.
-    fn counters(&self) -> (u64, u64, u64, u64, f64) {
+    /// `(bytes fetched, downloads, hits, misses, seconds waited,
+    /// re-downloads)` of this process.
+    fn counters(&self) -> (u64, u64, u64, u64, f64, u64) {
         let c = &self.cache.counters;
         (
             c.fetched.load(Ordering::Relaxed),
@@ -86,6 +86,7 @@ impl PyCache {
             c.hits.load(Ordering::Relaxed),
             c.misses.load(Ordering::Relaxed),
             c.waited_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            c.redownloads.load(Ordering::Relaxed),
         )
     }
 
@@ -164,4 +165,11 @@ impl PyPrefetch {
 #[pyfunction]
 pub fn is_url(path: &str) -> bool {
     crate::remote::is_url(path)
+}
+
+/// Whether `key` is an option some store knows (see
+/// `crate::remote::store::known_option`).
+#[pyfunction]
+pub fn store_option_known(key: &str) -> bool {
+    crate::remote::store::known_option(key)
 }

@@ -49,6 +49,9 @@ pub struct Counters {
     pub misses: AtomicU64,
     /// Nanoseconds readers waited for objects to arrive.
     pub waited_ns: AtomicU64,
+    /// Downloads of objects the cache had evicted before (a budget too
+    /// small for what is read at once).
+    pub redownloads: AtomicU64,
 }
 
 /// The cache in one directory with one budget.
@@ -421,6 +424,9 @@ impl Cache {
             std::fs::rename(&part_path, &final_path).map_err(disk(&final_path))?;
         }
         self.counters.downloads.fetch_add(1, Ordering::Relaxed);
+        if self.was_evicted(k) {
+            self.counters.redownloads.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(pos) = ahead {
             touch(&final_path, ahead_time(pos));
             return Ok(None);
@@ -461,6 +467,7 @@ impl Cache {
                 if flock(&f, FlockOperation::NonBlockingLockExclusive).is_ok() {
                     std::fs::remove_file(&p).map_err(disk(&p))?;
                     used -= len;
+                    self.mark_evicted(&name);
                 }
             }
             if used + size <= self.budget {
@@ -521,6 +528,19 @@ impl Cache {
             }
         }
         Ok((used, objects))
+    }
+
+    /// Notes that object `name` was evicted (an empty file in
+    /// `.evicted/`), so that downloading it again counts as a re-download.
+    fn mark_evicted(&self, name: &str) {
+        let dir = self.dir.join(".evicted");
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = File::create(dir.join(name));
+    }
+
+    /// Whether `k` had been evicted before this download (the note goes).
+    fn was_evicted(&self, k: &str) -> bool {
+        std::fs::remove_file(self.dir.join(".evicted").join(k)).is_ok()
     }
 
     /// Whether `k.part` was left by a downloader that is gone.
@@ -765,6 +785,19 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn an_object_downloaded_again_after_its_eviction_is_a_redownload() {
+        let (d, urls) = objects(2, 1000);
+        let c = Cache::new(&d.cache, 1500, vec![]).unwrap();
+        drop(c.open(&urls[0]).unwrap());
+        drop(c.open(&urls[1]).unwrap()); // evicts the first: room for one
+        drop(c.open(&urls[1]).unwrap()); // a hit
+        assert_eq!(c.counters.redownloads.load(Ordering::Relaxed), 0);
+        drop(c.open(&urls[0]).unwrap()); // evicted before: fetched again
+        assert_eq!(c.counters.downloads.load(Ordering::Relaxed), 3);
+        assert_eq!(c.counters.redownloads.load(Ordering::Relaxed), 1);
     }
 
     #[test]

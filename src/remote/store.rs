@@ -164,6 +164,18 @@ fn retry(options: &Options) -> RetryConfig {
     }
 }
 
+/// Whether `key` is a setting some store knows (S3's, GCS's, Azure's or
+/// the HTTP client's, as their builders parse them), or the retry
+/// options: one options dict serves every store, so a key none of them
+/// knows is a misspelling that would silently be ignored.
+pub fn known_option(key: &str) -> bool {
+    matches!(key, "retries" | "retry_timeout")
+        || key.parse::<object_store::aws::AmazonS3ConfigKey>().is_ok()
+        || key.parse::<object_store::gcp::GoogleConfigKey>().is_ok()
+        || key.parse::<object_store::azure::AzureConfigKey>().is_ok()
+        || key.parse::<object_store::ClientConfigKey>().is_ok()
+}
+
 /// `builder` with the user's options applied (keys the builder does not
 /// know are left to the others: one options dict serves every store).
 macro_rules! with_options {
@@ -506,3 +518,29 @@ impl fmt::Display for DiskError {
 }
 
 impl std::error::Error for DiskError {}
+
+#[cfg(test)]
+mod tests {
+    use super::known_option;
+
+    #[test]
+    fn options_known_to_some_store() {
+        for key in [
+            "aws_endpoint",
+            "endpoint",
+            "aws_region",
+            "allow_http",
+            "aws_allow_http",
+            "google_service_account",
+            "azure_storage_account_name",
+            "timeout",
+            "retries",
+            "retry_timeout",
+        ] {
+            assert!(known_option(key), "{key}");
+        }
+        for key in ["bogus", "aws_endpont", "AWS_ENDPOINT", "allow-http", ""] {
+            assert!(!known_option(key), "{key}");
+        }
+    }
+}
