@@ -69,3 +69,18 @@ class Sequences(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         return torch.arange(1 + (i * 37) % 90)
+
+
+class ExitsAt(Drawn):
+    """``Drawn``, whose process ends (``os._exit(3)``) at item ``at``."""
+
+    def __init__(self, n: int = 40, at: int = 5) -> None:
+        super().__init__(n)
+        self.at = at
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if i == self.at:
+            import os
+
+            os._exit(3)
+        return super().__getitem__(i)

@@ -53,6 +53,7 @@ __all__ = [
     "shard_order_seed",
     "shard_plan",
     "shm_limit_setting",
+    "store_option_known",
     "worker_loop",
 ]
 
@@ -198,8 +199,10 @@ class MultiProcessIter(Iterator[Any]):
     def _stats(self) -> _StatsTuple:
         """Stage timings in ns: main ``(wait, decode, pin, loop, batches)``,
         then ``(fetch, collate, transfer, batches)`` per worker."""
-    def _close(self, grace: Optional[float] = None) -> None:
-        """Stops the workers; with ``grace``, ends the worker processes too."""
+    def _close(self, grace: Optional[float] = None,
+               error: Optional[BaseException] = None) -> None:
+        """Stops the workers; with ``grace``, ends the worker processes too;
+        with ``error``, each later ``next()`` raises it (``loader.close()``)."""
     @property
     def _position(self) -> tuple[int, list[int], bool]:
         """``(drawn, pending sequence numbers, ended)`` of the current epoch,
@@ -590,6 +593,10 @@ class Packer:
 def is_url(path: str) -> bool:
     """Whether ``path`` is a URL the shard cache reads."""
 
+def store_option_known(key: str) -> bool:
+    """Whether ``key`` is a setting S3's, GCS's, Azure's or the HTTP
+    client's store knows, or ``retries`` / ``retry_timeout``."""
+
 @final
 class ShardCacheCore:
     """One process's handle on a shard cache directory (``ferroloader.ShardCache``)."""
@@ -612,8 +619,9 @@ class ShardCacheCore:
     ) -> ShardPrefetch:
         """Fetches ``(url, (start, end) or None, size or None)`` items in
         order on ``streams`` threads."""
-    def counters(self) -> tuple[int, int, int, int, float]:
-        """``(bytes fetched, downloads, hits, misses, seconds waited)`` of this process."""
+    def counters(self) -> tuple[int, int, int, int, float, int]:
+        """``(bytes fetched, downloads, hits, misses, seconds waited,
+        re-downloads)`` of this process."""
     def sizes(self, urls: list[str]) -> list[int]: ...
     def lease(self, bytes: int) -> CacheLease:
         """Claims ``bytes`` of room for a loader's readers' pins between

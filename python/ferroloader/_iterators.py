@@ -252,6 +252,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
         if isinstance(it, (_OverflowIter, _PinnedOverflowIter)):
             it._wait_error = overflow
         plan.rec.attach(it, multiprocess=True)
+        loader._live_iterators.add(it)  # (ended by loader.close())
         loader._workers_started(it, fresh=True)
         return it
 

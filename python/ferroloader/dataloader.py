@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+import weakref
 from typing import Any, Callable, Iterable, Optional, TypeVar, Union, cast
 
 import torch
@@ -47,6 +48,10 @@ _TorchDataLoader = _tdl.DataLoader
 _TorchMultiProcessIter = _tdl._MultiProcessingDataLoaderIter
 
 WORKER_METHODS = ("multiprocessing", "thread")
+
+# each loader's iterators whose workers may be running (DataLoader.close())
+_LIVE_ITERATORS: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = (
+    weakref.WeakKeyDictionary())
 
 
 # What ferroloader adds to torch's docstring (help() shows both).
@@ -172,9 +177,13 @@ class DataLoader(_TorchDataLoader[_T_co]):
         nw: int = 1 if bounds is not None else cast(int, num_workers)
         remote = _is_ray(worker_method)
         if not remote and worker_method not in WORKER_METHODS:
+            near = [m for m in (*WORKER_METHODS, "ray")
+                    if isinstance(worker_method, str) and m == worker_method.strip().lower()]
+            # (a ValueError, as torch's proposed worker_method raises)
             raise ValueError(
-                "worker_method option should be 'multiprocessing' or 'thread', but got "
-                f"worker_method={worker_method!r}"
+                "worker_method option should be 'multiprocessing', 'thread', 'ray' or a "
+                f"ferroloader.RayWorkers, but got worker_method={worker_method!r}"
+                + (f" (did you mean {near[0]!r}?)" if near else "")
             )
         if remote:
             _check_ray(worker_method, nw, worker_threads, bounds is not None)
@@ -484,6 +493,40 @@ class DataLoader(_TorchDataLoader[_T_co]):
         tuned = state_dict.get("autotune")
         if self.autotune is not None and isinstance(tuned, dict):
             self._tuned_layout = autotune.Layout(**tuned)
+
+    @property
+    def _live_iterators(self) -> weakref.WeakSet[Any]:
+        """The iterators whose workers may be running (``close()`` ends
+        them); kept beside the loader, which pickles without them."""
+        live = _LIVE_ITERATORS.get(self)
+        if live is None:
+            live = _LIVE_ITERATORS[self] = weakref.WeakSet()
+        return live
+
+    def close(self) -> None:
+        """Ends the loader's workers now: the persistent ones, those of any
+        iterator still running (which then raises if iterated again), and
+        hands its Ray actors back (see ``RayWorkers(idle_timeout=)``). The
+        loader stays usable: the next ``iter()`` starts workers again.
+        ``with DataLoader(...) as loader:`` closes it at the block's end.
+        torch's loader has no ``close()``: its workers end with its
+        iterators, and so do ferroloader's where nothing holds them."""
+        self._iterator = None
+        for it in list(self._live_iterators):
+            it._close(None, RuntimeError(
+                "this iterator's DataLoader was closed (loader.close(), or the end of its "
+                "`with` block): its workers are gone; iter(loader) starts a new epoch"))
+            it._shutdown_workers()
+        self._live_iterators.clear()
+        pool = self.__dict__.get("_ray_pool")
+        if pool is not None:
+            pool.close()
+
+    def __enter__(self) -> DataLoader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def __iter__(self) -> Any:
         if self.autotune is not None:

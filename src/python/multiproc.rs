@@ -143,6 +143,9 @@ pub struct MultiProcessIter {
     /// need not wait for it to answer `Shutdown`.
     timed_out: bool,
     times: MainTimes,
+    /// Closed from outside the epoch (`loader.close()`): the error each
+    /// later `next()` raises, rather than a silent end.
+    closed_error: Option<Py<PyAny>>,
 }
 
 /// How an epoch's multi-process iterator runs: one object across the
@@ -243,6 +246,7 @@ impl MultiProcessIter {
                 resumed: resumed.map(resumed_from).unwrap_or_default(),
                 timed_out: false,
                 times: MainTimes::default(),
+                closed_error: None,
             };
             if let Some(plan) = lanes {
                 let plan = plan.borrow(py);
@@ -299,6 +303,9 @@ impl MultiProcessIter {
         }
         if let Some(a) = &self.pin_arena {
             visit.call(a)?;
+        }
+        if let Some(e) = &self.closed_error {
+            visit.call(e)?;
         }
         visit.call(&self.index_sampler)?;
         visit.call(&self.dataset)
@@ -458,8 +465,13 @@ impl MultiProcessIter {
     /// worker that misses the frame still sees EOF. With `grace`, the
     /// worker processes are then ended (waited for, then SIGTERM, then
     /// SIGKILL; see `scheduler::pool::end_processes`), without the GIL.
-    #[pyo3(signature = (grace=None))]
-    fn _close(&mut self, py: Python<'_>, grace: Option<f64>) {
+    /// `error`: what each later `next()` raises (a close from outside the
+    /// epoch), rather than ending the epoch silently.
+    #[pyo3(signature = (grace=None, error=None))]
+    fn _close(&mut self, py: Python<'_>, grace: Option<f64>, error: Option<Py<PyAny>>) {
+        if error.is_some() && !self.core.is_closed() {
+            self.closed_error = error;
+        }
         self.core.close();
         if let Some(arena) = &self.pin_arena {
             arena.get().pinning.close();
@@ -523,7 +535,10 @@ impl MultiProcessIter {
     /// One `__next__`, with the iterator borrowed.
     fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         if self.core.is_closed() {
-            return Ok(None);
+            return match &self.closed_error {
+                Some(e) => Err(PyErr::from_value(e.bind(py).clone())),
+                None => Ok(None),
+            };
         }
         self.times.enter();
         if let Some(arena) = &self.pin_arena {
