@@ -296,9 +296,10 @@ def test_bad_bounds_are_clear_errors():
         ferroloader.Autotune(methods=("fibers",))
     with pytest.raises(ferroloader.ConfigError, match="worker_method"):
         ferroloader.DataLoader(Plain(), num_workers="auto", worker_method="thread")
-    zero = ferroloader.DataLoader(Plain(), num_workers=ferroloader.Autotune(cpu=0))
     with pytest.raises(ferroloader.ConfigError, match="cpu=0"):
-        iter(zero)
+        ferroloader.Autotune(cpu=0)
+    with pytest.raises(ferroloader.ConfigError, match="prefetch='yes'"):
+        ferroloader.Autotune(prefetch="yes")
     tiny = ferroloader.DataLoader(Plain(), num_workers=ferroloader.Autotune(ram=1 << 20))
     with pytest.raises(ferroloader.ConfigError, match="one worker's need"):
         iter(tiny)
@@ -597,3 +598,25 @@ def test_an_unknown_tuning_policy_is_a_clear_error(monkeypatch):
     loader = ferroloader.DataLoader(torch.arange(16), batch_size=4, num_workers="auto")
     with pytest.raises(ferroloader.ConfigError, match="'model' or 'climb', got 'fastest'"):
         iter(loader)
+
+
+@time_limit(90)
+@pytest.mark.parametrize("mode, cap", [("static", 8), ("dynamic", 6)])
+def test_it_never_plans_more_workers_than_the_data_can_feed(mode, cap):
+    """Static sharding's 8 lanes (it went to 32 threads, 24 with nothing
+    to read), a dynamic queue's 6 shards: the tuner's bound is the cap, it
+    says why, and no change goes past it while a job that waits on I/O
+    pushes it up."""
+    from shard_cases import Counted
+
+    ds = Counted([40] * 6, delay=0.002)
+    loader = ferroloader.DataLoader(ds, batch_size=4, num_workers="auto",
+                                    sharding=ferroloader.Sharding(mode=mode, lanes=8))
+    for _ in range(3):
+        it = iter(loader)
+        assert it._tuner.max_workers <= cap
+        assert sorted(int(v) for b in it for v in b) == [1000 * s + o for s in range(6)
+                                                         for o in range(40)]
+    report = loader.stats().autotune
+    assert any(f"at most {cap} workers" in n for n in report.notes), report.notes
+    assert all(c.after.workers <= cap for c in report.changes), str(report)

@@ -128,6 +128,27 @@ def threads_refusal(loader: Any) -> Optional[str]:
     return None
 
 
+def data_cap(loader: Any) -> Optional[tuple[int, str]]:
+    """The most workers the loader's data can keep busy, and why; ``None``
+    where it knows no bound. A worker past it would have nothing to read:
+    static sharding's lanes, a dynamic queue's shards, an epoch's batches."""
+    if loader._sharded():
+        sharding = loader.sharding
+        if sharding.mode == "static":
+            return sharding.lanes, (f"static sharding reads with {sharding.lanes} lanes "
+                                    "(Sharding(lanes=...))")
+        if sharding.mode == "dynamic":
+            shards = len(loader._shard_info()[0])
+            return max(1, shards), f"dynamic sharding's workers read a shard each, of {shards}"
+    if loader._dataset_kind == _tdl._DatasetKind.Iterable and not loader._sharded():
+        return None
+    try:
+        batches = len(loader._index_sampler)
+    except TypeError:  # a sampler without len()
+        return None
+    return max(1, batches), f"an epoch has {batches} batches"
+
+
 def apply(loader: Any, layout: Layout) -> None:
     """Sets the loader's layout attributes (read by the next epoch start)."""
     loader._layout_in_force = layout
@@ -171,6 +192,12 @@ class AutoIter:
                 tuner = ModelTuner(loader.autotune, start, why is None, notes,
                                    loader.batch_size or 1)
             tuner.min_workers = loader._auto_min_workers
+            cap = data_cap(loader)
+            if cap is not None:
+                tuner.cap = (max(cap[0], tuner.min_workers), cap[1])
+                tuner.read_budgets()
+                if tuner.max_workers == tuner.cap[0]:
+                    notes.append(f"at most {tuner.cap[0]} workers: {cap[1]}")
             if no_threads is not None:
                 tuner.threads_ok = tuner.inner_threads_ok = False
                 tuner.processes_ok = True
@@ -178,8 +205,7 @@ class AutoIter:
         elif time.monotonic() - tuner.budgets_read > _BUDGETS_FRESH:
             # (read again, the memory free having changed; not at every
             # iter(): reading /proc costs a short epoch a percent)
-            tuner.max_workers, tuner.cpu, tuner.ram = tuner.bounds.budgets()
-            tuner.budgets_read = time.monotonic()
+            tuner.read_budgets()
         self._tuner = tuner
         if loader._tuned_layout is not None:
             tuner.layout = loader._tuned_layout

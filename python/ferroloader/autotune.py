@@ -180,24 +180,36 @@ class Autotune:
         # (methods given by the user are kept where the default would drop
         # threads: see threads_refusal)
         self.methods_given = methods is not None
-        methods = METHODS if methods is None else methods
+
+        def fail(arg: str, forms: str, value: Any) -> ConfigError:
+            return ConfigError(f"Autotune {arg} should be {forms}, but got {arg}={value!r}")
+
         if max_workers is not None and (
             isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 0
         ):
-            raise ValueError(f"max_workers should be a non-negative int, got {max_workers!r}")
-        if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, (int, float))):
-            raise TypeError(f"cpu should be a number of cores, got {cpu!r}")
-        if ram is not None and (isinstance(ram, bool) or not isinstance(ram, int)):
-            raise TypeError(f"ram should be a number of bytes (an int), got {ram!r}")
-        methods = tuple(methods)
+            raise fail("max_workers", "a non-negative int (or None: 4 per core, at least 32)",
+                       max_workers)
+        if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, (int, float))
+                                or not 0 < cpu < float("inf")):
+            raise fail("cpu", "a positive number of cores (or None: measured)", cpu)
+        if ram is not None and (isinstance(ram, bool) or not isinstance(ram, int) or ram < 1):
+            raise fail("ram", "a positive int, bytes (or None: half the available memory)", ram)
+        if isinstance(methods, str) or (methods is not None
+                                        and not isinstance(methods, Iterable)):
+            raise fail("methods", f"a sequence of some of {METHODS}, such as ('{methods}',)"
+                       if isinstance(methods, str) else f"a sequence of some of {METHODS}",
+                       methods)
+        methods = tuple(METHODS if methods is None else methods)
         unknown = [m for m in methods if m not in METHODS]
         if unknown or not methods:
-            raise ValueError(f"methods should be some of {METHODS}, got {methods!r}")
+            raise fail("methods", f"a non-empty sequence of some of {METHODS}", methods)
+        if not isinstance(prefetch, bool):
+            raise fail("prefetch", "True or False", prefetch)
         self.max_workers = max_workers
         self.cpu = cpu
         self.ram = ram
         self.methods = methods
-        self.prefetch = bool(prefetch)
+        self.prefetch = prefetch
 
     def __repr__(self) -> str:
         return (
@@ -273,8 +285,9 @@ class Tuner:
         # (threads inside processes are processes too)
         self.inner_threads_ok = "threads_in_processes" in bounds.methods
         self.processes_ok = "processes" in bounds.methods or self.inner_threads_ok
-        self.max_workers, self.cpu, self.ram = bounds.budgets()
-        self.budgets_read = time.monotonic()
+        # the most workers the data can feed (lanes, shards, batches), and why
+        self.cap: Optional[tuple[int, str]] = None
+        self.read_budgets()
         # a layout forced from outside (tests): epoch ends are not measured
         self.forced = False
         # the fastest layout measured so far, to go back to
@@ -290,6 +303,13 @@ class Tuner:
         self.tried_prefetch = not bounds.prefetch
         # the fewest workers it may use (the main process: 0)
         self.min_workers = 0
+
+    def read_budgets(self) -> None:
+        """The bounds' budgets on this machine now, within the data's cap."""
+        self.max_workers, self.cpu, self.ram = self.bounds.budgets()
+        if self.cap is not None:
+            self.max_workers = min(self.max_workers, self.cap[0])
+        self.budgets_read = time.monotonic()
 
     def report(self) -> AutotuneStats:
         return AutotuneStats(self.layout, list(self.changes), self.settled, list(self.notes))
