@@ -19,7 +19,8 @@ import mp_helpers as mh
 import pytest
 import shard_cases
 import torch
-from ferroloader.autotune import Layout, Tuner, _Interval
+from ferroloader.tuning.bounds import Layout
+from ferroloader.tuning.climb import Tuner, _Interval
 from helpers import assert_same, ferro_only, time_limit
 from hypothesis import given
 from hypothesis import strategies as st

@@ -27,7 +27,7 @@ _CHILD = textwrap.dedent(
         info = lib.get_worker_info
     else:
         import ferroloader as lib
-        from ferroloader import forkserver
+        from ferroloader.hosts import forkserver
         info = lib.get_worker_info
     import mp_helpers as mh
 
@@ -77,7 +77,7 @@ def test_forkserver_workers_fork_from_a_warm_server_with_torchs_batches():
     _, expected = _run("torch")
     report, got = _run("ferroloader")
     assert report["started_at_construction"], report
-    for name in ("__main__", "torch", "numpy", "ferroloader._worker", "mp_helpers"):
+    for name in ("__main__", "torch", "numpy", "ferroloader.hosts.entry", "mp_helpers"):
         assert name in report["preload"], report
     assert report["server_has_torch"], report
     assert_same(expected, got)
@@ -92,7 +92,7 @@ def test_a_loader_built_while_a_child_imports_main_starts_no_server(monkeypatch)
     from multiprocessing import forkserver as mp_forkserver
 
     import ferroloader
-    from ferroloader import forkserver
+    from ferroloader.hosts import forkserver
 
     server = mp_forkserver._forkserver
     monkeypatch.setattr(server, "_forkserver_pid", None)
@@ -106,7 +106,7 @@ def test_a_loader_built_while_a_child_imports_main_starts_no_server(monkeypatch)
     monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", False)
     loader = ferroloader.DataLoader(list(range(4)), num_workers=2, multiprocessing_context=ctx)
     assert started == [True]
-    assert forkserver.preload_for(loader)[:3] == ["torch", "numpy", "ferroloader._worker"]
+    assert forkserver.preload_for(loader)[:3] == ["torch", "numpy", "ferroloader.hosts.entry"]
 
 
 @ferro_only

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import ferroloader as fl
 import pytest
 import torch
-from ferroloader.autotune import Layout
+from ferroloader.tuning.bounds import Layout
 from helpers import ferro_only, plain, time_limit
 from hypothesis import given, settings
 from hypothesis import strategies as st

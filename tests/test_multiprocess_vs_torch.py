@@ -757,7 +757,7 @@ def test_pin_memory_without_accelerator_warns_as_torch(pin_memory_device):
     """Without an accelerator, pin_memory=True (with pin_memory_device='cuda' too) emits torch's
     warnings and yields torch's unpinned batches."""
     kw = {"pin_memory_device": pin_memory_device} if pin_memory_device else {}
-    from ferroloader.pinning import _PIN_DEVICE_DEPRECATED
+    from ferroloader.run.pinning import _PIN_DEVICE_DEPRECATED
 
     if pin_memory_device and not _PIN_DEVICE_DEPRECATED:
         # torch 2.6-2.8 pins on the device given, which is missing here, and

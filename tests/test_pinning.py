@@ -22,7 +22,8 @@ import mp_helpers as mh
 import pytest
 import torch
 import torch.utils.data as tud
-from ferroloader import _core, pinning
+from ferroloader import _core
+from ferroloader.run import pinning
 from helpers import FERRO, TORCH, assert_same, ferro_only, needs_test_doubles, time_limit
 
 PIN_THREAD = "pt_data_pin"

@@ -378,11 +378,12 @@ def test_a_loader_that_cannot_place_says_so_then_names_who_holds_the_room(
         cluster, room, monkeypatch, caplog):
     import logging
 
+    import ferroloader.hosts.ray.pool as ray_pool
     import ferroloader.ray as flray
 
     flray.release()
     assert _wait_for(lambda: _free_other() == 3.0)
-    monkeypatch.setattr(flray, "WARN_PLACING_AFTER", 0.5)
+    monkeypatch.setattr(ray_pool, "WARN_PLACING_AFTER", 0.5)
     train = fl.DataLoader(Drawn(16), batch_size=4, num_workers=2,
                           worker_method=fl.RayWorkers(resources=HALF))
     it = iter(train)

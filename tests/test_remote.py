@@ -536,7 +536,7 @@ def test_a_mixture_fetches_its_remote_shards_ahead_in_draw_order(tmp_path, s3_ur
                                                                    monkeypatch):
     import bisect
 
-    import ferroloader.mixture as mixture_mod
+    import ferroloader.epoch.mixture as mixture_mod
 
     cache = fl.ShardCache(dir=str(tmp_path / "cache"), budget="1MiB")
 

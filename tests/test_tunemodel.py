@@ -1,4 +1,4 @@
-"""The machine model (``ferroloader.tunemodel``) and the model-based policy
+"""The machine model (``ferroloader.tuning.model``) and the model-based policy
 (``tunepolicy.Policy``) run against it in simulated time: the model's
 bounds, the simulator's determinism, and what the policy must never do
 whatever it measures (read a clock or ``/proc``, cross the RAM budget)."""
@@ -10,9 +10,9 @@ import os
 import time
 
 import pytest
-from ferroloader import tunemodel as tm
-from ferroloader.autotune import Layout
-from ferroloader.tunepolicy import Context, Measurement, Policy
+from ferroloader.tuning import model as tm
+from ferroloader.tuning.bounds import Layout
+from ferroloader.tuning.policy import Context, Measurement, Policy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -99,7 +99,7 @@ def test_a_correction_lies_between_the_measured_mean_and_one(values, spread):
     """Past the noise: the correction never goes beyond what the intervals
     measured, never crosses 1, and one interval alone moves it only by
     what lies past twice the assumed spread."""
-    from ferroloader.tunepolicy import NOISE_PRIOR, _past_noise
+    from ferroloader.tuning.policy import NOISE_PRIOR, _past_noise
 
     ratios = [(v, 1.0) for v in values]
     mean = sum(values) / len(values)
@@ -134,7 +134,7 @@ def test_a_shortfall_that_the_loop_explains_is_not_read_as_the_gil():
     assert policy.gil < 0.5
 
 
-@pytest.mark.parametrize("module", ["autotune", "tunemodel", "tunepolicy"])
+@pytest.mark.parametrize("module", ["tuning.bounds", "tuning.model", "tuning.policy"])
 def test_the_modules_examples_run(module):
     import doctest
     import importlib

@@ -2,10 +2,34 @@
 
 Change ``from torch.utils.data import DataLoader`` to
 ``from ferroloader import DataLoader`` and get the same batches.
+
+The package, by its seams (imports run down this list only; the test
+command checks it, ``tests/test_layers.py``):
+
+- the public face: this module, ``dataloader`` (``DataLoader``),
+  ``stateful_dataloader``, ``patch``;
+- ``tuning``: ``num_workers="auto"`` (its bounds, policy, machine model and
+  live tuner);
+- ``run``: an epoch running, the iterators over the engine's, pinning;
+- ``hosts``: where workers run (processes, threads, Ray actors), behind
+  ``hosts.start_workers``;
+- ``epoch``: an epoch's plan and state (the record, the index stream or
+  lanes, the job's shared queue, mixtures, snapshot and resume);
+- torch's names: ``sampler``, ``distributed``, ``dataset``, ``collate``,
+  ``worker``, ``datapipes``;
+- ``sources``: what an epoch reads (shards and their options, the shard
+  cache, tar and table shards, packing, map-style data through the queue);
+- the ground: ``errors``, ``seeds``, ``stats``, the settings, the compiled
+  ``_core``.
+
+Modules that moved keep their old paths (``ferroloader.ray``,
+``ferroloader.tunemodel``, ...; ``MOVED`` below) as forwarding modules.
 """
 
+import importlib
+from typing import Any
+
 from ferroloader._core import __version__
-from ferroloader.autotune import Autotune
 from ferroloader.collate import (
     collate,
     default_collate,
@@ -37,6 +61,8 @@ from ferroloader.dataset import (
     random_split,
 )
 from ferroloader.distributed import DistributedSampler
+from ferroloader.epoch.mixture import Mixture, MixtureBatchSampler
+from ferroloader.epoch.world import merge_states
 from ferroloader.errors import (
     CacheBudgetWarning,
     ConfigError,
@@ -53,11 +79,8 @@ from ferroloader.errors import (
     WorkerDiedError,
     WorkerTimeoutError,
 )
-from ferroloader.mixture import Mixture, MixtureBatchSampler
-from ferroloader.packing import PackedLoader, Packing
+from ferroloader.hosts.ray import RayWorkers
 from ferroloader.patch import Patch, patch
-from ferroloader.ray import RayWorkers
-from ferroloader.remote import CacheStats, ShardCache
 from ferroloader.sampler import (
     BatchSampler,
     ElasticBatchSampler,
@@ -67,13 +90,16 @@ from ferroloader.sampler import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
-from ferroloader.shards import FileShards, ShardedDataset, Sharding
+from ferroloader.sources.packing import PackedLoader, Packing
+from ferroloader.sources.remote import CacheStats, ShardCache
+from ferroloader.sources.shards import FileShards, ShardedDataset, Sharding
+from ferroloader.sources.table import TableDataset, TableShards
+from ferroloader.sources.tar import TarShards
+from ferroloader.sources.worldqueue import DynamicDistributedSampler, QueueStats
 from ferroloader.stateful_dataloader import Stateful, StatefulDataLoader
 from ferroloader.stats import LoaderStats, WorkerStats
-from ferroloader.table import TableDataset, TableShards
-from ferroloader.tar import TarShards
+from ferroloader.tuning.bounds import Autotune
 from ferroloader.worker import get_worker_info
-from ferroloader.worldqueue import DynamicDistributedSampler, QueueStats, merge_states
 
 __all__ = [
     "Autotune",
@@ -148,3 +174,28 @@ __all__ = [
     "runtime_validation",
     "runtime_validation_disabled",
 ]
+
+# old module paths and where each moved (the old path's module forwards to it)
+MOVED = {
+    "autotune": "tuning.bounds",
+    "tunepolicy": "tuning.policy",
+    "tunemodel": "tuning.model",
+    "pinning": "run.pinning",
+    "forkserver": "hosts.forkserver",
+    "ray": "hosts.ray",
+    "state": "epoch.state",
+    "mixture": "epoch.mixture",
+    "worldqueue": "epoch.world",
+    "shards": "sources.shards",
+    "remote": "sources.remote",
+    "tar": "sources.tar",
+    "table": "sources.table",
+    "packing": "sources.packing",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # ``ferroloader.ray`` and the other old paths, imported on first use
+    if name in MOVED:
+        return importlib.import_module(f"ferroloader.{name}")
+    raise AttributeError(f"module 'ferroloader' has no attribute {name!r}")

@@ -28,6 +28,7 @@ __all__ = [
     "ShardPrefetch",
     "SingleProcessIter",
     "StopFlag",
+    "WorldClaims",
     "_FakeCudaRuntime",
     "__version__",
     "_fake_pin_arena",
@@ -55,6 +56,11 @@ __all__ = [
     "shm_limit_setting",
     "store_option_known",
     "worker_loop",
+    "world_check_ranks",
+    "world_even_budget",
+    "world_list_id",
+    "world_remaining",
+    "world_translate",
 ]
 
 # A sharded epoch's saved position: (positions, next_lane, handed, rest),
@@ -650,3 +656,37 @@ class ShardPrefetch:
     """A prefetch under way."""
 
     def stop(self) -> None: ...
+
+# The job's shared queue (ferroloader.epoch.world): works as (shard, emitted, end)
+
+def world_check_ranks(accounts_: list[dict[str, Any]], what: str) -> None:
+    """Every rank of the saved job exactly once, or a ``ConfigError`` naming the ranks."""
+
+def world_remaining(accounts_: list[dict[str, Any]]) -> list[tuple[int, int, int]]:
+    """What an epoch has left to read, from every rank's account of it."""
+
+def world_translate(works: list[tuple[int, int, int]], lens: list[int], size: int,
+                    root_from: int, root_to: int) -> list[tuple[int, int, int]]:
+    """Works of one shuffled epoch as works reading the same items in another."""
+
+def world_list_id(works: list[tuple[int, int, int]]) -> str:
+    """The digest of an epoch's list that every rank compares."""
+
+def world_even_budget(sizes: list[int], world: int, batch: int) -> int:
+    """Batches each rank yields with even counts."""
+
+@final
+class WorldClaims:
+    """A rank's claims of an epoch of the shared queue; the lanes pull from it."""
+
+    def __new__(cls, works: list[tuple[int, int, int]], sizes: list[Optional[int]],
+                quota: Optional[int], ahead: int) -> Self: ...
+    def wanted(self) -> bool:
+        """Waits until a claim is wanted (``True``) or none will be (``False``)."""
+    def record(self, position: int, seconds: float) -> bool:
+        """The counter gave ``position``: whether it is a work of the list."""
+    def fail(self, why: str) -> None: ...
+    def stop(self) -> None: ...
+    def work(self, position: int) -> Optional[tuple[int, int, int]]: ...
+    def account(self) -> tuple[list[int], list[tuple[int, int, int]]]: ...
+    def counts(self) -> tuple[int, int, float]: ...

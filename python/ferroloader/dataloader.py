@@ -10,33 +10,41 @@ replaced: indices, fetch, default collation and reassembly run in Rust.
 from __future__ import annotations
 
 import dataclasses
-import os
-import warnings
-import weakref
 from typing import Any, Callable, Iterable, Optional, TypeVar, Union, cast
 
 import torch
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _autoiter, _core, _epoch, autotune, forkserver, state
+from ferroloader import _core
 from ferroloader._env import check_environment
-from ferroloader._iterators import _is_datapipe, _MultiProcessIter, _single_process_iter
+from ferroloader.epoch import plan as _epoch
+from ferroloader.epoch import state
+from ferroloader.epoch.mixture import Mixture, loader_batch_sampler
+from ferroloader.epoch.shards import sharded_len
+from ferroloader.epoch.world import merge_states
 from ferroloader.errors import ConfigError
-from ferroloader.mixture import Mixture, MixtureBatchSampler
+from ferroloader.hosts import check_method, forkserver, worker_count_check
+from ferroloader.hosts.ray import places
+from ferroloader.hosts.ray.options import is_ray
 from ferroloader.patch import record_dataset, register_loader
-from ferroloader.remote import CacheStats, ShardCache
+from ferroloader.run.iterators import (
+    _is_datapipe,
+    _MultiProcessIter,
+    _single_process_iter,
+    close_iterators,
+)
 from ferroloader.sampler import (
     RandomSampler,
     SequentialSampler,
 )
-from ferroloader.shards import ShardedDataset, ShardEpoch, Sharding
+from ferroloader.sources.remote import CacheStats, ShardCache
+from ferroloader.sources.shards import ShardedDataset, Sharding
+from ferroloader.sources.worldqueue import DynamicDistributedSampler, QueueStats
 from ferroloader.stats import LoaderStats, of_iterator
-from ferroloader.worldqueue import (
-    Blocks,
-    DynamicDistributedSampler,
-    QueueStats,
-    merge_states,
-)
+from ferroloader.tuning import bounds as autotune
+from ferroloader.tuning import live as _autoiter
+from ferroloader.tuning.bounds import check_loader_args as check_autotune_args
+from ferroloader.tuning.climb import Tuner
 
 _T_co = TypeVar("_T_co", covariant=True)
 
@@ -47,11 +55,7 @@ _T_co = TypeVar("_T_co", covariant=True)
 _TorchDataLoader = _tdl.DataLoader
 _TorchMultiProcessIter = _tdl._MultiProcessingDataLoaderIter
 
-WORKER_METHODS = ("multiprocessing", "thread")
 
-# each loader's iterators whose workers may be running (DataLoader.close())
-_LIVE_ITERATORS: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = (
-    weakref.WeakKeyDictionary())
 
 
 # What ferroloader adds to torch's docstring (help() shows both).
@@ -175,19 +179,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
             # persistent_workers, multiprocessing_context are then allowed);
             # the tuner sets the layout at each iter()
         nw: int = 1 if bounds is not None else cast(int, num_workers)
-        remote = _is_ray(worker_method)
-        if not remote and worker_method not in WORKER_METHODS:
-            near = [m for m in (*WORKER_METHODS, "ray")
-                    if isinstance(worker_method, str) and m == worker_method.strip().lower()]
-            # (a ValueError, as torch's proposed worker_method raises)
-            raise ValueError(
-                "worker_method option should be 'multiprocessing', 'thread', 'ray' or a "
-                f"ferroloader.RayWorkers, but got worker_method={worker_method!r}"
-                + (f" (did you mean {near[0]!r}?)" if near else "")
-            )
-        if remote:
-            _check_ray(worker_method, nw, worker_threads, bounds is not None)
-        _check_worker_threads(worker_threads, "multiprocessing" if remote else worker_method, nw)
+        check_method(worker_method, nw, worker_threads, bounds is not None)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ConfigError(f"seed should be an int or None, but got seed={seed!r}")
         if per_sample_seed and seed is None:
@@ -198,19 +190,8 @@ class DataLoader(_TorchDataLoader[_T_co]):
                 "whole batches with __getitems__"
             )
         if isinstance(sampler, DynamicDistributedSampler):
-            # map-style data through the job's shared queue: read as shards
-            # of `block` indices by the same engine (loader.dataset is then
-            # that view; its .dataset is the one given)
-            if batch_sampler is not None or sharding is not None or shuffle:
-                raise ConfigError(
-                    "DynamicDistributedSampler decides the order and the sharding itself: "
-                    "leave batch_sampler, sharding and shuffle unset (its shuffle= and block= "
-                    "say how it shuffles)"
-                )
-            dataset = Blocks(dataset, sampler.block)
-            sharding = sampler.sharding
-            shuffle = sampler.shuffle
-            seed = sampler.seed if seed is None else seed
+            dataset, sharding, shuffle, seed = sampler.as_shards(dataset, batch_sampler, sharding,
+                                                                 shuffle, seed)
             sampler = None
         sharded = isinstance(dataset, ShardedDataset)
         if sharding is not None and not isinstance(sharding, Sharding):
@@ -234,23 +215,8 @@ class DataLoader(_TorchDataLoader[_T_co]):
                 "DistributedSampler"
             )
         if isinstance(dataset, Mixture):
-            _check_mixture_args(dataset, shuffle, sampler, batch_sampler)
-        if isinstance(dataset, Mixture) and sampler is None and batch_sampler is None:
-            # a mixture's order is its draws: batched (and split across
-            # ranks) by its own sampler, whose epoch follows the loader's
-            if batch_size is None:
-                raise ConfigError(
-                    "a Mixture is batched by its draws: give batch_size (batch_size=None "
-                    "is not supported with a Mixture)"
-                )
-            if not isinstance(drop_last, bool):
-                # torch's BatchSampler check (the mixture's sampler takes its place)
-                raise ValueError(
-                    f"drop_last should be a boolean value, but got drop_last={drop_last}"
-                )
-            batch_sampler = MixtureBatchSampler(dataset, batch_size, drop_last=drop_last)
-            batch_sampler.auto_epoch = True
-            batch_size, drop_last, shuffle = 1, False, None
+            batch_sampler, batch_size, drop_last, shuffle = loader_batch_sampler(
+                dataset, shuffle, sampler, batch_sampler, batch_size, drop_last)
         # seed=: a private generator, reseeded per epoch, decides the order
         # and the workers' base seed; generator= keeps priority
         own = torch.Generator() if seed is not None and generator is None else None
@@ -289,7 +255,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
             in_order=in_order,
         )
         if bounds is not None:
-            _check_autotune_args(self)
+            check_autotune_args(self)
         record_dataset(dataset)
         # torchdata's StatefulDataLoader argument: how often its workers send
         # their state. ferroloader's state is exact after every batch, so it
@@ -333,7 +299,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         # num_workers="auto": the bounds, the tuner (made at the first
         # iter(), it outlives epochs) and the layout it last chose
         self.autotune: Optional[autotune.Autotune] = bounds
-        self._tuner: Optional[autotune.Tuner] = None
+        self._tuner: Optional[Tuner] = None
         self._tuned_layout: Optional[autotune.Layout] = None
         self._layout_in_force: Optional[autotune.Layout] = None  # (set by apply)
         if bounds is not None:
@@ -384,8 +350,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
             total.remote = sum((c.stats() for c in caches.values()), CacheStats())
         if self.sharding is not None and self.sharding.across == "world":
             total.queue = dataclasses.replace(self._queue_stats)
-        if _is_ray(self.worker_method):
-            from ferroloader.ray import places
+        if is_ray(self.worker_method):
 
             total.ray = places(self)
         return total
@@ -441,31 +406,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
     def __len__(self) -> int:
         if not self._sharded():
             return super().__len__()
-        epoch = self._epochs_started
-        running = self._epoch is not None and not state.position(self._epoch)["ended"]
-        if running:
-            assert self._epoch is not None
-            epoch = self._epoch.number
-        if self.sharding is not None and self.sharding.across == "world":
-            # the job's shared queue: the batch count is the job's, known
-            # when the epoch starts (what the last one held back counts)
-            ep = self._epoch.shards if running and self._epoch is not None else None
-            world = ep.world_epoch if ep is not None else None
-            if world is None or world.budget is None:
-                raise TypeError(
-                    "a loader whose shards come from the job's shared queue "
-                    "(Sharding(across='world')) knows its len() once its epoch has begun, "
-                    "with even=True (with even=False the ranks' batch counts are not fixed)"
-                )
-            return int(world.budget)
-        batches = ShardEpoch(self, epoch, None).batches()
-        if batches is None:
-            raise TypeError(
-                f"object of type '{type(self.dataset).__name__}' has no len(): the loader counts "
-                f"a sharded epoch's batches from its shards' lengths "
-                f"({cast(ShardedDataset[Any], self.dataset)._lengths_hint()})"
-            )
-        return int(batches)
+        return sharded_len(self)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position as plain, picklable data: taken between
@@ -494,15 +435,6 @@ class DataLoader(_TorchDataLoader[_T_co]):
         if self.autotune is not None and isinstance(tuned, dict):
             self._tuned_layout = autotune.Layout(**tuned)
 
-    @property
-    def _live_iterators(self) -> weakref.WeakSet[Any]:
-        """The iterators whose workers may be running (``close()`` ends
-        them); kept beside the loader, which pickles without them."""
-        live = _LIVE_ITERATORS.get(self)
-        if live is None:
-            live = _LIVE_ITERATORS[self] = weakref.WeakSet()
-        return live
-
     def close(self) -> None:
         """Ends the loader's workers now: the persistent ones, those of any
         iterator still running (which then raises if iterated again), and
@@ -512,12 +444,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         torch's loader has no ``close()``: its workers end with its
         iterators, and so do ferroloader's where nothing holds them."""
         self._iterator = None
-        for it in list(self._live_iterators):
-            it._close(None, RuntimeError(
-                "this iterator's DataLoader was closed (loader.close(), or the end of its "
-                "`with` block): its workers are gone; iter(loader) starts a new epoch"))
-            it._shutdown_workers()
-        self._live_iterators.clear()
+        close_iterators(self)
         pool = self.__dict__.get("_ray_pool")
         if pool is not None:
             pool.close()
@@ -548,44 +475,10 @@ class DataLoader(_TorchDataLoader[_T_co]):
         """torch's check of the worker count against the CPUs (called by its
         ``__init__`` and at each ``iter()``): torch's own method for worker
         processes (its text, and the locations its warnings name: a property
-        hands it out, so no frame of ours comes between), ours for threads."""
-        method = getattr(self, "worker_method", "multiprocessing")
-        if method == "thread":
-            return self._check_thread_count
-        if _is_ray(method):
-            return _no_check  # the workers are on the cluster's nodes, not this one's CPUs
-        return _TorchDataLoader.check_worker_number_rationality.__get__(self)
-
-    def _check_thread_count(self) -> None:
-        """torch's warning when more workers than CPUs would start, for
-        worker threads: the same advice, naming them threads, once per
-        loader (torch warns of processes at construction and each iter())."""
-        if not self.num_workers or self._warned_thread_count:
-            return
-        suggest = torch._utils.cpu_count()  # what torch's check counts
-        if suggest is not None and self.num_workers <= suggest:
-            return
-        self._warned_thread_count = True
-        if suggest is None:
-            advice = (
-                "DataLoader is not able to compute a suggested max number of worker in "
-                "current system."
-            )
-        else:
-            cpuset = (
-                "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"
-            )
-            advice = (
-                f"Our suggested max number of worker in current system is {suggest}{cpuset}, "
-                "which is smaller than what this DataLoader is going to create."
-            )
-        warnings.warn(
-            f"This DataLoader will create {self.num_workers} worker threads in total. {advice} "
-            "Please be aware that excessive worker creation might get DataLoader running slow "
-            "or even freeze, lower the worker number to avoid potential slowness/freeze if "
-            "necessary.",
-            stacklevel=2,
-        )
+        hands it out, so no frame of ours comes between), ours for threads,
+        none for Ray workers (they run on the cluster's nodes)."""
+        check = worker_count_check(self)
+        return check or _TorchDataLoader.check_worker_number_rationality.__get__(self)
 
     def _get_iterator(self) -> Any:
         check_environment()
@@ -603,100 +496,4 @@ class DataLoader(_TorchDataLoader[_T_co]):
 register_loader("torch", DataLoader)
 
 
-def _check_mixture_args(mixture: Mixture, shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
-    """What a loader over a ``Mixture`` cannot honour, rather than drop
-    silently: its order is its weighted draws, from its seed and the epoch,
-    and a sampler of the loader's would replace them (and the weights)."""
-    if shuffle:
-        raise ConfigError(
-            f"shuffle={shuffle!r} has no meaning for a Mixture: its order is its weighted draws, "
-            "computed from the Mixture's seed and the epoch (each epoch draws anew). For another "
-            "order give the Mixture another seed: Mixture(..., seed=...)"
-        )
-    own = isinstance(batch_sampler, MixtureBatchSampler) and batch_sampler.mixture is mixture
-    if sampler is not None or (batch_sampler is not None and not own):
-        given = "sampler=" if sampler is not None else "batch_sampler="
-        other = (
-            "this MixtureBatchSampler draws from another Mixture; "
-            if isinstance(batch_sampler, MixtureBatchSampler) and sampler is None
-            else ""
-        )
-        raise ConfigError(
-            f"{given} would replace a Mixture's weighted draws (its order from its seed and the "
-            f"epoch, and its weights): {other}leave it unset, and the loader batches the draws "
-            "(split across torch.distributed's ranks), or pass "
-            "batch_sampler=ferroloader.MixtureBatchSampler(mixture, batch_size, rank=..., "
-            "world_size=...) to choose the ranks"
-        )
 
-
-def _check_autotune_args(loader: Any) -> None:
-    """What torch accepted for the one worker its checks saw, and
-    ``num_workers="auto"`` cannot honour: it starts in the main process
-    and may return there, and it sets the prefetch depth itself."""
-    if loader.timeout != 0:
-        raise ConfigError(
-            f"timeout={loader.timeout!r} bounds the wait for a worker's batch, and "
-            "num_workers='auto' loads in the main process too (where torch refuses a timeout): "
-            "give a fixed num_workers with timeout=, or leave timeout at 0"
-        )
-    prefetch = loader.prefetch_factor
-    if not isinstance(prefetch, int) or prefetch < 1:
-        # (torch refuses it at iter() with workers; the tuner would meet it
-        # only once it chose workers, mid-epoch)
-        raise ConfigError(
-            f"prefetch_factor={prefetch!r} cannot be the starting prefetch depth of "
-            "num_workers='auto': give a positive integer, or leave it unset"
-        )
-
-
-def _is_ray(method: Any) -> bool:
-    """``worker_method="ray"`` or a ``ferroloader.RayWorkers``."""
-    return (isinstance(method, str) and method == "ray") or type(method).__name__ == "RayWorkers"
-
-
-def _check_ray(method: Any, num_workers: int, worker_threads: Any, auto: bool) -> None:
-    from ferroloader.ray import RayWorkers, ray_module
-
-    if not isinstance(method, (str, RayWorkers)):
-        raise ConfigError(f"worker_method should be a str or ferroloader.RayWorkers, but got "
-                          f"{method!r}")
-    if auto:
-        raise ConfigError("num_workers='auto' chooses among local workers; give a number of "
-                          "Ray workers (num_workers=n)")
-    if num_workers == 0:
-        raise ConfigError(
-            "worker_method='ray' runs num_workers Ray actors, and num_workers=0 starts none "
-            "(it loads in the main thread): set num_workers >= 1"
-        )
-    if worker_threads != 1:
-        raise ConfigError("worker_threads= sets the threads inside each worker process; Ray "
-                          "workers are actors (one loop each)")
-    ray_module()  # a clear error now when Ray is not installed
-
-
-def _no_check() -> None:
-    pass
-
-
-def _check_worker_threads(k: Any, method: str, num_workers: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ConfigError(
-            f"worker_threads option should be a positive integer, but got worker_threads={k!r}"
-        )
-    if k > 1 and method == "thread":
-        raise ConfigError(
-            "worker_threads= sets the threads inside each worker process; with "
-            "worker_method='thread' the workers are already threads (num_workers of them)"
-        )
-    if k > 1 and num_workers == 0:
-        raise ConfigError(
-            "worker_threads= sets the threads inside each worker process, and num_workers=0 "
-            "starts none: set num_workers >= 1"
-        )
-    if method == "thread" and num_workers == 0:
-        raise ConfigError(
-            "worker_method='thread' runs num_workers worker threads, and num_workers=0 starts "
-            "none (it loads in the main thread): set num_workers >= 1, or leave worker_method "
-            "at its default"
-        )

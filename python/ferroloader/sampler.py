@@ -29,7 +29,7 @@ import torch.utils.data.sampler as _ts
 from ferroloader import _core
 from ferroloader.errors import ConfigError
 from ferroloader.seeds import epoch_seed
-from ferroloader.shards import Sharding
+from ferroloader.sources.shards import Sharding
 
 Sampler = _ts.Sampler
 

@@ -74,13 +74,13 @@ class LoaderStats:
     loop: float = 0.0
     workers: list[WorkerStats] = field(default_factory=list)
     # num_workers="auto": the layout, its changes and why (see
-    # ferroloader.autotune); set by DataLoader.stats(), not summed
+    # ferroloader.tuning); set by DataLoader.stats(), not summed
     autotune: Any = None
     # remote shards: what the shard cache did (ferroloader.CacheStats), set
     # by DataLoader.stats(), not summed
     remote: Any = None
     # Sharding(across="world"): what the job's shared queue did for this
-    # rank (ferroloader.worldqueue.QueueStats), set by DataLoader.stats()
+    # rank (ferroloader.QueueStats), set by DataLoader.stats()
     queue: Any = None
     # worker_method="ray": where each worker runs (ferroloader.ray.WorkerPlace:
     # its node, its actor's restarts), set by DataLoader.stats()

@@ -107,10 +107,10 @@ impl From<Error> for PyErr {
 }
 
 /// How a worker the engine could not read the end of ended, as its
-/// `multiprocessing.Process` says (`ferroloader._launch.exit_code`).
+/// `multiprocessing.Process` says (`ferroloader.hosts.local.exit_code`).
 fn exit_from_python(pid: i32) -> Option<Exit> {
     Python::attach(|py| -> PyResult<Option<i32>> {
-        py.import("ferroloader._launch")?
+        py.import("ferroloader.hosts.local")?
             .call_method1("exit_code", (pid,))?
             .extract()
     })

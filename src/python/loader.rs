@@ -84,7 +84,7 @@ pub fn resumed_from((start, kept, workers): ResumedArg) -> Resumed {
 }
 
 /// How an epoch's one-process iterator runs: one object across the
-/// boundary, a dict of these keys (built by `ferroloader._iterators`).
+/// boundary, a dict of these keys (built by `ferroloader.run.iterators`).
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 pub struct SingleSpec {

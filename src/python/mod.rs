@@ -31,6 +31,7 @@ mod table;
 mod torch;
 mod turns;
 mod worker;
+mod world;
 
 /// Adds the bindings to `ferroloader._core` (made in `lib.rs`).
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -63,6 +64,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(packing::ragged, m)?)?;
     m.add_class::<packing::Packer>()?;
     m.add_class::<shards::ShardPlan>()?;
+    m.add_class::<world::WorldClaims>()?;
     m.add_class::<shards::AddressBatches>()?;
     m.add_class::<table::ArrowTable>()?;
     m.add_class::<indices::Recorder>()?;
@@ -78,6 +80,11 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<remote::PyPrefetch>()?;
     m.add_class::<remote::PyLease>()?;
     m.add_function(wrap_pyfunction!(remote::is_url, m)?)?;
+    m.add_function(wrap_pyfunction!(world::world_check_ranks, m)?)?;
+    m.add_function(wrap_pyfunction!(world::world_remaining, m)?)?;
+    m.add_function(wrap_pyfunction!(world::world_translate, m)?)?;
+    m.add_function(wrap_pyfunction!(world::world_list_id, m)?)?;
+    m.add_function(wrap_pyfunction!(world::world_even_budget, m)?)?;
     m.add_function(wrap_pyfunction!(remote::store_option_known, m)?)?;
     Ok(())
 }

@@ -149,7 +149,7 @@ pub struct MultiProcessIter {
 }
 
 /// How an epoch's multi-process iterator runs: one object across the
-/// boundary, a dict of these keys (built by `ferroloader._iterators`).
+/// boundary, a dict of these keys (built by `ferroloader.run.iterators`).
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 pub struct IterSpec {

@@ -114,14 +114,18 @@ pub struct ShardPlan {
     batches: Option<u64>,
     /// Where a dynamic queue's works come from once its own are out: a
     /// Python callable giving `(shard, emitted, end)` or `None` (the job's
-    /// shared queue, `ferroloader.worldqueue`).
+    /// shared queue, `ferroloader.epoch.world`).
     source: Option<Py<PyAny>>,
 }
 
 impl ShardPlan {
-    /// The engine's side of [`ShardPlan::source`].
+    /// The engine's side of [`ShardPlan::source`]: a rank's claims of the
+    /// shared queue are pulled without Python; another source is called.
     pub fn work_source(&self, py: Python<'_>) -> Option<Box<dyn WorkSource>> {
         self.source.as_ref().map(|f| {
+            if let Ok(claims) = f.bind(py).cast::<super::world::WorldClaims>() {
+                return claims.get().source();
+            }
             Box::new(PyWorkSource {
                 next: f.clone_ref(py),
             }) as Box<dyn WorkSource>
@@ -259,7 +263,7 @@ fn snapshot_from_py(s: Snapshot) -> PyResult<LaneSnapshot> {
 }
 
 /// What `shard_plan` takes: one rank's sharding of an epoch, as
-/// `ferroloader.shards` describes it (a dict of these keys).
+/// `ferroloader.epoch.shards` describes it (a dict of these keys).
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 pub struct PlanArgs {

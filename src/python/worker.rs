@@ -367,7 +367,7 @@ impl PyHost<'_> {
 }
 
 /// What a worker serves with: one object across the boundary, a dict of
-/// these keys (built by `ferroloader._worker`), each as Python set it up.
+/// these keys (built by `ferroloader.hosts.entry`), each as Python set it up.
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 pub struct WorkerSpec {

@@ -34,6 +34,7 @@ mod loader;
 pub mod pool;
 mod resumed;
 pub mod shards;
+pub mod world;
 
 #[cfg(test)]
 mod pool_tests;

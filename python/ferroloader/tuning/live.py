@@ -1,5 +1,5 @@
 """The iterator of a ``num_workers="auto"`` loader (see
-``ferroloader.autotune``): a fixed-layout iterator underneath, measured per
+``ferroloader.tuning.bounds``): a fixed-layout iterator underneath, measured per
 interval, and replaced between two batches when the tuner says: the
 engine holds back new tasks, the batches in flight are handed over, the
 loader's own state is taken (nothing pending) and the epoch continues from
@@ -14,14 +14,16 @@ from typing import Any, Optional
 
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _machine, state
+from ferroloader import _machine
 from ferroloader._env import _INITIAL_ARENA
-from ferroloader._epoch import stateful
-from ferroloader._iterators import _harvest_stats
-from ferroloader._launch import _thread_unsafe_attributes
-from ferroloader.autotune import _MIN_INTERVAL, Autotune, Layout, Tuner, _Interval
+from ferroloader.epoch import state
+from ferroloader.epoch.plan import stateful
 from ferroloader.errors import ConfigError
-from ferroloader.tunepolicy import Context, Measurement, Policy
+from ferroloader.hosts.local import _thread_unsafe_attributes
+from ferroloader.run.iterators import _harvest_stats
+from ferroloader.tuning.bounds import _MIN_INTERVAL, Autotune, Layout
+from ferroloader.tuning.climb import Tuner, _Interval
+from ferroloader.tuning.policy import Context, Measurement, Policy
 
 _BUDGETS_FRESH = 2.0  # seconds
 

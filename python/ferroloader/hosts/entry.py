@@ -24,8 +24,8 @@ from torch.utils.data._utils import signal_handling
 from torch.utils.data._utils import worker as _torch_worker
 
 from ferroloader import _core
-from ferroloader._epoch import stateful
-from ferroloader._fetch import fetch_plan
+from ferroloader.epoch.plan import stateful
+from ferroloader.hosts.fetch import fetch_plan
 from ferroloader.worker import thread_aware, worker_local
 
 

@@ -11,6 +11,7 @@ import multiprocessing.connection as mp_connection
 import os
 import selectors
 import sys
+import weakref
 from typing import (
     Any,
     Optional,
@@ -19,10 +20,14 @@ from typing import (
 
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _core, _epoch, forkserver, pinning, state
-from ferroloader._fetch import fetch_plan
-from ferroloader._launch import _join, _stop_processes, start_workers
-from ferroloader.shards import ShardEpoch
+from ferroloader import _core
+from ferroloader.epoch import plan as _epoch
+from ferroloader.epoch import state
+from ferroloader.epoch.shards import ShardEpoch
+from ferroloader.hosts import forkserver, start_workers
+from ferroloader.hosts.fetch import fetch_plan
+from ferroloader.hosts.local import _join, _stop_processes
+from ferroloader.run import pinning
 from ferroloader.stats import LoaderStats, of_iterator
 
 # A ferroloader DataLoader: not imported, as dataloader.py imports this
@@ -252,7 +257,7 @@ class _MultiProcessIter(_core.MultiProcessIter):
         if isinstance(it, (_OverflowIter, _PinnedOverflowIter)):
             it._wait_error = overflow
         plan.rec.attach(it, multiprocess=True)
-        loader._live_iterators.add(it)  # (ended by loader.close())
+        _LIVE.setdefault(loader, weakref.WeakSet()).add(it)  # (ended by loader.close())
         loader._workers_started(it, fresh=True)
         return it
 
@@ -396,3 +401,18 @@ class _PinnedOverflowIter(_PinnedMultiProcessIter):
 
     _wait_error: Optional[OverflowError]
     __next__ = _raise_wait_error
+
+
+# each loader's iterators whose workers may be running (kept beside the
+# loader, which pickles without them)
+_LIVE: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = weakref.WeakKeyDictionary()
+
+
+def close_iterators(loader: Any) -> None:
+    """Ends the workers of every iterator of ``loader`` still running; each
+    then raises if iterated again, rather than ending its epoch short."""
+    for it in list(_LIVE.pop(loader, ())):
+        it._close(None, RuntimeError(
+            "this iterator's DataLoader was closed (loader.close(), or the end of its "
+            "`with` block): its workers are gone; iter(loader) starts a new epoch"))
+        it._shutdown_workers()

@@ -18,7 +18,6 @@ import warnings
 import weakref
 from typing import (
     Any,
-    Callable,
     Iterator,
     Optional,
     TypeVar,
@@ -27,10 +26,11 @@ from typing import (
 import torch
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _core, _machine, _worker
+from ferroloader import _core, _machine
 from ferroloader._env import _INITIAL_ARENA, shm_limit
-from ferroloader._epoch import Plan
+from ferroloader.epoch.plan import Plan
 from ferroloader.errors import ConfigError, ThreadSafetyWarning
+from ferroloader.hosts import entry as _worker
 from ferroloader.worker import thread_aware
 
 # A ferroloader DataLoader: not imported, as dataloader.py imports this
@@ -56,40 +56,6 @@ def _check_fd_headroom(num_workers: int) -> None:
             f"{need} file descriptors, and {left} of the process's limit of {limit} "
             "are free. Raise the limit (ulimit -n) or use fewer workers.",
         )
-
-
-def start_workers(
-    loader: _Loader, plan: Plan, trim: bool
-) -> tuple[list[tuple[int, int]], list[Any]]:
-    """Starts an epoch's workers, processes or threads, each with its job
-    from the plan: ``(socket fd, pid)`` per worker (pid 0 for a thread),
-    and the handles of what was started. A failed start leaves nothing
-    behind (e.g. EMFILE): the sockets are closed and the workers started so
-    far are ended."""
-    threads = loader.worker_method == "thread"
-    remote = not isinstance(loader.worker_method, str) or loader.worker_method == "ray"
-    if not remote:
-        _check_thread_workers(loader, plan.dataset_stateful)
-    jobs = _worker_jobs(loader, plan, trim)
-    _check_fd_headroom(len(jobs))
-    socks: list[socket.socket] = []
-    procs: list[Any] = []
-    pids: list[int] = []
-    try:
-        start: Callable[..., None]
-        if remote:
-            from ferroloader import ray
-
-            start = ray.start
-        else:
-            start = _start_threads if threads else _start_processes
-        start(loader, jobs, plan.base_seed, socks, procs, pids)
-    except BaseException:
-        for sock in socks:
-            sock.close()
-        _stop_processes(procs, grace=1.0)
-        raise
-    return [(s.detach(), pid) for s, pid in zip(socks, pids)], procs
 
 
 def _worker_jobs(loader: _Loader, plan: Plan, trim: bool) -> list[dict[str, Any]]:
@@ -249,7 +215,8 @@ def _user_stacklevel() -> int:
     """The ``stacklevel`` of the first frame outside ferroloader and torch
     (the user's ``iter()``, however many of the loader's frames lie between:
     ``num_workers="auto"`` adds some), for a warning given by the caller."""
-    ours = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(torch.__file__))
+    ours = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # the package
+            os.path.dirname(torch.__file__))
     level = 1
     frame: Optional[types.FrameType] = sys._getframe(1)  # (1: the function that warns)
     while frame is not None and frame.f_code.co_filename.startswith(ours):
@@ -386,3 +353,55 @@ def _join(workers: Any, grace: float) -> None:
                 # when the Process object is collected; exitcode and
                 # is_alive() still answer from the code already read
                 popen.close()
+
+
+WORKER_METHODS = ("multiprocessing", "thread")
+
+
+def check_worker_threads(k: Any, method: str, num_workers: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(
+            f"worker_threads option should be a positive integer, but got worker_threads={k!r}"
+        )
+    if k > 1 and method == "thread":
+        raise ConfigError(
+            "worker_threads= sets the threads inside each worker process; with "
+            "worker_method='thread' the workers are already threads (num_workers of them)"
+        )
+    if k > 1 and num_workers == 0:
+        raise ConfigError(
+            "worker_threads= sets the threads inside each worker process, and num_workers=0 "
+            "starts none: set num_workers >= 1"
+        )
+    if method == "thread" and num_workers == 0:
+        raise ConfigError(
+            "worker_method='thread' runs num_workers worker threads, and num_workers=0 starts "
+            "none (it loads in the main thread): set num_workers >= 1, or leave worker_method "
+            "at its default"
+        )
+
+
+def thread_count_check(loader: Any) -> None:
+    """torch's warning when more workers than CPUs would start, for worker
+    threads: the same advice, naming them threads, once per loader (torch
+    warns of processes at construction and each iter())."""
+    if not loader.num_workers or loader._warned_thread_count:
+        return
+    suggest = torch._utils.cpu_count()  # what torch's check counts
+    if suggest is not None and loader.num_workers <= suggest:
+        return
+    loader._warned_thread_count = True
+    if suggest is None:
+        advice = ("DataLoader is not able to compute a suggested max number of worker in "
+                  "current system.")
+    else:
+        cpuset = "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"
+        advice = (f"Our suggested max number of worker in current system is {suggest}{cpuset}, "
+                  "which is smaller than what this DataLoader is going to create.")
+    warnings.warn(
+        f"This DataLoader will create {loader.num_workers} worker threads in total. {advice} "
+        "Please be aware that excessive worker creation might get DataLoader running slow "
+        "or even freeze, lower the worker number to avoid potential slowness/freeze if "
+        "necessary.",
+        stacklevel=2,
+    )

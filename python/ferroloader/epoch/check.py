@@ -14,9 +14,9 @@ from typing import Any, Optional
 import torch
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader._epoch import _generators
+from ferroloader.epoch.mixture import MixtureBatchSampler
+from ferroloader.epoch.plan import _generators
 from ferroloader.errors import ConfigError
-from ferroloader.mixture import MixtureBatchSampler
 from ferroloader.sampler import ElasticBatchSampler
 
 FORMAT = 2

@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 from torch.utils.data.dataset import TensorDataset as _TorchTensorDataset
 
-from ferroloader.table import TableDataset
+from ferroloader.sources.table import TableDataset
 
 
 def fetch_plan(

@@ -1,7 +1,7 @@
 """An epoch: its record and its plan. The record keeps what a snapshot
 needs (the generators' states when the epoch began, a stateful sampler's
 recent batches, where a resumed epoch took up) and links to the iterator
-whose engine reports the position (``ferroloader.state`` reads them). The
+whose engine reports the position (``epoch.state`` reads them). The
 plan is built once when the epoch starts (:func:`build`): the record
 opened, the index stream (or a sharded epoch's lanes) advanced to a loaded
 state, the workers' base seed drawn where torch draws it, per-sample
@@ -21,10 +21,10 @@ import torch.utils.data.dataloader as _tdl
 import torch.utils.data.sampler as _ts
 
 from ferroloader import _core
+from ferroloader.epoch.shards import ShardEpoch
 from ferroloader.errors import StateMismatchError
 from ferroloader.sampler import ElasticBatchSampler, index_source
 from ferroloader.seeds import epoch_seed
-from ferroloader.shards import ShardEpoch
 
 
 def stateful(obj: Any) -> bool:
@@ -91,7 +91,7 @@ class Epoch:
         # the sampler state loaded for a resumed epoch: a sampler not yet
         # iterated since may not report it (torchdata's do not)
         self.loaded_sampler_state: Any = None
-        # a sharded epoch (ferroloader.shards.ShardEpoch): its position is
+        # a sharded epoch (epoch.shards.ShardEpoch): its position is
         # the lanes' (or the elastic sequence's), in absolute terms
         self.shards: Optional[Any] = None
         # the workers' base seed, and whether the epoch began on persistent
@@ -121,6 +121,41 @@ class Epoch:
         before, self.after_iter = self.after_iter, None
         if before is not None and any(not torch.equal(a, b) for a, b in zip(before, now)):
             self.first_draw = now
+
+    def position(self) -> dict[str, Any]:
+        """Where the epoch stands: ``drawn``, ``pending`` (sequence numbers
+        in flight), ``ended``; for an iterable, ``exhausted`` (one process)
+        or ``workers`` and ``next_worker`` (several); a sharded epoch's
+        ``shards``. Counted from the epoch's start, also in a resumed epoch."""
+        it = self.iterator() if self.iterator is not None else None
+        if it is not None:
+            return self.read(it)
+        if self.last is not None:
+            return self.last
+        return {"drawn": 0, "pending": [], "ended": False}
+
+    def read(self, it: Any) -> dict[str, Any]:
+        """The position iterator ``it`` reports, as the state keeps it."""
+        if self.shards is not None:
+            return {"drawn": 0, "pending": [], "ended": bool(it._position[2]),
+                    "shards": self.shards.snapshot(it)}
+        if not self.multiprocess:
+            # (an iterable's position is counted in batches handed over)
+            drawn, pending, ended, exhausted = it._position
+            return {"drawn": int(drawn), "pending": list(pending), "ended": bool(ended),
+                    "exhausted": bool(exhausted)}
+        drawn, pending, ended = it._position
+        pos: dict[str, Any] = {"drawn": int(drawn), "pending": list(pending),
+                               "ended": bool(ended)}
+        if self.iterable or self.worker_states:
+            delivered, states, exhausted, next_worker, done = it._iterable_position
+            pos["workers"] = [
+                {"delivered": int(d), "state": None if s is None else pickle.loads(s),
+                 "exhausted": bool(e), "done": bool(f)}
+                for d, s, e, f in zip(delivered, states, exhausted, done)
+            ]
+            pos["next_worker"] = int(next_worker)
+        return pos
 
     def attach(self, iterator: Any, multiprocess: bool) -> None:
         self.iterator = weakref.ref(iterator)

@@ -1,0 +1,521 @@
+"""One shard queue for the whole job, kept in ``torch.distributed``'s store.
+
+``Sharding(mode="dynamic", across="world")``: each epoch's works (the
+shards in the epoch's seeded order, longest first where lengths are known,
+after what the previous epoch held back) form one list that every rank
+computes alike. A counter in the store hands out its positions: a rank
+claims the next position with one atomic ``add``, so every work is read
+by exactly one rank, and a rank that reads faster claims more. Claims are
+made ahead of need, on a thread of the training process, so the batch
+path never waits on a round trip to the store; within a rank the claimed
+works go to its lanes as in dynamic mode.
+
+With ``even=True`` (and more than one rank) every rank yields the same
+number of batches, decided at ``iter()`` from the lengths alone: with
+``N`` items in the list, the longest work ``M`` items, ``W`` ranks and
+batches of ``B``, each rank yields ``K = (N - (W - 1) * (M - 1)) // (W * B)``
+batches and claims only until it holds ``K * B`` items. No rank can then
+run short (a rank holds fewer than ``K * B + M`` items, so the others
+leave it enough), and what the epoch holds back, fewer than
+``W * B + (W - 1) * (M - 1)`` items, is read first in the next epoch.
+
+The store is the default process group's (``init_process_group``), or the
+one ``Sharding(store=...)`` names; keys live under
+``ferroloader/<name>/<generation>/e<epoch>/`` and an epoch's keys are
+removed once every rank has read them. No collective is joined.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable, Optional, Sequence
+
+from ferroloader import _core
+from ferroloader.errors import ConfigError, ShardQueueError
+from ferroloader.seeds import epoch_seed
+from ferroloader.sources.worldqueue import QueueStats
+
+# a work: (shard, first item, end) in the shard's order; end OPEN: its end
+Work = tuple[int, int, int]
+OPEN = 2**64 - 1
+
+# after this many seconds of waiting for other ranks, a rank says so (once)
+LOG_AFTER = 5.0
+
+log = logging.getLogger("ferroloader.worldqueue")
+
+
+def default_store() -> Any:
+    """The default process group's store."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError(
+            "Sharding(across='world') keeps its queue in torch.distributed's store: call "
+            "torch.distributed.init_process_group() first, or pass Sharding(store=...) (a "
+            "torch.distributed.Store every rank reaches, e.g. a TCPStore or FileStore)"
+        )
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
+
+def describe(store: Any) -> str:
+    """How errors name a store: its kind and, for a TCPStore, where it is
+    (through the PrefixStores a process group wraps it in)."""
+    kind = type(store).__name__
+    try:
+        inner = getattr(store, "underlying_store", None)
+        host, port = getattr(store, "host", None), getattr(store, "port", None)
+    except Exception:  # a store gone may fail to say
+        inner = host = port = None
+    if inner is not None and inner is not store:
+        return f"{kind} over {describe(inner)}"
+    if host is not None and port is not None:
+        return f"{kind} at {host}:{port}"
+    return kind
+
+
+class WorldQueue:
+    """One epoch's claims by this rank, from the list ``works`` shared by
+    every rank (``sizes``: items per work, or ``None`` each where unknown):
+    the engine's ``WorldClaims`` keeps them and the lanes pull from it; a
+    thread here makes the store's ``add`` calls ahead of need while the
+    claims want more (at most ``ahead`` unread; ``quota``: no more claims
+    once this many items are held)."""
+
+    def __init__(self, store: Any, prefix: str, works: Sequence[Work],
+                 sizes: Sequence[Optional[int]], quota: Optional[int], ahead: int,
+                 stats: QueueStats, on_claim: Optional[Callable[[int], Any]] = None) -> None:
+        self.store = store
+        self.key = f"{prefix}/next"
+        self.sizes = list(sizes)
+        self.claims = _core.WorldClaims(list(works), self.sizes, quota, ahead)
+        self.stats = stats
+        self.on_claim = on_claim
+        self._fetches: list[Any] = []  # prefetches of claimed shards, kept alive
+        threading.Thread(target=self._run, name="ferroloader-claims", daemon=True).start()
+
+    def _run(self) -> None:
+        claims = self.claims
+        while claims.wanted():
+            t0 = time.perf_counter()
+            try:
+                position = int(self.store.add(self.key, 1)) - 1
+            except Exception as e:  # the store is gone or refuses
+                claims.fail(
+                    f"the job's shard queue lost its store ({describe(self.store)}, key "
+                    f"{self.key!r}): {type(e).__name__}: {e}. Every rank claims its shards "
+                    "there; restart the job from the ranks' last states"
+                )
+                return
+            took = time.perf_counter() - t0
+            self.stats.waited += took
+            if not claims.record(position, took):
+                return  # the list is spent
+            self.stats.shards += 1
+            self.stats.items += self.sizes[position] or 0
+            if self.on_claim is not None:
+                try:
+                    self._fetches.append(self.on_claim(position))
+                except Exception:
+                    pass  # a prefetch is a hint: the reader fetches what is missing
+
+    def account(self) -> tuple[list[int], list[Work]]:
+        """The positions claimed so far, and the works among them not yet
+        handed to the engine, read together."""
+        return self.claims.account()
+
+    def stop(self) -> None:
+        self.claims.stop()
+
+
+def work_size(work: Sequence[int], lens: Optional[Sequence[int]]) -> Optional[int]:
+    if lens is None:
+        return None
+    shard, emitted, end = work
+    return max(0, min(end, lens[shard]) - emitted)
+
+
+def publish(store: Any, key: str, value: Any) -> None:
+    store.set(key, json.dumps(value))
+
+
+def gather(store: Any, keys: Sequence[str], wait: float, what: str) -> list[Any]:
+    """The values at ``keys`` (key ``r`` is rank ``r``'s), waiting up to
+    ``wait`` seconds for them: logged once after ``LOG_AFTER`` seconds,
+    then a ``ShardQueueError`` naming the ranks whose keys never came."""
+    start = time.monotonic()
+    logged = False
+    while True:
+        left = wait - (time.monotonic() - start)
+        step = min(max(left, 0.001), LOG_AFTER if not logged else 5.0)
+        try:
+            store.wait(list(keys), timedelta(seconds=step))
+            return [json.loads(store.get(k)) for k in keys]
+        except Exception as e:
+            failure = e  # a timeout, or a store that is gone: missing() tells
+        missing = _missing(store, keys, failure)
+        if not missing:
+            continue  # (they came between the wait and the check)
+        waited = time.monotonic() - start
+        ranks = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
+        if waited >= wait:
+            raise ShardQueueError(
+                f"the job's shared shard queue waited {waited:.0f} s for {what} from rank"
+                f"{'s' if len(missing) > 1 else ''} {ranks} (of {len(keys)}), at "
+                f"{describe(store)}: a rank that did not start this epoch (ranks given "
+                "different epoch counts, or one that ended early) or did not load its state. "
+                "Sharding(wait_for_ranks=...) sets the wait"
+            ) from None
+        if not logged and waited >= LOG_AFTER:
+            logged = True
+            log.warning(
+                "ferroloader: waiting for %s from rank%s %s of %d (%.0f s so far, up to %.0f s: "
+                "Sharding(wait_for_ranks=...))", what, "s" if len(missing) > 1 else "", ranks,
+                len(keys), waited, wait)
+
+
+def _missing(store: Any, keys: Sequence[str], failure: BaseException) -> list[int]:
+    """The ranks whose key is not in the store yet; a store that cannot
+    answer is gone (``ShardQueueError``)."""
+    try:
+        return [r for r, k in enumerate(keys) if not store.check([k])]
+    except Exception as e:
+        raise ShardQueueError(
+            f"the job's shard queue lost its store ({describe(store)}) while it waited for "
+            f"every rank's account of the epoch: {type(e).__name__}: {e} (the wait said: "
+            f"{type(failure).__name__}: {failure})"
+        ) from None
+
+
+def forget(store: Any, keys: Sequence[str]) -> None:
+    for k in keys:
+        try:
+            store.delete_key(k)
+        except Exception:
+            pass  # best effort: an epoch's keys are a few bytes
+
+
+def remaining(accounts: Sequence[dict[str, Any]]) -> list[Work]:
+    """What an epoch has left, from every rank's account of it (checked
+    first): the unread parts of the works the ranks claimed, by shard and
+    position, then the works nobody claimed, in the list's order."""
+    check_ranks(accounts, "iter()")
+    return _core.world_remaining(list(accounts))
+
+
+def check_ranks(accounts: Sequence[dict[str, Any]], what: str) -> None:
+    """Every rank of the saved job exactly once, all of one epoch of one
+    job (a ``ConfigError`` naming the ranks missing or repeated)."""
+    try:
+        _core.world_check_ranks(list(accounts), what)
+    except (KeyError, TypeError) as e:
+        raise ConfigError(f"{what}: not a state of the job's shared queue ({e})") from None
+
+
+class WorldEpoch:
+    """A dynamic epoch fed by the job's shared queue, for one rank: the
+    epoch's list (what the last epoch held back, then the shards), this
+    rank's claims from it, the batches it yields (with even counts), and
+    its account of the epoch for a snapshot."""
+
+    def __init__(self, ep: Any, loader: Any, epoch: int, resume: Optional[dict[str, Any]]) -> None:
+        sharding = ep.sharding
+        dataset = loader.dataset
+        self.epoch = epoch
+        self.rank, self.world = ep.rank, ep.world
+        self.store = sharding.store if sharding.store is not None else default_store()
+        self.wait = sharding.wait_for_ranks
+        self.rec: Any = None  # the epoch's record (ShardEpoch.bind)
+        if loader._world_name is None:
+            loader._world_name = sharding.name or _next_name()
+        base = f"ferroloader/{loader._world_name}"
+        if loader._world_gen is None:
+            # each rank joins once per loader (and per load_state_dict): the
+            # W joins of one start share a generation, so keys left in a
+            # store that outlives a job are never read again
+            joined = self._call(lambda: int(self.store.add(f"{base}/joins", 1)))
+            loader._world_gen = (joined - 1) // self.world
+            loader._world_prev = None
+        self.ns = f"{base}/g{loader._world_gen}"
+        self.prefix = f"{self.ns}/e{epoch}"
+        self.stats: QueueStats = loader._queue_stats
+        self.shuffle, self.block, self.root = ep.shuffle, sharding.shuffle_block, ep.root
+        self.seed = loader.seed if loader.seed is not None else 0
+        lens = ep.lens
+        batch = ep.batch or 1
+        even = sharding.even and self.world > 1
+        if even and lens is None:
+            raise ConfigError(
+                "every rank must yield the same number of batches (even=True with more than one "
+                f"rank), which needs the length of every shard: {dataset._lengths_hint()}, or "
+                "pass Sharding(even=False) to read every item exactly once with uneven batch "
+                "counts"
+            )
+        handed = 0
+        if resume is not None:
+            accounts = (resume["accounts"] if resume.get("merged")
+                        else self._exchange("resume", resume))
+            works = remaining(accounts)
+            handed = min(int(a["handed"]) for a in accounts)
+            prev_budget = resume.get("budget") if not resume.get("merged") else None
+        else:
+            works = self._carried(loader, even) + self._order(ep, sharding, lens)
+            prev_budget = None
+        loader._world_prev = self
+        self.list = works
+        self.list_id = _core.world_list_id(works)
+        sizes = [work_size(w, lens) for w in works]
+        self.held = 0
+        if even:
+            k = _core.world_even_budget([s or 0 for s in sizes], self.world, batch)
+            if prev_budget is not None and resume is not None:
+                # the same job resumed: no more batches than it would have made
+                k = min(k, max(0, int(prev_budget) - handed))
+            self.budget: Optional[int] = handed + k
+            quota: Optional[int] = k * batch
+        else:
+            self.budget, quota = None, None
+        self.handed0 = handed
+        remote = dataset._remote(ep.descriptors)
+        on_claim = None
+        self.lease: Any = None
+        if remote is not None:
+            cache, pieces = remote
+            wanted = [pieces[w[0]] for w in works if pieces[w[0]] is not None]
+            if wanted:
+                # the sizes checked now, and the room its lanes keep open
+                # claimed; each claimed shard is fetched as it is claimed
+                items = [(p, None) if isinstance(p, str) else (p[0], tuple(p[1]))
+                         for p in dict.fromkeys(map(_key, wanted))]
+                got = cache.check([u for u, _ in items], [r for _, r in items])
+                lanes = max(loader._workers, 1)
+                self.lease = cache.lease(sum(sorted(got, reverse=True)[:lanes]), lanes)
+                on_claim = _prefetcher(cache, pieces, works)
+        self.queue = WorldQueue(self.store, self.prefix, works, sizes, quota, ahead=1,
+                                stats=self.stats, on_claim=on_claim)
+        lanes = max(loader._workers, 1)
+        ep.plan = _core_plan(ep, sharding, lanes, self.queue.claims, self.budget, handed)
+        ep.short_of_room = dataset._short_of_room()
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except ShardQueueError:
+            raise
+        except Exception as e:
+            raise ShardQueueError(
+                f"the job's shard queue cannot reach its store ({describe(self.store)}): "
+                f"{type(e).__name__}: {e}"
+            ) from None
+
+    def _order(self, ep: Any, sharding: Any, lens: Optional[list[int]]) -> list[Work]:
+        """The epoch's shards in its seeded order, longest first where the
+        lengths are known (the order a one-rank dynamic queue hands out)."""
+
+        one = _core.shard_plan({
+            "n_shards": len(ep.descriptors), "lens": lens, "block": sharding.shuffle_block,
+            "root": ep.root, "shuffle": ep.shuffle, "rank": 0, "world": 1, "dynamic": True,
+            "lanes": 1, "batch": ep.batch, "drop_last": ep.drop_last, "even": False,
+            "largest_first": sharding.largest_first, "resume": None, "shared": None,
+        })
+        return [(int(s), 0, OPEN) for s in one.read_order]
+
+    def _exchange(self, what: str, account: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every rank's ``account`` (``what``: of a resumed epoch, of the
+        last one), through the store under this generation."""
+        key = f"{self.ns}/{what}"
+        self._call(lambda: publish(self.store, f"{key}/{self.rank}", account))
+        accounts = gather(self.store, [f"{key}/{r}" for r in range(self.world)], self.wait,
+                          "the states it resumes from")
+        if int(self._call(lambda: self.store.add(f"{key}/read", 1))) == self.world:
+            forget(self.store, [f"{key}/{r}" for r in range(self.world)] + [f"{key}/read"])
+        return accounts
+
+    def _carried(self, loader: Any, even: bool) -> list[Work]:
+        """What the last epoch held back (even counts), read first in this
+        one: the ranks' accounts of it exchanged through the store."""
+        loaded = getattr(loader, "_next_world_carry", None)
+        loader._next_world_carry = None
+        prev = loader._world_prev
+        if not even:
+            return []
+        if loaded is not None:
+            accounts = (loaded["accounts"] if loaded.get("merged")
+                        else self._exchange("carry", loaded))
+        elif prev is not None and prev.rec is not None:
+            mine = prev.final_account()
+            key = f"{prev.prefix}/account"
+            self._call(lambda: publish(self.store, f"{key}/{self.rank}", mine))
+            accounts = gather(self.store, [f"{key}/{r}" for r in range(self.world)],
+                              self.wait, f"its account of epoch {prev.epoch}")
+            if int(self._call(lambda: self.store.add(f"{prev.prefix}/read", 1))) == self.world:
+                forget(self.store, [f"{key}/{r}" for r in range(self.world)]
+                       + [f"{prev.prefix}/read", f"{prev.prefix}/next"])
+        else:
+            return []
+        if not all(a.get("ended") for a in accounts):
+            return []  # an epoch left early: what it did not read is not carried
+        carried = remaining(accounts)
+        lens = loader._shard_info()[1]
+        if self.shuffle:
+            # positions in the last epoch's block orders, as this epoch's
+            born = int(accounts[0].get("epoch", self.epoch - 1))
+            carried = _core.world_translate(carried, lens, self.block,
+                                            epoch_seed(self.seed, born), self.root)
+        self.stats.held_back += sum(work_size(w, lens) or 0 for w in carried)
+        return carried
+
+    def account(self, it: Any) -> dict[str, Any]:
+        """This rank's account of the epoch, read between batches: its
+        claims and what is left of them."""
+        _positions, _next_lane, handed, rest = it._lane_snapshot
+        claimed, buffered = self.queue.account()
+        return {
+            "across": "world",
+            "epoch": self.epoch,
+            "list": [list(w) for w in self.list],
+            "list_id": self.list_id,
+            "claimed": claimed,
+            # (the engine writes a work that runs to its shard's end as
+            # [shard, emitted])
+            "rest": [[*w, OPEN] if len(w) == 2 else list(w) for w in (rest or [])]
+            + [list(w) for w in buffered],
+            "handed": int(handed),
+            "budget": self.budget,
+        }
+
+    def final_account(self) -> dict[str, Any]:
+        """The account when the epoch ended (or was left), with whether it
+        ended."""
+        pos = self.rec.position()
+        shards = pos.get("shards")
+        if shards is None:
+            return {"list_id": self.list_id, "list": [list(w) for w in self.list],
+                    "claimed": [], "rest": [], "handed": 0, "ended": False}
+        return dict(shards, ended=bool(pos["ended"]))
+
+    def stop(self) -> None:
+        self.queue.stop()
+
+
+_names = [0]
+_names_lock = threading.Lock()
+
+
+def _next_name() -> str:
+    """The k-th loader of this process that uses the shared queue: ranks
+    that build their loaders in the same order agree on it."""
+    with _names_lock:
+        _names[0] += 1
+        return f"loader{_names[0]}"
+
+
+def _key(piece: Any) -> Any:
+    return piece if isinstance(piece, str) else (piece[0], tuple(piece[1]))
+
+
+def _prefetcher(cache: Any, pieces: Sequence[Any], works: Sequence[Work]) -> Callable[[int], Any]:
+    """A claimed work's shard, fetched as soon as it is claimed."""
+    def fetch(position: int) -> Any:
+        piece = pieces[works[position][0]]
+        if piece is None:
+            return None
+        item = (piece, None) if isinstance(piece, str) else (piece[0], tuple(piece[1]))
+        return cache.prefetch_pieces([item], streams=1)
+
+    return fetch
+
+
+def _core_plan(ep: Any, sharding: Any, lanes: int, source: Any, budget: Optional[int],
+               handed: int) -> Any:
+    return _core.shard_plan({
+        "n_shards": len(ep.descriptors), "lens": ep.lens, "block": sharding.shuffle_block,
+        "root": ep.root, "shuffle": ep.shuffle, "rank": ep.rank, "world": ep.world,
+        "dynamic": True, "lanes": lanes, "batch": ep.batch, "drop_last": ep.drop_last,
+        "even": False, "largest_first": sharding.largest_first, "resume": None,
+        "shared": {"source": source, "budget": budget, "handed": handed},
+    })
+
+
+def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's ``state_dict()`` of a loader over the job's shared
+    queue (``Sharding(across="world")``), saved at the same step, as one
+    state that any number of ranks resumes from: each rank loads it, and
+    together they read exactly what the saved ranks had not (the unread
+    part of every work they had claimed, then the works nobody had).
+    ``DataLoader.load_state_dict`` also takes the list itself.
+
+    >>> import ferroloader
+    >>> ferroloader.merge_states([])
+    Traceback (most recent call last):
+    ...
+    ferroloader.errors.ConfigError: merge_states() needs the state of every rank, got none
+    """
+    import copy
+
+    states = list(states)
+    if not states:
+        raise ConfigError("merge_states() needs the state of every rank, got none")
+    for s in states:
+        if not isinstance(s, dict) or "epoch" not in s:
+            raise ConfigError("merge_states(): not a ferroloader DataLoader state")
+    started = {s.get("epochs_started") for s in states}
+    if len(started) != 1:
+        seen = sorted(map(str, started))
+        raise ConfigError(
+            f"merge_states(): the states were saved in different epochs ({seen}); save every "
+            "rank's state at the same step"
+        )
+    out = copy.deepcopy(states[0])
+
+    def accounts_of(parts: list[Any], what: str) -> list[Any]:
+        found: list[Any] = []
+        for p in parts:
+            if not isinstance(p, dict) or p.get("across", "world") != "world":
+                raise ConfigError(f"merge_states(): a state's {what} is not of the job's "
+                                  "shared queue (Sharding(across='world'))")
+            found.extend(p["accounts"] if p.get("merged") else [p])
+        return found
+
+    if all(s["epoch"] is None for s in states):
+        carries = [s.get("world_carry") for s in states]
+        if any(c is None for c in carries):
+            if all(c is None for c in carries):
+                return out  # before any epoch: nothing to merge
+            raise ConfigError("merge_states(): some states hold what their last epoch held "
+                              "back and some do not; save every rank's state at the same step")
+        accounts = accounts_of(carries, "last epoch")
+        check_ranks(accounts, "merge_states()")
+        out["world_carry"] = {"merged": True, "accounts": accounts}
+        return out
+    # mid-epoch: a rank that had finished the epoch gives its account of
+    # it (its claims, nothing left of them)
+    parts = []
+    for s in states:
+        if s["epoch"] is not None and "shards" in s["epoch"]:
+            parts.append(s["epoch"]["shards"])
+        elif s["epoch"] is None and s.get("world_carry") is not None:
+            parts.append(s["world_carry"])
+        else:
+            raise ConfigError("merge_states(): a state is not of a loader sharded across the "
+                              "world, or was saved before its first epoch while others were "
+                              "mid-epoch; save every rank's state at the same step")
+    base = next(s for s in states if s["epoch"] is not None)
+    out = copy.deepcopy(base)
+    out.pop("world_carry", None)
+    accounts = accounts_of(parts, "epoch")
+    check_ranks(accounts, "merge_states()")
+    out["epoch"]["shards"] = {"mode": "dynamic", "across": "world", "merged": True,
+                              "accounts": accounts}
+    return out
+
+
+__all__ = ["QueueStats", "WorldQueue", "merge_states"]
+
+

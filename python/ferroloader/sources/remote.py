@@ -1,0 +1,535 @@
+"""Shards where they live: ``FileShards`` and ``TableShards`` take URLs
+(``s3://``, ``gs://``, ``az://``, ``http(s)://``, ``file://``) beside local
+paths, and read them through a local disk cache (:class:`ShardCache`).
+
+The engine downloads (Rust's ``object_store``, without the GIL): credentials
+and endpoints come from each store's standard environment (``AWS_*``,
+``GOOGLE_*``, ``AZURE_*``) and from ``ShardCache(options=...)``. Each epoch
+the main process fetches its rank's shards in the order the epoch reads
+them, ahead of the workers and within the cache's byte budget; a worker
+that reaches a shard first downloads it itself. Every process on the
+machine (workers, ranks) shares the cache directory, so a shard is
+downloaded once while it fits. See ``docs/guide/remote.md``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shutil
+import struct
+import uuid
+import warnings
+import weakref
+from dataclasses import astuple, dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
+
+from ferroloader import _core
+from ferroloader.errors import CacheBudgetWarning, ConfigError
+
+_T = TypeVar("_T")
+
+_GIB = 1 << 30
+# a process's counters as it writes them: fetched, downloads, hits, misses,
+# waited, re-downloads
+_COUNTERS = struct.Struct("<QQQQdQ")
+
+
+def is_url(path: Any) -> bool:
+    """Whether ``path`` is a URL the shard cache reads (rather than a local path)."""
+    return isinstance(path, str) and _core.is_url(path)
+
+
+def _default_dir() -> str:
+    env = os.environ.get("FERROLOADER_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ferroloader", "shards")
+
+
+def _default_budget() -> int:
+    env = os.environ.get("FERROLOADER_CACHE_BUDGET")
+    if env is None:
+        return 16 * _GIB
+    try:
+        return _parse_bytes(env)
+    except ValueError as e:
+        raise ConfigError(f"FERROLOADER_CACHE_BUDGET: {e}") from None
+
+
+# SI units are powers of 1000 (10 MB is 10,000,000 bytes), IEC units and
+# bare letters powers of 1024 (10 MiB and 10M are 10,485,760 bytes)
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": _GIB,
+          "gib": _GIB, "t": 1 << 40, "tib": 1 << 40}
+# the engine counts bytes in 64 bits
+_MAX_BYTES = (1 << 64) - 1
+
+
+def _parse_bytes(text: str) -> int:
+    """A positive number of bytes from ``"500MiB"``, ``"20 GB"``, ``"1e9"``."""
+    s = text.strip().lower()
+    num = s.rstrip("kmgtib ")
+    unit = s[len(num):].strip()
+    try:
+        value = float(num) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise ValueError(
+            f"{text!r} is not a size (like 500MiB or 20GB: KiB, MiB, GiB, TiB and K, M, G, T "
+            "are powers of 1024; kB, MB, GB, TB powers of 1000)"
+        ) from None
+    if not 1 <= value <= _MAX_BYTES:  # (NaN fails this too)
+        raise ValueError(f"{text!r} is not a positive size of at most 2**64 - 1 bytes")
+    return int(value)
+
+
+def _check_option(key: str, text: str) -> None:
+    """``retries`` and ``retry_timeout`` (seconds) are non-negative finite numbers."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1e12:  # (NaN fails this too)
+        raise ConfigError(
+            f"ShardCache option {key!r} should be a non-negative number, but got {text!r}"
+        )
+
+
+# the keys users reach for most, for suggestions (every key object_store's
+# builders parse is accepted: _core.store_option_known)
+_COMMON_OPTIONS = (
+    "aws_endpoint", "aws_region", "aws_access_key_id", "aws_secret_access_key",
+    "aws_session_token", "aws_skip_signature", "aws_virtual_hosted_style_request",
+    "allow_http", "google_service_account", "google_service_account_key",
+    "google_application_credentials", "azure_storage_account_name",
+    "azure_storage_account_key", "azure_storage_sas_key", "azure_storage_token",
+    "azure_use_emulator", "timeout", "connect_timeout", "proxy_url", "retries",
+    "retry_timeout",
+)
+
+
+def _check_options(options: Any) -> dict[str, str]:
+    """``options`` as the stores take them (str to str), every key one
+    that some store knows: a misspelt key would be ignored, and the store
+    would reach for its default (an endpoint on the internet)."""
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"ShardCache options should be a dict of object_store settings "
+                          f"(such as {{'aws_endpoint': 'http://...'}}), but got "
+                          f"options={options!r}")
+    out = {}
+    for key, value in options.items():
+        if not isinstance(key, str) or not _core.store_option_known(key):
+            near = difflib.get_close_matches(str(key).lower(), _COMMON_OPTIONS, n=1, cutoff=0.6)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(
+                f"ShardCache options: {key!r} is not a setting of any store{hint}. The keys "
+                "are object_store's: S3's (aws_endpoint, aws_region, aws_access_key_id, ...), "
+                "GCS's (google_service_account, ...), Azure's (azure_storage_account_name, "
+                "...), the HTTP client's (allow_http, timeout, proxy_url, ...), and retries, "
+                "retry_timeout"
+            )
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif not isinstance(value, (str, int, float)):
+            raise ConfigError(f"ShardCache options: {key!r} should be a str (or a number or "
+                              f"bool), but got {value!r}")
+        out[key] = str(value)
+    return out
+
+
+def _show_bytes(n: int) -> str:
+    """``n`` bytes as the shortest exact IEC size (``"20GiB"``), else bytes."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", _GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n % scale == 0:
+            return f"{n // scale}{unit}"
+    return f"{n}B"
+
+
+@dataclass
+class CacheStats:
+    """What the shard cache did for one loader, summed over its processes:
+    bytes downloaded, objects downloaded, opens that found the shard cached
+    (``hits``) or waited for it (``misses``), the seconds readers waited on
+    the network (``waited``), and downloads of objects the cache had
+    evicted before (``redownloads``: a budget below what the readers keep
+    open fetches shards again). ``DataLoader.stats().remote`` gives them
+    for a loader over remote shards.
+
+    >>> import ferroloader
+    >>> stats = ferroloader.CacheStats(fetched_bytes=3 << 20, downloads=3, hits=9, misses=3)
+    >>> print(stats)  # doctest: +NORMALIZE_WHITESPACE
+    shard cache: 3.0 MiB fetched in 3 downloads (0 again after eviction); 9 hits,
+    3 misses; readers waited 0.000 s
+    """
+
+    fetched_bytes: int = 0
+    downloads: int = 0
+    hits: int = 0
+    misses: int = 0
+    waited: float = 0.0
+    redownloads: int = 0
+
+    def __add__(self, other: CacheStats) -> CacheStats:
+        return CacheStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    def __str__(self) -> str:
+        return (
+            f"shard cache: {self.fetched_bytes / 2**20:.1f} MiB fetched in {self.downloads} "
+            f"downloads ({self.redownloads} again after eviction); {self.hits} hits, "
+            f"{self.misses} misses; readers waited {self.waited:.3f} s"
+        )
+
+
+class ShardCache:
+    """The local disk cache remote shards are read through.
+
+    ``dir``: where (default ``$FERROLOADER_CACHE_DIR``, else
+    ``~/.cache/ferroloader/shards``); every process that names the same
+    directory shares it. ``budget``: the most bytes it holds, as an int or a
+    string like ``"20GiB"`` (default ``$FERROLOADER_CACHE_BUDGET``, else 16
+    GiB; ``MB`` is 10**6 bytes, ``MiB`` and ``M`` 2**20); least recently
+    read shards are evicted first, and never one that is being read. It
+    must hold the largest shard; with room for as many shards as are read
+    at once (the lanes of static sharding, the workers of dynamic) readers
+    keep theirs open between batches, with less they let go of them after
+    each batch (``short_of_room``), slower but never stuck. ``options``: settings
+    for the stores, on top of their environment (``object_store``'s keys,
+    such as ``aws_endpoint``, ``aws_region``, ``allow_http`` (every store;
+    ``aws_allow_http`` is the same for S3),
+    ``google_service_account``, ``azure_storage_account_name``).
+    ``streams``: how many downloads the prefetcher runs at once (each takes
+    the next shard in the epoch's order).
+
+    >>> import os, tempfile, ferroloader
+    >>> src = os.path.join(tempfile.mkdtemp(), "part-0.txt")
+    >>> with open(src, "w") as f:
+    ...     _ = f.write("a\\nb\\n")
+    >>> cache = ferroloader.ShardCache(dir=tempfile.mkdtemp(), budget="1MiB")
+    >>> with cache.open("file://" + src) as path:
+    ...     open(path).read().split()
+    ['a', 'b']
+    """
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardCache(dir={self.dir!r}, budget={_show_bytes(self.budget)!r}, "
+            f"streams={self.streams})"
+        )
+
+    def __init__(
+        self,
+        dir: Optional[str] = None,
+        budget: Any = None,
+        options: Optional[Mapping[str, str]] = None,
+        streams: int = 8,
+    ) -> None:
+        if dir is not None and not isinstance(dir, (str, os.PathLike)):
+            raise ConfigError(f"ShardCache dir should be a path (a str or os.PathLike), but got "
+                              f"dir={dir!r}")
+        self.dir = os.path.abspath(os.fspath(dir)) if dir is not None else _default_dir()
+        if budget is None:
+            self.budget = _default_budget()
+        elif isinstance(budget, str):
+            try:
+                self.budget = _parse_bytes(budget)
+            except ValueError as e:
+                raise ConfigError(f"ShardCache budget: {e}") from None
+        elif (isinstance(budget, bool) or not isinstance(budget, int)
+              or not 1 <= budget <= _MAX_BYTES):
+            raise ConfigError(f"ShardCache budget should be a positive int (at most 2**64 - 1) "
+                              f"or a size string, but got {budget!r}")
+        else:
+            self.budget = budget
+        self.options = _check_options(options)
+        for key in ("retries", "retry_timeout"):
+            if key in self.options:
+                _check_option(key, self.options[key])
+        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+            raise ConfigError(f"ShardCache streams should be a positive int, but got {streams!r}")
+        self.streams = streams
+        # names this cache's per-process counters (see stats())
+        self._token = uuid.uuid4().hex
+        self._native_box: list[Any] = []
+        self._sizes: dict[str, int] = {}
+        self._stats_fd: list[int] = []  # [pid, fd] of this process's counters file
+        self._warned_budget = False
+        # the counters' folder goes with the object that made it (copies in
+        # workers do not own it)
+        weakref.finalize(self, _remove_owned, os.getpid(), self._counters_dir())
+
+    def _native(self) -> Any:
+        if not self._native_box or self._native_box[0][0] != os.getpid():
+            core = _core.ShardCacheCore(self.dir, self.budget, sorted(self.options.items()))
+            self._native_box[:] = [(os.getpid(), core)]
+        return self._native_box[0][1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_native_box"] = []  # each process opens the directory itself
+        state["_stats_fd"] = []
+        return state
+
+    def open(self, url: str, start: Optional[int] = None, end: Optional[int] = None) -> _Opened:
+        """``with cache.open(url) as path:``: the object's local path, kept
+        in the cache (pinned) until the block ends; downloaded first if it
+        is not there. With ``start`` and ``end``, a file holding only bytes
+        ``start:end`` of the object (a ranged read, kept apart). A missing
+        object is ``FileNotFoundError``, a refused one ``PermissionError``,
+        both naming the URL."""
+        return _Opened(self, url, start, end)
+
+    def each(self, fn: Callable[[Any], _T], items: Iterable[Any], threads: int = 16) -> list[_T]:
+        """``[fn(x) for x in items]``, ``threads`` at a time: for reading
+        many objects' footers or indexes through this cache, where each
+        call waits on the network (without the GIL). The first error is
+        raised."""
+        items = list(items)
+        if len(items) <= 1:
+            return [fn(x) for x in items]
+        self._publish()  # opened once here, not raced for by the threads
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(threads, len(items))) as pool:
+            return list(pool.map(fn, items))
+
+    def pin(self, url: str) -> Any:
+        """The object at ``url`` pinned until the returned handle is
+        collected (or its ``release()``): its ``path`` stays in the cache,
+        for a file that is mapped rather than read (``TableDataset``)."""
+        pin = self._native().open(url)
+        self._publish()
+        return pin
+
+    def read(self, url: str, read: Callable[[str], Iterable[_T]]) -> Iterator[_T]:
+        """The items of ``read(local_path)``, the object pinned while they
+        are read (the object is fetched at the first item)."""
+        pin = self._native().open(url)
+        try:
+            yield from read(pin.path)
+        finally:
+            pin.release()
+            self._publish()
+
+    def short_of_room(self) -> bool:
+        """Whether the loaders reading through this cache's directory claim
+        more room for the shards their readers keep open between batches
+        than the budget holds (each loader claims it at ``iter()``: its
+        lanes times its largest shards). Readers then let go of their
+        shards after each batch and reopen them where they stood, so a
+        budget of one shard still finishes the epoch, only slower."""
+        return bool(self._native().short_of_room())
+
+    def prefetch(self, urls: Iterable[str]) -> Prefetch:
+        """Starts fetching ``urls`` in order, ahead of their readers and
+        within the budget; the handle's ``stop()`` (or its collection) ends it."""
+        return self.prefetch_pieces([(u, None) for u in urls if is_url(u)])
+
+    def prefetch_pieces(
+        self, pieces: Iterable[tuple[str, Optional[tuple[int, int]]]], hold: int = 0,
+        streams: Optional[int] = None, readers: int = 0,
+    ) -> Prefetch:
+        """``prefetch`` of ``(url, (start, end) or None)`` pieces: parts of
+        objects (Parquet row groups) or whole ones. ``hold``: the bytes the
+        loader's ``readers`` may keep open between batches, claimed as a
+        lease on the cache's room while the handle lives (``lease``)."""
+        items = [(u, r, self._sizes.get(u)) for u, r in pieces]
+        lease = self.lease(hold, readers)
+        return Prefetch(self._native().prefetch(items, streams or self.streams), lease)
+
+    def lease(self, hold: int, readers: int) -> Any:
+        """Claims ``hold`` bytes of room for what a loader's ``readers``
+        keep open between batches, while the returned handle lives (see
+        ``short_of_room``); ``None`` for nothing. A budget below ``hold``
+        warns once (``CacheBudgetWarning``): every reader then opens its
+        shard again after each batch, and downloads it again if evicted."""
+        if hold <= 0:
+            return None
+        if hold > self.budget and not self._warned_budget:
+            self._warned_budget = True
+            warnings.warn(
+                f"ShardCache budget {_show_bytes(self.budget)} is below what the loader's "
+                f"{readers} reader{'s' if readers != 1 else ''} keep open between batches "
+                f"(their largest shards: {_show_bytes(hold)}): each reader lets go of its "
+                "shard after every batch and opens it again, downloading it again once it "
+                "was evicted (stats().remote.redownloads counts them). Give "
+                f"ShardCache(budget=...) at least {_show_bytes(hold)}, or fewer readers "
+                "(Sharding(lanes=...), num_workers)",
+                CacheBudgetWarning, stacklevel=2)
+        return self._native().lease(hold)
+
+    def sizes(self, urls: list[str]) -> list[int]:
+        """The objects' sizes in bytes (asked 32 at a time), remembered by
+        this cache object."""
+        missing = [u for u in dict.fromkeys(urls) if u not in self._sizes]
+        if missing:
+            self._sizes.update(zip(missing, (int(n) for n in self._native().sizes(missing))))
+        return [self._sizes[u] for u in urls]
+
+    def check(self, urls: list[str], ranges: Optional[list[Optional[tuple[int, int]]]] = None
+              ) -> list[int]:
+        """A clear error now, rather than at the first read, when the cache
+        cannot hold one of the objects at ``urls`` (or the byte ranges of
+        them given by ``ranges``): larger than the budget, or than the disk
+        has free. Returns their sizes."""
+        if not urls:
+            return []
+        spans = ranges or [None] * len(urls)
+        wholes = [u for u, r in zip(urls, spans) if r is None]
+        known = dict(zip(wholes, self.sizes(wholes)))
+        sizes = [known[u] if r is None else r[1] - r[0] for u, r in zip(urls, spans)]
+        size, url = max(zip(sizes, urls))
+        if size > self.budget:
+            raise ConfigError(
+                f"the shard cache budget ({self.budget} bytes) is below one shard: {url} is "
+                f"{size} bytes; raise ShardCache(budget=...)"
+            )
+        os.makedirs(self.dir, exist_ok=True)
+        st = os.statvfs(self.dir)
+        free = st.f_bavail * st.f_frsize
+        if size > free + _held_bytes(self.dir):
+            raise OSError(
+                28, f"the shard cache's disk ({self.dir}) has {free} bytes free, less than one "
+                f"shard ({url}: {size} bytes)"
+            )
+        return sizes
+
+    def _counters_dir(self) -> str:
+        return os.path.join(self.dir, ".stats", self._token)
+
+    def _publish(self) -> None:
+        """Writes this process's counters where ``stats()`` reads them: one
+        small positioned write into a file per process (a few microseconds,
+        so it runs after every shard)."""
+        try:
+            if not self._stats_fd or self._stats_fd[0] != os.getpid():
+                d = self._counters_dir()
+                os.makedirs(d, exist_ok=True)
+                fd = os.open(os.path.join(d, str(os.getpid())), os.O_WRONLY | os.O_CREAT, 0o644)
+                self._stats_fd[:] = [os.getpid(), fd]
+            record = _COUNTERS.pack(*self._native().counters())
+            os.pwrite(self._stats_fd[1], record, 0)
+        except OSError:
+            pass  # counters are best effort; reads never fail for them
+
+    def stats(self) -> CacheStats:
+        """The counters of every process that used this cache object (the
+        main process's prefetcher, the workers), summed."""
+        self._publish()
+        out = CacheStats()
+        d = self._counters_dir()
+        try:
+            names = os.listdir(d)
+        except OSError:
+            return out
+        for name in names:
+            try:
+                with open(os.path.join(d, name), "rb") as f:
+                    out += CacheStats(*_COUNTERS.unpack(f.read(_COUNTERS.size)))
+            except (OSError, struct.error):
+                continue
+        return out
+
+
+def _remove_owned(owner: int, path: str) -> None:
+    """Removes ``path`` in the process ``owner`` only (a forked worker's
+    copy of the cache object is collected in the worker)."""
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def cache_for(paths: Iterable[Any], cache: Optional[ShardCache]) -> Optional[ShardCache]:
+    """The cache a dataset over ``paths`` reads URLs through: ``cache``, or
+    a default ``ShardCache`` when one of them is a URL (``None`` when all
+    are local). A URL of a scheme no store reads is an error, not a path."""
+    if cache is not None and not isinstance(cache, ShardCache):
+        hint = (f" (for a folder: cache=ferroloader.ShardCache(dir={cache!r}))"
+                if isinstance(cache, (str, os.PathLike)) else "")
+        raise ConfigError(f"cache should be a ferroloader.ShardCache or None, but got "
+                          f"cache={cache!r}{hint}")
+    paths = list(paths)
+    for p in paths:
+        m = _SCHEME.match(p) if isinstance(p, str) else None
+        if m is not None and not is_url(p):
+            raise ConfigError(
+                f"{p!r}: no store reads {m.group(1)}:// URLs (s3://, gs://, az://, abfs(s)://, "
+                "http(s):// and file:// are read through the shard cache; a local path has no "
+                "scheme)"
+            )
+    if cache is not None or not any(is_url(p) for p in paths):
+        return cache
+    return ShardCache()
+
+
+def _held_bytes(dir: str) -> int:
+    total = 0
+    for name in os.listdir(dir):
+        if name.startswith(".") or name.endswith(".lock"):
+            continue
+        try:
+            total += os.stat(os.path.join(dir, name)).st_size
+        except OSError:
+            pass
+    return total
+
+
+class Prefetch:
+    """A prefetch under way (``ShardCache.prefetch``), and the loader's
+    lease on the cache's room, both ended when it is collected; ``stop()``
+    ends the downloads only."""
+
+    def __init__(self, native: Any, lease: Any = None) -> None:
+        self._native = native
+        self._lease = lease
+
+    def stop(self) -> None:
+        self._native.stop()
+
+
+class _Opened:
+    def __init__(self, cache: ShardCache, url: str, start: Optional[int],
+                 end: Optional[int]) -> None:
+        self._cache, self._url, self._range = cache, url, (start, end)
+        self._pin: Optional[Any] = None
+
+    def __enter__(self) -> str:
+        pin = self._cache._native().open(self._url, *self._range)
+        self._pin = pin
+        return str(pin.path)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._pin is not None:
+            self._pin.release()
+        self._cache._publish()
+
+
+__all__ = ["CacheStats", "Prefetch", "ShardCache", "is_url"]
+
+
+def fetch_ahead(cache: ShardCache, pieces: Sequence[Any], holders: int = 0) -> Optional[Any]:
+    """Starts fetching ``pieces`` into ``cache`` in the order given (each a
+    URL, ``(url, (start, end))``, or ``None`` for a local shard; repeats
+    are fetched once), after checking the cache can hold each: the
+    prefetch handle, or ``None`` when nothing is remote. ``holders``
+    readers may each keep one piece open between batches: the handle holds
+    a lease on the room the largest of them take (``ShardCache.short_of_room``)."""
+    wanted: list[tuple[str, Optional[tuple[int, int]]]] = []
+    seen: set[Any] = set()
+    for piece in pieces:
+        if piece is None:
+            continue
+        item = (piece, None) if isinstance(piece, str) else (piece[0], tuple(piece[1]))
+        if item not in seen:
+            seen.add(item)
+            wanted.append(item)
+    if not wanted:
+        return None
+    sizes = cache.check([u for u, _ in wanted], [r for _, r in wanted])
+    hold = sum(sorted(sizes, reverse=True)[:holders])
+    return cache.prefetch_pieces(wanted, hold, readers=holders)
