@@ -99,7 +99,7 @@ def test_a_correction_lies_between_the_measured_mean_and_one(values, spread):
     """Past the noise: the correction never goes beyond what the intervals
     measured, never crosses 1, and one interval alone moves it only by
     what lies past twice the assumed spread."""
-    from ferroloader.tuning.policy import NOISE_PRIOR, _past_noise
+    from ferroloader.tuning.estimate import NOISE_PRIOR, _past_noise
 
     ratios = [(v, 1.0) for v in values]
     mean = sum(values) / len(values)

@@ -406,7 +406,7 @@ def test_a_rank_that_does_not_start_the_next_epoch_is_named_after_a_bounded_logg
     in the log, and past Sharding(wait_for_ranks=) raises naming rank 1."""
     import logging
 
-    import ferroloader.epoch.world as wq
+    import ferroloader.epoch.store as wq
 
     monkeypatch.setattr(wq, "LOG_AFTER", 0.3)
     store, name = dist.HashStore(), job_name()

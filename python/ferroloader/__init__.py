@@ -62,7 +62,7 @@ from ferroloader.dataset import (
 )
 from ferroloader.distributed import DistributedSampler
 from ferroloader.epoch.mixture import Mixture, MixtureBatchSampler
-from ferroloader.epoch.world import merge_states
+from ferroloader.epoch.state import merge_states
 from ferroloader.errors import (
     CacheBudgetWarning,
     ConfigError,

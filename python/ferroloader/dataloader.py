@@ -21,7 +21,7 @@ from ferroloader.epoch import plan as _epoch
 from ferroloader.epoch import state
 from ferroloader.epoch.mixture import Mixture, loader_batch_sampler
 from ferroloader.epoch.shards import sharded_len
-from ferroloader.epoch.world import merge_states
+from ferroloader.epoch.state import merge_states
 from ferroloader.errors import ConfigError
 from ferroloader.hosts import check_method, forkserver, worker_count_check
 from ferroloader.hosts.ray import places

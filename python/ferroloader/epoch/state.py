@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import base64
 import copy
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -42,6 +42,7 @@ from ferroloader.epoch.plan import (
     _tensor,
     stateful,
 )
+from ferroloader.epoch.world import check_ranks
 from ferroloader.errors import ConfigError
 from ferroloader.sampler import ElasticBatchSampler
 
@@ -225,3 +226,76 @@ def load(loader: Any, state: dict[str, Any]) -> None:
     # persistent workers serve the old position: the next iter() starts anew
     loader._iterator = None
     loader._pending_state = _copy(loaded)
+
+
+def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's ``state_dict()`` of a loader over the job's shared
+    queue (``Sharding(across="world")``), saved at the same step, as one
+    state that any number of ranks resumes from: each rank loads it, and
+    together they read exactly what the saved ranks had not (the unread
+    part of every work they had claimed, then the works nobody had).
+    ``DataLoader.load_state_dict`` also takes the list itself.
+
+    >>> import ferroloader
+    >>> ferroloader.merge_states([])
+    Traceback (most recent call last):
+    ...
+    ferroloader.errors.ConfigError: merge_states() needs the state of every rank, got none
+    """
+    import copy
+
+    states = list(states)
+    if not states:
+        raise ConfigError("merge_states() needs the state of every rank, got none")
+    for s in states:
+        if not isinstance(s, dict) or "epoch" not in s:
+            raise ConfigError("merge_states(): not a ferroloader DataLoader state")
+    started = {s.get("epochs_started") for s in states}
+    if len(started) != 1:
+        seen = sorted(map(str, started))
+        raise ConfigError(
+            f"merge_states(): the states were saved in different epochs ({seen}); save every "
+            "rank's state at the same step"
+        )
+    out = copy.deepcopy(states[0])
+
+    def accounts_of(parts: list[Any], what: str) -> list[Any]:
+        found: list[Any] = []
+        for p in parts:
+            if not isinstance(p, dict) or p.get("across", "world") != "world":
+                raise ConfigError(f"merge_states(): a state's {what} is not of the job's "
+                                  "shared queue (Sharding(across='world'))")
+            found.extend(p["accounts"] if p.get("merged") else [p])
+        return found
+
+    if all(s["epoch"] is None for s in states):
+        carries = [s.get("world_carry") for s in states]
+        if any(c is None for c in carries):
+            if all(c is None for c in carries):
+                return out  # before any epoch: nothing to merge
+            raise ConfigError("merge_states(): some states hold what their last epoch held "
+                              "back and some do not; save every rank's state at the same step")
+        accounts = accounts_of(carries, "last epoch")
+        check_ranks(accounts, "merge_states()")
+        out["world_carry"] = {"merged": True, "accounts": accounts}
+        return out
+    # mid-epoch: a rank that had finished the epoch gives its account of
+    # it (its claims, nothing left of them)
+    parts = []
+    for s in states:
+        if s["epoch"] is not None and "shards" in s["epoch"]:
+            parts.append(s["epoch"]["shards"])
+        elif s["epoch"] is None and s.get("world_carry") is not None:
+            parts.append(s["world_carry"])
+        else:
+            raise ConfigError("merge_states(): a state is not of a loader sharded across the "
+                              "world, or was saved before its first epoch while others were "
+                              "mid-epoch; save every rank's state at the same step")
+    base = next(s for s in states if s["epoch"] is not None)
+    out = copy.deepcopy(base)
+    out.pop("world_carry", None)
+    accounts = accounts_of(parts, "epoch")
+    check_ranks(accounts, "merge_states()")
+    out["epoch"]["shards"] = {"mode": "dynamic", "across": "world", "merged": True,
+                              "accounts": accounts}
+    return out

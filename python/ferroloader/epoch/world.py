@@ -27,14 +27,12 @@ removed once every rank has read them. No collective is joined.
 
 from __future__ import annotations
 
-import json
-import logging
 import threading
 import time
-from datetime import timedelta
 from typing import Any, Callable, Optional, Sequence
 
 from ferroloader import _core
+from ferroloader.epoch.store import default_store, describe, forget, gather, publish
 from ferroloader.errors import ConfigError, ShardQueueError
 from ferroloader.seeds import epoch_seed
 from ferroloader.sources.worldqueue import QueueStats
@@ -42,42 +40,6 @@ from ferroloader.sources.worldqueue import QueueStats
 # a work: (shard, first item, end) in the shard's order; end OPEN: its end
 Work = tuple[int, int, int]
 OPEN = 2**64 - 1
-
-# after this many seconds of waiting for other ranks, a rank says so (once)
-LOG_AFTER = 5.0
-
-log = logging.getLogger("ferroloader.worldqueue")
-
-
-def default_store() -> Any:
-    """The default process group's store."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ConfigError(
-            "Sharding(across='world') keeps its queue in torch.distributed's store: call "
-            "torch.distributed.init_process_group() first, or pass Sharding(store=...) (a "
-            "torch.distributed.Store every rank reaches, e.g. a TCPStore or FileStore)"
-        )
-    from torch.distributed import distributed_c10d
-
-    return distributed_c10d._get_default_store()
-
-
-def describe(store: Any) -> str:
-    """How errors name a store: its kind and, for a TCPStore, where it is
-    (through the PrefixStores a process group wraps it in)."""
-    kind = type(store).__name__
-    try:
-        inner = getattr(store, "underlying_store", None)
-        host, port = getattr(store, "host", None), getattr(store, "port", None)
-    except Exception:  # a store gone may fail to say
-        inner = host = port = None
-    if inner is not None and inner is not store:
-        return f"{kind} over {describe(inner)}"
-    if host is not None and port is not None:
-        return f"{kind} at {host}:{port}"
-    return kind
 
 
 class WorldQueue:
@@ -139,66 +101,6 @@ def work_size(work: Sequence[int], lens: Optional[Sequence[int]]) -> Optional[in
         return None
     shard, emitted, end = work
     return max(0, min(end, lens[shard]) - emitted)
-
-
-def publish(store: Any, key: str, value: Any) -> None:
-    store.set(key, json.dumps(value))
-
-
-def gather(store: Any, keys: Sequence[str], wait: float, what: str) -> list[Any]:
-    """The values at ``keys`` (key ``r`` is rank ``r``'s), waiting up to
-    ``wait`` seconds for them: logged once after ``LOG_AFTER`` seconds,
-    then a ``ShardQueueError`` naming the ranks whose keys never came."""
-    start = time.monotonic()
-    logged = False
-    while True:
-        left = wait - (time.monotonic() - start)
-        step = min(max(left, 0.001), LOG_AFTER if not logged else 5.0)
-        try:
-            store.wait(list(keys), timedelta(seconds=step))
-            return [json.loads(store.get(k)) for k in keys]
-        except Exception as e:
-            failure = e  # a timeout, or a store that is gone: missing() tells
-        missing = _missing(store, keys, failure)
-        if not missing:
-            continue  # (they came between the wait and the check)
-        waited = time.monotonic() - start
-        ranks = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
-        if waited >= wait:
-            raise ShardQueueError(
-                f"the job's shared shard queue waited {waited:.0f} s for {what} from rank"
-                f"{'s' if len(missing) > 1 else ''} {ranks} (of {len(keys)}), at "
-                f"{describe(store)}: a rank that did not start this epoch (ranks given "
-                "different epoch counts, or one that ended early) or did not load its state. "
-                "Sharding(wait_for_ranks=...) sets the wait"
-            ) from None
-        if not logged and waited >= LOG_AFTER:
-            logged = True
-            log.warning(
-                "ferroloader: waiting for %s from rank%s %s of %d (%.0f s so far, up to %.0f s: "
-                "Sharding(wait_for_ranks=...))", what, "s" if len(missing) > 1 else "", ranks,
-                len(keys), waited, wait)
-
-
-def _missing(store: Any, keys: Sequence[str], failure: BaseException) -> list[int]:
-    """The ranks whose key is not in the store yet; a store that cannot
-    answer is gone (``ShardQueueError``)."""
-    try:
-        return [r for r, k in enumerate(keys) if not store.check([k])]
-    except Exception as e:
-        raise ShardQueueError(
-            f"the job's shard queue lost its store ({describe(store)}) while it waited for "
-            f"every rank's account of the epoch: {type(e).__name__}: {e} (the wait said: "
-            f"{type(failure).__name__}: {failure})"
-        ) from None
-
-
-def forget(store: Any, keys: Sequence[str]) -> None:
-    for k in keys:
-        try:
-            store.delete_key(k)
-        except Exception:
-            pass  # best effort: an epoch's keys are a few bytes
 
 
 def remaining(accounts: Sequence[dict[str, Any]]) -> list[Work]:
@@ -443,79 +345,6 @@ def _core_plan(ep: Any, sharding: Any, lanes: int, source: Any, budget: Optional
     })
 
 
-def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Every rank's ``state_dict()`` of a loader over the job's shared
-    queue (``Sharding(across="world")``), saved at the same step, as one
-    state that any number of ranks resumes from: each rank loads it, and
-    together they read exactly what the saved ranks had not (the unread
-    part of every work they had claimed, then the works nobody had).
-    ``DataLoader.load_state_dict`` also takes the list itself.
-
-    >>> import ferroloader
-    >>> ferroloader.merge_states([])
-    Traceback (most recent call last):
-    ...
-    ferroloader.errors.ConfigError: merge_states() needs the state of every rank, got none
-    """
-    import copy
-
-    states = list(states)
-    if not states:
-        raise ConfigError("merge_states() needs the state of every rank, got none")
-    for s in states:
-        if not isinstance(s, dict) or "epoch" not in s:
-            raise ConfigError("merge_states(): not a ferroloader DataLoader state")
-    started = {s.get("epochs_started") for s in states}
-    if len(started) != 1:
-        seen = sorted(map(str, started))
-        raise ConfigError(
-            f"merge_states(): the states were saved in different epochs ({seen}); save every "
-            "rank's state at the same step"
-        )
-    out = copy.deepcopy(states[0])
-
-    def accounts_of(parts: list[Any], what: str) -> list[Any]:
-        found: list[Any] = []
-        for p in parts:
-            if not isinstance(p, dict) or p.get("across", "world") != "world":
-                raise ConfigError(f"merge_states(): a state's {what} is not of the job's "
-                                  "shared queue (Sharding(across='world'))")
-            found.extend(p["accounts"] if p.get("merged") else [p])
-        return found
-
-    if all(s["epoch"] is None for s in states):
-        carries = [s.get("world_carry") for s in states]
-        if any(c is None for c in carries):
-            if all(c is None for c in carries):
-                return out  # before any epoch: nothing to merge
-            raise ConfigError("merge_states(): some states hold what their last epoch held "
-                              "back and some do not; save every rank's state at the same step")
-        accounts = accounts_of(carries, "last epoch")
-        check_ranks(accounts, "merge_states()")
-        out["world_carry"] = {"merged": True, "accounts": accounts}
-        return out
-    # mid-epoch: a rank that had finished the epoch gives its account of
-    # it (its claims, nothing left of them)
-    parts = []
-    for s in states:
-        if s["epoch"] is not None and "shards" in s["epoch"]:
-            parts.append(s["epoch"]["shards"])
-        elif s["epoch"] is None and s.get("world_carry") is not None:
-            parts.append(s["world_carry"])
-        else:
-            raise ConfigError("merge_states(): a state is not of a loader sharded across the "
-                              "world, or was saved before its first epoch while others were "
-                              "mid-epoch; save every rank's state at the same step")
-    base = next(s for s in states if s["epoch"] is not None)
-    out = copy.deepcopy(base)
-    out.pop("world_carry", None)
-    accounts = accounts_of(parts, "epoch")
-    check_ranks(accounts, "merge_states()")
-    out["epoch"]["shards"] = {"mode": "dynamic", "across": "world", "merged": True,
-                              "accounts": accounts}
-    return out
-
-
-__all__ = ["QueueStats", "WorldQueue", "merge_states"]
+__all__ = ["WorldEpoch", "WorldQueue", "check_ranks", "remaining"]
 
 

@@ -1,0 +1,111 @@
+"""The job's store as the shared queue uses it (``torch.distributed``'s
+client): reaching it, naming it in errors, and the ranks' accounts
+exchanged through it, with a bounded, logged wait for ranks that do not
+come."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import timedelta
+from typing import Any, Sequence
+
+from ferroloader.errors import ConfigError, ShardQueueError
+
+# after this many seconds of waiting for other ranks, a rank says so (once)
+LOG_AFTER = 5.0
+
+
+log = logging.getLogger("ferroloader.worldqueue")
+
+
+def default_store() -> Any:
+    """The default process group's store."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError(
+            "Sharding(across='world') keeps its queue in torch.distributed's store: call "
+            "torch.distributed.init_process_group() first, or pass Sharding(store=...) (a "
+            "torch.distributed.Store every rank reaches, e.g. a TCPStore or FileStore)"
+        )
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
+
+def describe(store: Any) -> str:
+    """How errors name a store: its kind and, for a TCPStore, where it is
+    (through the PrefixStores a process group wraps it in)."""
+    kind = type(store).__name__
+    try:
+        inner = getattr(store, "underlying_store", None)
+        host, port = getattr(store, "host", None), getattr(store, "port", None)
+    except Exception:  # a store gone may fail to say
+        inner = host = port = None
+    if inner is not None and inner is not store:
+        return f"{kind} over {describe(inner)}"
+    if host is not None and port is not None:
+        return f"{kind} at {host}:{port}"
+    return kind
+
+
+def publish(store: Any, key: str, value: Any) -> None:
+    store.set(key, json.dumps(value))
+
+
+def gather(store: Any, keys: Sequence[str], wait: float, what: str) -> list[Any]:
+    """The values at ``keys`` (key ``r`` is rank ``r``'s), waiting up to
+    ``wait`` seconds for them: logged once after ``LOG_AFTER`` seconds,
+    then a ``ShardQueueError`` naming the ranks whose keys never came."""
+    start = time.monotonic()
+    logged = False
+    while True:
+        left = wait - (time.monotonic() - start)
+        step = min(max(left, 0.001), LOG_AFTER if not logged else 5.0)
+        try:
+            store.wait(list(keys), timedelta(seconds=step))
+            return [json.loads(store.get(k)) for k in keys]
+        except Exception as e:
+            failure = e  # a timeout, or a store that is gone: missing() tells
+        missing = _missing(store, keys, failure)
+        if not missing:
+            continue  # (they came between the wait and the check)
+        waited = time.monotonic() - start
+        ranks = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
+        if waited >= wait:
+            raise ShardQueueError(
+                f"the job's shared shard queue waited {waited:.0f} s for {what} from rank"
+                f"{'s' if len(missing) > 1 else ''} {ranks} (of {len(keys)}), at "
+                f"{describe(store)}: a rank that did not start this epoch (ranks given "
+                "different epoch counts, or one that ended early) or did not load its state. "
+                "Sharding(wait_for_ranks=...) sets the wait"
+            ) from None
+        if not logged and waited >= LOG_AFTER:
+            logged = True
+            log.warning(
+                "ferroloader: waiting for %s from rank%s %s of %d (%.0f s so far, up to %.0f s: "
+                "Sharding(wait_for_ranks=...))", what, "s" if len(missing) > 1 else "", ranks,
+                len(keys), waited, wait)
+
+
+def _missing(store: Any, keys: Sequence[str], failure: BaseException) -> list[int]:
+    """The ranks whose key is not in the store yet; a store that cannot
+    answer is gone (``ShardQueueError``)."""
+    try:
+        return [r for r, k in enumerate(keys) if not store.check([k])]
+    except Exception as e:
+        raise ShardQueueError(
+            f"the job's shard queue lost its store ({describe(store)}) while it waited for "
+            f"every rank's account of the epoch: {type(e).__name__}: {e} (the wait said: "
+            f"{type(failure).__name__}: {failure})"
+        ) from None
+
+
+def forget(store: Any, keys: Sequence[str]) -> None:
+    for k in keys:
+        try:
+            store.delete_key(k)
+        except Exception:
+            pass  # best effort: an epoch's keys are a few bytes
