@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from ferroloader import _core
+import ferroloader._core as _core
 
 # a worker's first arena segment (it grows up to its share of the budget)
 _INITIAL_ARENA = 64 << 20

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Union
 
 from torch.utils.data._utils import collate as _torch_collate
 
-from ferroloader import _core
+import ferroloader._core as _core
 
 CollateFnMap = dict[Union[type, tuple[type, ...]], Callable[..., Any]]
 

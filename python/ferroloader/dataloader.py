@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Optional, TypeVar, Union, cast
 import torch
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader._env import check_environment
 from ferroloader.epoch import plan as _epoch
 from ferroloader.epoch import state

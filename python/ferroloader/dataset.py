@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence, TypeVar, Union, cast
 import torch
 import torch.utils.data.dataset as _td
 
-from ferroloader import _core
+import ferroloader._core as _core
 
 _T = TypeVar("_T")
 _T_co = TypeVar("_T_co", covariant=True)

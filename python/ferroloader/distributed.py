@@ -6,7 +6,7 @@ from typing import Any, Iterator, Optional, TypeVar
 
 import torch.utils.data.distributed as _td
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.sampler import register_native
 
 _T_co = TypeVar("_T_co", covariant=True)

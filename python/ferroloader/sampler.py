@@ -26,7 +26,7 @@ import torch
 import torch.utils.data.dataloader as _tdl
 import torch.utils.data.sampler as _ts
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.errors import ConfigError
 from ferroloader.seeds import epoch_seed
 from ferroloader.sources.shards import Sharding

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ferroloader import _core
+import ferroloader._core as _core
 
 _MASK = (1 << 64) - 1
 

@@ -21,7 +21,7 @@ from typing import (
 import torch
 import torch.utils.data as _tud
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.dataloader import DataLoader
 from ferroloader.patch import register_loader
 from ferroloader.sampler import index_source, register_native

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from torch.utils.data import Dataset, IterableDataset
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.errors import ConfigError
 from ferroloader.sampler import ElasticBatchSampler, _tail
 from ferroloader.seeds import epoch_seed

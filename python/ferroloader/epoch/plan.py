@@ -20,7 +20,7 @@ import torch
 import torch.utils.data.dataloader as _tdl
 import torch.utils.data.sampler as _ts
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.epoch.shards import ShardEpoch
 from ferroloader.errors import StateMismatchError
 from ferroloader.sampler import ElasticBatchSampler, index_source

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.epoch.world import WorldEpoch
 from ferroloader.errors import ConfigError
 from ferroloader.seeds import epoch_seed

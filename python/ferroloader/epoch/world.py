@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.epoch.store import default_store, describe, forget, gather, publish
 from ferroloader.errors import ConfigError, ShardQueueError
 from ferroloader.seeds import epoch_seed

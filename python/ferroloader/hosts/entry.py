@@ -23,7 +23,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import signal_handling
 from torch.utils.data._utils import worker as _torch_worker
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.epoch.plan import stateful
 from ferroloader.hosts.fetch import fetch_plan
 from ferroloader.worker import thread_aware, worker_local

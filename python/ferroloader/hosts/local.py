@@ -26,7 +26,8 @@ from typing import (
 import torch
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _core, _machine
+import ferroloader._core as _core
+from ferroloader import _machine
 from ferroloader._env import _INITIAL_ARENA, shm_limit
 from ferroloader.epoch.plan import Plan
 from ferroloader.errors import ConfigError, ThreadSafetyWarning

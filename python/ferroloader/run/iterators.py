@@ -20,7 +20,7 @@ from typing import (
 
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.epoch import plan as _epoch
 from ferroloader.epoch import state
 from ferroloader.epoch.shards import ShardEpoch

@@ -35,7 +35,7 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data import _utils
 from torch.utils.data._utils import collate as _torch_collate
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.collate import default_collate as _ferro_default_collate
 from ferroloader.errors import ConfigError
 

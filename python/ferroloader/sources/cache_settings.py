@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.errors import ConfigError
 
 _GIB = 1 << 30

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.errors import ConfigError
 
 METHODS = ("first_fit", "best_fit")

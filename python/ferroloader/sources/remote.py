@@ -24,7 +24,7 @@ import weakref
 from dataclasses import astuple, dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.errors import CacheBudgetWarning, ConfigError
 from ferroloader.sources.cache_settings import (
     _MAX_BYTES,

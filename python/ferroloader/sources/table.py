@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.collate import default_collate
 from ferroloader.dataset import Dataset
 from ferroloader.errors import ConfigError

@@ -12,7 +12,7 @@ import struct
 import threading
 from typing import Any, Optional
 
-from ferroloader import _core
+import ferroloader._core as _core
 from ferroloader.errors import ConfigError, RayWorkerLost
 from ferroloader.hosts.ray.actor import _HEADER, _HEADER_SIZE, CONNECT_WITHIN, NO_BATCH
 from ferroloader.hosts.ray.options import RayWorkers, WorkerPlace
