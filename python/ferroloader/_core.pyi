@@ -35,6 +35,7 @@ __all__ = [
     "_panic_in_guard",
     "block_seed",
     "check_settings",
+    "check_state_layout",
     "collate",
     "derive",
     "disabled_setting",
@@ -690,3 +691,7 @@ class WorldClaims:
     def work(self, position: int) -> Optional[tuple[int, int, int]]: ...
     def account(self) -> tuple[list[int], list[tuple[int, int, int]]]: ...
     def counts(self) -> tuple[int, int, float]: ...
+
+def check_state_layout(state: dict[str, Any], facts: dict[str, Any]) -> None:
+    """A loader state's layout, field by field, for a loader of these
+    ``facts``: a ``ConfigError`` naming the first field that is wrong."""

@@ -26,6 +26,7 @@ mod sampler;
 mod seeds;
 mod settings;
 mod shards;
+mod state_check;
 mod stats;
 mod table;
 mod torch;
@@ -80,6 +81,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<remote::PyPrefetch>()?;
     m.add_class::<remote::PyLease>()?;
     m.add_function(wrap_pyfunction!(remote::is_url, m)?)?;
+    m.add_function(wrap_pyfunction!(state_check::check_state_layout, m)?)?;
     m.add_function(wrap_pyfunction!(world::world_check_ranks, m)?)?;
     m.add_function(wrap_pyfunction!(world::world_remaining, m)?)?;
     m.add_function(wrap_pyfunction!(world::world_translate, m)?)?;
