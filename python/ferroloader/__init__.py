@@ -23,13 +23,14 @@ command checks it, ``tests/test_layers.py``):
   ``_core``.
 
 Modules that moved keep their old paths (``ferroloader.ray``,
-``ferroloader.tunemodel``, ...; ``MOVED`` below) as forwarding modules.
+``ferroloader.tunemodel``, ...; ``ferroloader._moved``) as forwarding modules.
 """
 
 import importlib
 from typing import Any
 
 from ferroloader._core import __version__
+from ferroloader._moved import MOVED
 from ferroloader.collate import (
     collate,
     default_collate,
@@ -174,25 +175,6 @@ __all__ = [
     "runtime_validation",
     "runtime_validation_disabled",
 ]
-
-# old module paths and where each moved (the old path's module forwards to it)
-MOVED = {
-    "autotune": "tuning.bounds",
-    "tunepolicy": "tuning.policy",
-    "tunemodel": "tuning.model",
-    "pinning": "run.pinning",
-    "forkserver": "hosts.forkserver",
-    "ray": "hosts.ray",
-    "state": "epoch.state",
-    "mixture": "epoch.mixture",
-    "worldqueue": "epoch.world",
-    "shards": "sources.shards",
-    "remote": "sources.remote",
-    "tar": "sources.tar",
-    "table": "sources.table",
-    "packing": "sources.packing",
-}
-
 
 def __getattr__(name: str) -> Any:
     # ``ferroloader.ray`` and the other old paths, imported on first use

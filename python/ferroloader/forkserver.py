@@ -1,15 +1,12 @@
-"""``ferroloader.forkserver`` moved to ``ferroloader.hosts.forkserver`` (the
-package's map is in its ``__init__``); this path forwards to it, for the
-code that imports it."""
+"""Moved: ``ferroloader.forkserver`` forwards to
+``ferroloader.hosts.forkserver`` and the rest of
+``ferroloader._moved.MOVED['forkserver']``."""
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ferroloader.hosts import forkserver as _moved0
-from ferroloader.hosts.forkserver import *  # noqa: F403
+from ferroloader._moved import forward
 
+if TYPE_CHECKING:  # (what type checkers see at the old path)
+    from ferroloader.hosts.forkserver import *  # noqa: F403
 
-def __getattr__(name: str) -> Any:
-    for moved in (_moved0,):
-        if hasattr(moved, name):
-            return getattr(moved, name)
-    raise AttributeError(f"module 'ferroloader.forkserver' has no attribute {name!r}")
+__getattr__ = forward(__name__)

@@ -1,15 +1,11 @@
-"""``ferroloader.mixture`` moved to ``ferroloader.epoch.mixture`` (the
-package's map is in its ``__init__``); this path forwards to it, for the
-code that imports it."""
+"""Moved: ``ferroloader.mixture`` forwards to ``ferroloader.epoch.mixture`` and
+the rest of ``ferroloader._moved.MOVED['mixture']``."""
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ferroloader.epoch import mixture as _moved0
-from ferroloader.epoch.mixture import *  # noqa: F403
+from ferroloader._moved import forward
 
+if TYPE_CHECKING:  # (what type checkers see at the old path)
+    from ferroloader.epoch.mixture import *  # noqa: F403
 
-def __getattr__(name: str) -> Any:
-    for moved in (_moved0,):
-        if hasattr(moved, name):
-            return getattr(moved, name)
-    raise AttributeError(f"module 'ferroloader.mixture' has no attribute {name!r}")
+__getattr__ = forward(__name__)

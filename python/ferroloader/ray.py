@@ -1,15 +1,13 @@
-"""``ferroloader.ray`` moved to ``ferroloader.hosts.ray`` (the package's map is
-in its ``__init__``); this path forwards to it, for the code that imports
-it."""
+"""Moved: ``ferroloader.ray`` forwards to ``ferroloader.hosts.ray`` and the
+rest of ``ferroloader._moved.MOVED['ray']``."""
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ferroloader.hosts import ray as _moved0
-from ferroloader.hosts.ray import *  # noqa: F403
+from ferroloader._moved import forward
 
+if TYPE_CHECKING:  # (what type checkers see at the old path)
+    from ferroloader.hosts.ray import *  # noqa: F403
+    from ferroloader.hosts.ray.pool import *  # noqa: F403
+    from ferroloader.hosts.ray.relay import *  # noqa: F403
 
-def __getattr__(name: str) -> Any:
-    for moved in (_moved0,):
-        if hasattr(moved, name):
-            return getattr(moved, name)
-    raise AttributeError(f"module 'ferroloader.ray' has no attribute {name!r}")
+__getattr__ = forward(__name__)

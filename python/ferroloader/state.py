@@ -1,15 +1,11 @@
-"""``ferroloader.state`` moved to ``ferroloader.epoch.state`` (the package's
-map is in its ``__init__``); this path forwards to it, for the code that
-imports it."""
+"""Moved: ``ferroloader.state`` forwards to ``ferroloader.epoch.state`` and the
+rest of ``ferroloader._moved.MOVED['state']``."""
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ferroloader.epoch import state as _moved0
-from ferroloader.epoch.state import *  # noqa: F403
+from ferroloader._moved import forward
 
+if TYPE_CHECKING:  # (what type checkers see at the old path)
+    from ferroloader.epoch.state import *  # noqa: F403
 
-def __getattr__(name: str) -> Any:
-    for moved in (_moved0,):
-        if hasattr(moved, name):
-            return getattr(moved, name)
-    raise AttributeError(f"module 'ferroloader.state' has no attribute {name!r}")
+__getattr__ = forward(__name__)

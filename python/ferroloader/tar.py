@@ -1,15 +1,11 @@
-"""``ferroloader.tar`` moved to ``ferroloader.sources.tar`` (the package's map
-is in its ``__init__``); this path forwards to it, for the code that imports
-it."""
+"""Moved: ``ferroloader.tar`` forwards to ``ferroloader.sources.tar`` and the
+rest of ``ferroloader._moved.MOVED['tar']``."""
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ferroloader.sources import tar as _moved0
-from ferroloader.sources.tar import *  # noqa: F403
+from ferroloader._moved import forward
 
+if TYPE_CHECKING:  # (what type checkers see at the old path)
+    from ferroloader.sources.tar import *  # noqa: F403
 
-def __getattr__(name: str) -> Any:
-    for moved in (_moved0,):
-        if hasattr(moved, name):
-            return getattr(moved, name)
-    raise AttributeError(f"module 'ferroloader.tar' has no attribute {name!r}")
+__getattr__ = forward(__name__)

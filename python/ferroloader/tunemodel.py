@@ -1,19 +1,16 @@
-"""``ferroloader.tunemodel`` moved to ``ferroloader.tuning.model`` (the
-package's map is in its ``__init__``); this path forwards to it, for the
-code that imports it."""
+"""Moved: ``ferroloader.tunemodel`` forwards to ``ferroloader.tuning.model``
+and the rest of ``ferroloader._moved.MOVED['tunemodel']``."""
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ferroloader.tuning import model as _moved0
-from ferroloader.tuning.model import *  # noqa: F403
+from ferroloader._moved import forward
 
+if TYPE_CHECKING:  # (what type checkers see at the old path)
+    from ferroloader.tuning.model import *  # noqa: F403
 
-def __getattr__(name: str) -> Any:
-    for moved in (_moved0,):
-        if hasattr(moved, name):
-            return getattr(moved, name)
-    raise AttributeError(f"module 'ferroloader.tunemodel' has no attribute {name!r}")
-
+__getattr__ = forward(__name__)
 
 if __name__ == "__main__":
-    _moved0.main()
+    from ferroloader.tuning.model import main
+
+    main()

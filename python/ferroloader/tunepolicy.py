@@ -1,15 +1,12 @@
-"""``ferroloader.tunepolicy`` moved to ``ferroloader.tuning.policy`` (the
-package's map is in its ``__init__``); this path forwards to it, for the
-code that imports it."""
+"""Moved: ``ferroloader.tunepolicy`` forwards to ``ferroloader.tuning.policy``
+and the rest of ``ferroloader._moved.MOVED['tunepolicy']``."""
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ferroloader.tuning import policy as _moved0
-from ferroloader.tuning.policy import *  # noqa: F403
+from ferroloader._moved import forward
 
+if TYPE_CHECKING:  # (what type checkers see at the old path)
+    from ferroloader.tuning.estimate import *  # noqa: F403
+    from ferroloader.tuning.policy import *  # noqa: F403
 
-def __getattr__(name: str) -> Any:
-    for moved in (_moved0,):
-        if hasattr(moved, name):
-            return getattr(moved, name)
-    raise AttributeError(f"module 'ferroloader.tunepolicy' has no attribute {name!r}")
+__getattr__ = forward(__name__)

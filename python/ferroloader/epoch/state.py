@@ -299,3 +299,6 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out["epoch"]["shards"] = {"mode": "dynamic", "across": "world", "merged": True,
                               "accounts": accounts}
     return out
+
+
+__all__ = ["detach", "load", "merge_states", "snapshot"]

@@ -109,3 +109,6 @@ def forget(store: Any, keys: Sequence[str]) -> None:
             store.delete_key(k)
         except Exception:
             pass  # best effort: an epoch's keys are a few bytes
+
+
+__all__ = ["default_store", "describe", "forget", "gather", "publish"]

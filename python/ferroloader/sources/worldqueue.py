@@ -146,3 +146,6 @@ class Blocks(ShardedDataset[Any]):
 
     def __len__(self) -> int:
         return self.n
+
+
+__all__ = ["Blocks", "DynamicDistributedSampler", "QueueStats"]
