@@ -517,3 +517,19 @@ def test_drop_last_must_be_a_bool_as_torch_says():
     with pytest.raises(ValueError, match="drop_last should be a boolean value, but got "
                                          "drop_last=yes"):
         ferroloader.DataLoader(mixture(), batch_size=2, drop_last="yes")
+
+
+def test_a_state_names_the_mixtures_sampler_by_its_path_before_the_package_moved():
+    """States saved before ``ferroloader.mixture`` moved to
+    ``ferroloader.epoch.mixture`` name the sampler by the old path; a state
+    saved now names it the same way, so both load into either version."""
+    mix = ferroloader.Mixture({"a": torch.arange(8), "b": torch.arange(100, 104)}, seed=0)
+    loader = ferroloader.DataLoader(mix, batch_size=4)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert state["fingerprint"]["sampler"] == "ferroloader.mixture.MixtureBatchSampler"
+    again = ferroloader.DataLoader(ferroloader.Mixture({"a": torch.arange(8), "b": torch.arange(100, 104)},
+                                     seed=0), batch_size=4)
+    again.load_state_dict(state)
+    assert len(list(again)) == 2

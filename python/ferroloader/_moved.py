@@ -41,3 +41,13 @@ def forward(old: str) -> Callable[[str], Any]:
         raise AttributeError(f"module {old!r} has no attribute {name!r}")
 
     return getattr_
+
+
+def old_path(module: str) -> str:
+    """The path a moved module's classes had (``ferroloader.epoch.mixture``:
+    ``ferroloader.mixture``), where a saved state names them; any other
+    module's path as it is."""
+    for old, news in MOVED.items():
+        if module == f"ferroloader.{news[0]}":
+            return f"ferroloader.{old}"
+    return module

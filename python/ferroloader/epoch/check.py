@@ -14,6 +14,7 @@ import torch
 import torch.utils.data.dataloader as _tdl
 
 import ferroloader._core as _core
+from ferroloader._moved import old_path
 from ferroloader.epoch.mixture import MixtureBatchSampler
 from ferroloader.epoch.plan import _generators
 from ferroloader.errors import ConfigError
@@ -65,7 +66,9 @@ def _fingerprint(loader: Any) -> dict[str, Any]:
         "dataset length": length,
         "batch size": loader.batch_size,
         "drop_last": bool(loader.drop_last),
-        "sampler": None if sampler is None else f"{sampler.__module__}.{sampler.__qualname__}",
+        # (a class that moved is named by its old path, as saved states name it)
+        "sampler": None if sampler is None
+        else f"{old_path(sampler.__module__)}.{sampler.__qualname__}",
         "inner sampler": None if inner is None else type(inner).__qualname__,
         "seed": loader.seed,
         "per_sample_seed": loader.per_sample_seed,
