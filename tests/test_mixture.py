@@ -529,7 +529,7 @@ def test_a_state_names_the_mixtures_sampler_by_its_path_before_the_package_moved
     next(it)
     state = loader.state_dict()
     assert state["fingerprint"]["sampler"] == "ferroloader.mixture.MixtureBatchSampler"
-    again = ferroloader.DataLoader(ferroloader.Mixture({"a": torch.arange(8), "b": torch.arange(100, 104)},
-                                     seed=0), batch_size=4)
+    mix = ferroloader.Mixture({"a": torch.arange(8), "b": torch.arange(100, 104)}, seed=0)
+    again = ferroloader.DataLoader(mix, batch_size=4)
     again.load_state_dict(state)
     assert len(list(again)) == 2
