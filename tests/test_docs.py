@@ -76,7 +76,10 @@ def test_page_code_runs(page: Path, tmp_path: Path) -> None:
         script.append(src)
     path = tmp_path / "page.py"
     path.write_text("".join(script))
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "tests"))
+    # (a page's ray.init() starts its own local cluster, as on a reader's
+    # machine: never a cluster another test started here, which Ray would
+    # otherwise find and join, where num_cpus= is refused)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "tests"), RAY_ADDRESS="local")
     out = subprocess.run(
         [sys.executable, str(path)],
         cwd=tmp_path,

@@ -52,7 +52,9 @@ def test_world_queue_torchrun_example_resumes_its_checkpoint_on_another_number_o
     script = os.path.join(ROOT, "examples", "world_queue_torchrun.py")
     out = str(tmp_path / "run")
     os.makedirs(out)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # (a fresh local Ray cluster where an example starts one, never one
+    # another test started here)
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_ADDRESS="local")
 
     def torchrun(ranks: int, *args: str) -> None:
         done = subprocess.run(
