@@ -205,41 +205,47 @@ class Plan:
 
 def build(loader: Any, reset_seed: Optional[int] = None) -> Plan:
     """A multi-process epoch's plan; ``reset_seed``: the base seed of the
-    persistent workers it runs on (torch draws none for them)."""
+    persistent workers it runs on (torch draws none for them). What the
+    record and the loaded state say is settled first; the epoch's source
+    (the shards' plan, or the index stream) is made last."""
     rec, resume, now = open_epoch(loader)
-    ep: Optional[ShardEpoch] = None
-    if loader._sharded():
+    sharded = loader._sharded()
+    at: Optional[dict[str, Any]] = None
+    if sharded:
         base_seed(loader, rec, resume, reset_seed)
         # a sharded epoch draws nothing from the generators (its shard
-        # list was read when the state was loaded: checked against it)
+        # list was read when the state was loaded: checked against it),
+        # and the lanes' plan carries the position
         restore_generators(rec, now)
-        ep = ShardEpoch(loader, rec.number, shard_resume(resume))
-        source: Any = ep.addresses
-        resume = None  # the lanes' plan carries the position
-    else:
-        source = index_source(loader)
-        base_seed(loader, rec, resume, reset_seed)
-        if reset_seed is None:
-            elastic = isinstance(loader._index_sampler, ElasticBatchSampler)
-            if not rec.reset and not elastic:
-                # An elastic sampler (a mixture's too) draws from no
-                # generator, and its first iteration took the resume position
-                source = loader._index_stream_after_seed(source)
-        source = resume_source(rec, source, resume, now, loader._window)
-    rec.shards = ep
-    if ep is not None:
-        ep.bind(rec)
+        at, resume = shard_resume(resume), None
     n = loader._workers
     per_batch = (loader.batch_size or 1) if loader._auto_collation else 1
     round_robin = None
     if resume is not None and "workers" in resume:
         round_robin = (int(resume["next_worker"]), finished_workers(resume, n))
+    workers = [worker_resume(loader, resume, i, per_batch) for i in range(n)]
+    ep: Optional[ShardEpoch] = None
+    if sharded:
+        ep = ShardEpoch(loader, rec.number, at, rec)
+        source: Any = ep.addresses
+    else:
+        # made before the workers' base seed is drawn, as torch iterates
+        # its sampler first; then advanced to a loaded state
+        source = index_source(loader)
+        base_seed(loader, rec, resume, reset_seed)
+        elastic = isinstance(loader._index_sampler, ElasticBatchSampler)
+        if reset_seed is None and not rec.reset and not elastic:
+            # An elastic sampler (a mixture's too) draws from no
+            # generator, and its first iteration took the resume position
+            source = loader._index_stream_after_seed(source)
+        source = resume_source(rec, source, resume, now, loader._window)
+    rec.shards = ep
     return Plan(
         rec=rec,
         source=source,
         shards=ep,
         round_robin=round_robin,
-        worker_resume=[worker_resume(loader, resume, i, per_batch) for i in range(n)],
+        worker_resume=workers,
         sample_seeds=sample_seeds(loader, rec.number),
         shard_seeder=shard_seeder(loader, rec.number),
         dataset_stateful=stateful(loader.dataset),
@@ -313,25 +319,36 @@ def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
     loader._next_worker_states = extra.get("worker_states")
     # what a shared queue's last epoch held back (a state between epochs)
     loader._next_world_carry = extra.get("world_carry")
-    if "dataset_state" in extra and resume is None:
-        # between epochs: the dataset continues from its saved state
-        loader.dataset.load_state_dict(extra["dataset_state"])
     if resume is None:
         loader._epochs_started += 1
         if loader._seeded_generator is not None:
             loader._seeded_generator.manual_seed(
                 epoch_seed(loader.seed, loader._epochs_started - 1)
             )
-        rec = Epoch(loader, loader._epochs_started - 1)
-        loader._epoch = rec
-        return rec, None, None
     rec = Epoch(loader, loader._epochs_started - 1)
-    now = _states(rec.groups)
-    rec.start = [_tensor(s) for s in resume["generators_at_start"]]
-    _set(rec.groups, rec.start)
-    if rec.sampler is not None and "sampler_state" in resume:
-        rec.sampler.load_state_dict(resume["sampler_state"])
-    if "dataset_state" in extra:
+    now = None
+    if resume is not None:
+        now = _states(rec.groups)
+        rec.start = [_tensor(s) for s in resume["generators_at_start"]]
+        _set(rec.groups, rec.start)
+    # the user's objects take their saved states: between epochs the
+    # dataset's, mid-epoch the sampler's (with the generators back at the
+    # epoch's start)
+    between = resume is None and "dataset_state" in extra
+    try:
+        if between:
+            loader.dataset.load_state_dict(extra["dataset_state"])
+        elif resume is not None and rec.sampler is not None and "sampler_state" in resume:
+            rec.sampler.load_state_dict(resume["sampler_state"])
+    except BaseException:
+        if resume is None:
+            loader._epochs_started -= 1  # (no epoch began)
+        raise
+    if between:
+        # (the epoch starts where the dataset's own state, e.g. of the
+        # global RNG, put the generators)
+        rec.start = _states(rec.groups)
+    if resume is not None and "dataset_state" in extra:
         # loaded once the generators are back where the snapshot left them
         # (resume_source / resume_iterable): the dataset's own state, e.g.
         # of the global RNG, has the last word

@@ -17,9 +17,11 @@ from ferroloader.sources.shards import Sharding
 
 class ShardEpoch:
     """One sharded epoch of one loader, as its iterators need it: the lane
-    plan (static, dynamic) or the address batches (elastic)."""
+    plan (static, dynamic) or the address batches (elastic). ``rec``: the
+    epoch's record (none where only its batches are counted)."""
 
-    def __init__(self, loader: Any, epoch: int, resume: Optional[dict[str, Any]]) -> None:
+    def __init__(self, loader: Any, epoch: int, resume: Optional[dict[str, Any]],
+                 rec: Any = None) -> None:
         dataset = loader.dataset
         sharding: Sharding = loader.sharding
         self.sharding = sharding
@@ -41,9 +43,18 @@ class ShardEpoch:
         self.world_epoch: Optional[Any] = None
         if resume is not None:
             _check_resume(self, resume)
-        if sharding.across == "world":
-            self.world_epoch = WorldEpoch(self, loader, epoch, resume)
+        if sharding.across != "world":
+            self._this_rank(loader, resume)
             return
+        self.world_epoch = WorldEpoch(self, loader, epoch, resume)
+        # (a shared queue's epoch reads its end in the epoch's record)
+        self.world_epoch.rec = rec
+
+    def _this_rank(self, loader: Any, resume: Optional[dict[str, Any]]) -> None:
+        """This rank's own shards: the address batches (elastic) or the
+        lanes' plan (static, dynamic), then the remote ones fetched ahead
+        in the order they are read."""
+        dataset, sharding = loader.dataset, self.sharding
         if sharding.mode == "elastic":
             if self.lens is None:
                 raise ConfigError(
@@ -72,8 +83,17 @@ class ShardEpoch:
                 }
             )
             # (reads by address hold no shard open between batches)
-            self._start_prefetch(dataset, self.addresses.read_order, 0)
-            return
+            order: Sequence[int] = self.addresses.read_order
+            holders = 0
+        else:
+            order, holders = self._lanes(loader, resume)
+        self._start_prefetch(dataset, order, holders)
+
+    def _lanes(self, loader: Any, resume: Optional[dict[str, Any]]) -> tuple[Sequence[int], int]:
+        """The lanes' plan (static, dynamic): the order this rank reads its
+        shards in, and how many lanes may each keep one open between
+        batches."""
+        dataset, sharding = loader.dataset, self.sharding
         if sharding.even and self.world > 1 and self.lens is None:
             raise ConfigError(
                 "every rank must yield the same number of batches (even=True with more than one "
@@ -110,9 +130,9 @@ class ShardEpoch:
                 "shared": None,
             }
         )
-        # each lane keeps at most one shard open between its batches
-        self._start_prefetch(dataset, self.plan.read_order, lanes)
         self.short_of_room = dataset._short_of_room()
+        # each lane keeps at most one shard open between its batches
+        return self.plan.read_order, lanes
 
     def _start_prefetch(self, dataset: Any, order: Sequence[int], holders: int) -> None:
         """Remote shards: fetch this rank's in the order the epoch reads
@@ -123,11 +143,6 @@ class ShardEpoch:
         if remote is not None:
             cache, pieces = remote
             self.prefetch = fetch_ahead(cache, [pieces[s] for s in order], holders)
-
-    def bind(self, rec: Any) -> None:
-        """The epoch's record (a shared queue's epoch reads its end there)."""
-        if self.world_epoch is not None:
-            self.world_epoch.rec = rec
 
     def source(self, seeder: Any) -> tuple[Any, Any, Any, Any]:
         """``(iter_shard, descriptors, seeder, short_of_room)`` for the engine."""

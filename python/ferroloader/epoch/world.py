@@ -133,7 +133,7 @@ class WorldEpoch:
         self.rank, self.world = ep.rank, ep.world
         self.store = sharding.store if sharding.store is not None else default_store()
         self.wait = sharding.wait_for_ranks
-        self.rec: Any = None  # the epoch's record (ShardEpoch.bind)
+        self.rec: Any = None  # the epoch's record (given by ShardEpoch)
         if loader._world_name is None:
             loader._world_name = sharding.name or _next_name()
         base = f"ferroloader/{loader._world_name}"

@@ -110,7 +110,7 @@ def _single_process_sharded(
     if loader.timeout != 0:
         raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
     try:
-        ep = ShardEpoch(loader, rec.number, _epoch.shard_resume(resume))
+        ep = ShardEpoch(loader, rec.number, _epoch.shard_resume(resume), rec)
     finally:
         _epoch.restore_generators(rec, now)
     seeder = _epoch.shard_seeder(loader, rec.number)
@@ -119,7 +119,6 @@ def _single_process_sharded(
     spec["plan"], spec["block"] = ep.plan, ep.sharding.shuffle_block
     it = _SingleProcessIter(ep.addresses, loader.dataset, spec)
     rec.shards = ep
-    ep.bind(rec)
     rec.attach(it, multiprocess=False)
     it._stats_box = loader._stats_box
     return it
@@ -201,6 +200,9 @@ class _MultiProcessIter(_core.MultiProcessIter):
     def start(cls, loader: _Loader) -> _MultiProcessIter:
         """An epoch on new workers: the plan is built once, the workers are
         started with it, and the engine takes it in one call."""
+        # a timeout torch's wait for a batch cannot take: its next() raises
+        # the OverflowError (the engine's timer could not take it either)
+        overflow = _wait_overflow(loader.timeout)
         pin = pinning.settings(loader)
         arena, pin_thread = pinning.plan(loader, pin)
         plan = _epoch.build(loader)
@@ -212,9 +214,6 @@ class _MultiProcessIter(_core.MultiProcessIter):
             raise AssertionError(
                 "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
             )
-        # a timeout torch's wait for a batch cannot take: its next() raises
-        # the OverflowError (the engine's timer could not take it either)
-        overflow = _wait_overflow(loader.timeout)
         if loader.worker_method == "multiprocessing":
             forkserver.warm(loader)  # a context set after construction
         workers, procs = start_workers(loader, plan, trim=arena is None)
