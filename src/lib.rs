@@ -15,6 +15,7 @@
 //! | record format: layout, dtypes, the tree | [`record`] |
 //! | DLPack C ABI: tensors out of and into records | [`dlpack`] |
 //! | pinned arenas: registration with the GPU runtime, the reuse guard | [`pin`] |
+//! | `num_workers="auto"`: the model of a layout's rate, the policy | [`tuning`] |
 //! | errors | [`error`] |
 //!
 //! `unsafe` is denied crate-wide (see `[lints.rust]` in Cargo.toml) and
@@ -41,6 +42,7 @@ pub mod sampler;
 pub mod scheduler;
 pub mod settings;
 pub mod stats;
+pub mod tuning;
 pub mod wire;
 pub mod worker;
 

@@ -28,6 +28,7 @@ __all__ = [
     "ShardPrefetch",
     "SingleProcessIter",
     "StopFlag",
+    "TunePolicy",
     "WorldClaims",
     "_FakeCudaRuntime",
     "__version__",
@@ -56,6 +57,10 @@ __all__ = [
     "shard_plan",
     "shm_limit_setting",
     "store_option_known",
+    "tune_bounds",
+    "tune_candidates",
+    "tune_past_noise",
+    "tune_soft_min",
     "worker_loop",
     "world_check_ranks",
     "world_even_budget",
@@ -695,3 +700,34 @@ class WorldClaims:
 def check_state_layout(state: dict[str, Any], facts: dict[str, Any]) -> None:
     """A loader state's layout, field by field, for a loader of these
     ``facts``: a ``ConfigError`` naming the first field that is wrong."""
+
+_Layout = tuple[int, str, int, int]
+_Interval = tuple[_Layout, float, int, int, float, float, float, float, int, float, bool]
+
+@final
+class TunePolicy:
+    """``tuning.policy.Policy``'s decisions over measured intervals."""
+
+    def __new__(cls, ctx: Any, layout: _Layout) -> Self: ...
+    def observe(self, m: Any) -> Optional[tuple[_Layout, str]]: ...
+    @property
+    def settled(self) -> bool: ...
+    @property
+    def gil(self) -> float: ...
+    @property
+    def changes(self) -> int: ...
+    @property
+    def layout(self) -> _Layout: ...
+    def seen(self) -> list[tuple[_Layout, list[_Interval]]]: ...
+    def need(self, layout: _Layout) -> float: ...
+    def fits(self, layout: _Layout) -> bool: ...
+    def predict(self, layout: _Layout) -> float: ...
+
+def tune_bounds(cpu: float, wait: float, moving: float, gil: float, step: float, batch: float,
+                cores: float, layout: _Layout) -> list[float]:
+    """The rates that bound ``layout``, from costs per sample."""
+
+def tune_soft_min(bounds: list[float], sharpness: float) -> float: ...
+def tune_candidates(cap: int, processes: bool, threads: bool,
+                    inner: bool) -> list[_Layout]: ...
+def tune_past_noise(ratios: list[tuple[float, float]]) -> float: ...

@@ -30,6 +30,7 @@ mod state_check;
 mod stats;
 mod table;
 mod torch;
+mod tuning;
 mod turns;
 mod worker;
 mod world;
@@ -88,5 +89,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(world::world_list_id, m)?)?;
     m.add_function(wrap_pyfunction!(world::world_even_budget, m)?)?;
     m.add_function(wrap_pyfunction!(remote::store_option_known, m)?)?;
+    m.add_class::<tuning::TunePolicy>()?;
+    m.add_function(wrap_pyfunction!(tuning::tune_bounds, m)?)?;
+    m.add_function(wrap_pyfunction!(tuning::tune_soft_min, m)?)?;
+    m.add_function(wrap_pyfunction!(tuning::tune_candidates, m)?)?;
+    m.add_function(wrap_pyfunction!(tuning::tune_past_noise, m)?)?;
     Ok(())
 }

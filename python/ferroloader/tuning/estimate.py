@@ -1,34 +1,33 @@
 """The model the tuner plans with: a layout's rate as a soft minimum of the
 bounds the job's costs and the machine set (``bounds``, ``soft_min``),
 the layouts a tuner may pick (``candidates``), what one interval measures
-(``Measurement``), what the tuner knows of the machine (``Context``), and
-the running estimates it keeps."""
+(``Measurement``), what the tuner knows of the machine (``Context``). The
+arithmetic is the engine's (``src/tuning``); these are its Python faces,
+for the simulator (``tuning.model``) and the tests."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
+import ferroloader._core as _core
 from ferroloader.tuning.bounds import Layout
 
 # the soft minimum's sharpness: at two equal bounds a rate is 2**(-1/6) (0.89)
 # of them (queues fall short of the tightest bound near the knee)
 SHARPNESS = 6.0
+# an interval's rate, relative: the spread assumed with one measured
+NOISE_PRIOR = 0.2
 
 
-# and between the workers' bound and the cores' for workers that only
-# compute: 2**(-1/40) (0.98)
-KNEE = 40.0
+def key(layout: Layout) -> tuple[int, str, int, int]:
+    """``layout`` as the engine takes it."""
+    return (layout.num_workers, layout.worker_method, layout.worker_threads,
+            layout.prefetch_factor)
 
 
 def soft_min(bounds: list[float], sharpness: float = SHARPNESS) -> float:
-    finite = [b for b in bounds if math.isfinite(b)]
-    if not finite:
-        return math.inf
-    if min(finite) <= 0:
-        return 0.0
-    return float(sum(b ** -sharpness for b in finite) ** (-1.0 / sharpness))
+    return _core.tune_soft_min(bounds, sharpness)
 
 
 def bounds(cpu: float, wait: float, moving: float, gil: float, step: float, batch: int,
@@ -38,25 +37,7 @@ def bounds(cpu: float, wait: float, moving: float, gil: float, step: float, batc
     a worker, ``moving`` seconds of the loop's CPU to take it from a worker
     process, the share ``gil`` of ``cpu`` that holds the GIL, the loop's
     ``step`` per batch of ``batch``, on ``cores`` cores."""
-    if layout.num_workers == 0:
-        return [batch / (batch * (cpu + wait) + step)] if cpu + wait + step > 0 else [math.inf]
-    per = cpu + moving + step / batch
-    # how many work at once, and the cores: queues form between them only
-    # from when the workers wait (workers that only compute fill the cores
-    # with none), so their knee is sharper the busier a worker is
-    busy = cpu / (cpu + wait) if cpu + wait > 0 else 0.0
-    out = [soft_min([layout.workers / (cpu + wait) if cpu + wait > 0 else math.inf,
-                     cores / per if per > 0 else math.inf],
-                    SHARPNESS + (KNEE - SHARPNESS) * busy ** 2)]
-    shared = (layout.worker_method == "thread" and layout.num_workers > 1) \
-        or layout.worker_threads > 1
-    if gil * cpu > 0 and shared:
-        # one process runs its threads' Python one at a time (one thread
-        # alone is bounded by its own time already)
-        out.append((layout.num_workers if layout.processes else 1) / (gil * cpu))
-    loop = step + batch * moving
-    out.append(batch / loop if loop > 0 else math.inf)
-    return out
+    return _core.tune_bounds(cpu, wait, moving, gil, step, batch, cores, key(layout))
 
 
 def candidates(cap: int, processes: bool = True, threads: bool = True,
@@ -65,20 +46,14 @@ def candidates(cap: int, processes: bool = True, threads: bool = True,
     process, processes, threads, and processes of 2 or 4 threads, of
     every count to 64 and in steps of 4 % above (the model predicts each:
     the policy climbs no ladder)."""
-    out = [Layout(0)]
-    counts, n = [], 1
-    while n <= cap:
-        # (every count to 64, then steps of 4 %)
-        counts.append(n)
-        n = n + 1 if n < 64 else math.ceil(n * 1.04)
-    for n in counts:
-        if processes:
-            out.append(Layout(n, "multiprocessing"))
-        if threads:
-            out.append(Layout(n, "thread"))
-        if inner:
-            out += [Layout(n, "multiprocessing", k) for k in (2, 4) if n * k <= cap]
-    return out
+    return [Layout(*t) for t in _core.tune_candidates(cap, processes, threads, inner)]
+
+
+def _past_noise(ratios: Iterable[tuple[float, float]]) -> float:
+    """The mean of ``(ratio, weight)`` pairs moved towards 1 by twice its
+    standard error (an unknown spread, with one ratio, is taken as 20 %),
+    within 0.5 and 1.5."""
+    return _core.tune_past_noise(list(ratios))
 
 
 @dataclass(frozen=True)
@@ -132,48 +107,3 @@ class Context:
     min_workers: int = 0
     batch: int = 1
     mid_epoch: bool = True
-
-
-# an interval's rate, relative: the spread assumed with one measured, and
-# the least assumed with more
-NOISE_PRIOR = 0.2
-
-
-NOISE_FLOOR = 0.05
-
-
-def _measured(ms: list[Measurement]) -> float:
-    return sum(m.samples for m in ms) / sum(m.wall for m in ms)
-
-
-def _past_noise(ratios: list[tuple[float, float]]) -> float:
-    """The mean of ``(ratio, weight)`` pairs moved towards 1 by twice its
-    standard error (an unknown spread, with one ratio, is taken as 20 %),
-    within 0.5 and 1.5."""
-    if not ratios:
-        return 1.0
-    weight = sum(w for _, w in ratios)
-    mean = sum(r * w for r, w in ratios) / weight
-    n = len(ratios)
-    spread = math.sqrt(sum(w * (r - mean) ** 2 for r, w in ratios) / weight * n / (n - 1)) \
-        if n > 1 else NOISE_PRIOR
-    # (a few intervals that happen to agree do not make the noise small)
-    spread = max(spread, NOISE_FLOOR)
-    off = max(0.0, abs(mean - 1.0) - 2.0 * spread / math.sqrt(n))
-    return min(1.5, max(0.5, 1.0 + math.copysign(off, mean - 1.0)))
-
-
-class _Avg:
-    """A mean weighted by samples (``None`` until a value comes)."""
-
-    def __init__(self) -> None:
-        self.total = 0.0
-        self.weight = 0.0
-
-    def add(self, value: float, weight: float) -> None:
-        self.total += value * weight
-        self.weight += weight
-
-    @property
-    def value(self) -> Optional[float]:
-        return self.total / self.weight if self.weight > 0 else None

@@ -1,0 +1,246 @@
+//! The tuner's model and policy for Python (`ferroloader.tuning`): layouts
+//! cross as `(num_workers, worker_method, worker_threads, prefetch_factor)`
+//! tuples, intervals as the fields of `tuning.estimate.Measurement`. The
+//! loader measures and applies in Python; the decisions are made here.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::tuning::policy::{Context, Measurement, Policy};
+use crate::tuning::{self, Costs, Layout};
+
+type LayoutTuple = (u32, String, u32, u32);
+
+fn layout((num_workers, method, worker_threads, prefetch_factor): LayoutTuple) -> PyResult<Layout> {
+    let thread = match method.as_str() {
+        "thread" => true,
+        "multiprocessing" => false,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "the tuner's layouts run in processes or threads, not {other:?}"
+            )))
+        }
+    };
+    Ok(Layout {
+        num_workers,
+        thread,
+        worker_threads,
+        prefetch_factor,
+    })
+}
+
+fn tuple(l: Layout) -> LayoutTuple {
+    let method = if l.thread {
+        "thread"
+    } else {
+        "multiprocessing"
+    };
+    (
+        l.num_workers,
+        method.to_string(),
+        l.worker_threads,
+        l.prefetch_factor,
+    )
+}
+
+/// `tuning.estimate.Measurement`'s fields (its layout as a tuple).
+#[derive(FromPyObject)]
+pub struct MeasurementArgs {
+    #[pyo3(attribute("layout"), from_py_with = layout_of)]
+    layout: Layout,
+    wall: f64,
+    batches: i64,
+    samples: i64,
+    wait: f64,
+    loop_cpu: f64,
+    cpu: f64,
+    fetch: f64,
+    memory: i64,
+    start: f64,
+    epoch_end: bool,
+}
+
+fn layout_of(obj: &Bound<'_, PyAny>) -> PyResult<Layout> {
+    layout((
+        obj.getattr("num_workers")?.extract()?,
+        obj.getattr("worker_method")?.extract()?,
+        obj.getattr("worker_threads")?.extract()?,
+        obj.getattr("prefetch_factor")?.extract()?,
+    ))
+}
+
+fn measurement(m: MeasurementArgs) -> Measurement {
+    // (a count of none or fewer is no interval: the policy skips it)
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    Measurement {
+        layout: m.layout,
+        wall: m.wall,
+        batches: count(m.batches),
+        samples: count(m.samples),
+        wait: m.wait,
+        loop_cpu: m.loop_cpu,
+        cpu: m.cpu,
+        fetch: m.fetch,
+        memory: count(m.memory),
+        start: m.start,
+        epoch_end: m.epoch_end,
+    }
+}
+
+/// An interval as `tuning.estimate.Measurement`'s fields, its layout a tuple.
+type MeasurementTuple = (
+    LayoutTuple,
+    f64,
+    u64,
+    u64,
+    f64,
+    f64,
+    f64,
+    f64,
+    u64,
+    f64,
+    bool,
+);
+
+/// `tuning.policy.Policy`'s engine: a pure state machine over intervals.
+#[pyclass(name = "TunePolicy", module = "ferroloader._core")]
+pub struct TunePolicy {
+    inner: Policy,
+}
+
+#[pymethods]
+impl TunePolicy {
+    #[new]
+    fn new(#[pyo3(from_py_with = context_of)] ctx: Context, layout: LayoutTuple) -> PyResult<Self> {
+        Ok(TunePolicy {
+            inner: Policy::new(ctx, self::layout(layout)?),
+        })
+    }
+
+    /// One interval (a `Measurement`) in: `(layout, why)` or `None`.
+    fn observe(&mut self, m: MeasurementArgs) -> Option<(LayoutTuple, String)> {
+        let decision = self.inner.observe(measurement(m));
+        decision.map(|(l, why)| (tuple(l), why))
+    }
+
+    #[getter]
+    fn settled(&self) -> bool {
+        self.inner.settled
+    }
+
+    #[getter]
+    fn gil(&self) -> f64 {
+        self.inner.gil
+    }
+
+    #[getter]
+    fn changes(&self) -> u32 {
+        self.inner.changes
+    }
+
+    #[getter]
+    fn layout(&self) -> LayoutTuple {
+        tuple(self.inner.layout)
+    }
+
+    /// The intervals kept of each layout, in the order first measured.
+    fn seen(&self) -> Vec<(LayoutTuple, Vec<MeasurementTuple>)> {
+        let fields = |m: &Measurement| {
+            (
+                tuple(m.layout),
+                m.wall,
+                m.batches,
+                m.samples,
+                m.wait,
+                m.loop_cpu,
+                m.cpu,
+                m.fetch,
+                m.memory,
+                m.start,
+                m.epoch_end,
+            )
+        };
+        self.inner
+            .seen
+            .iter()
+            .map(|(l, ms)| (tuple(*l), ms.iter().map(fields).collect()))
+            .collect()
+    }
+
+    fn need(&self, layout: LayoutTuple) -> PyResult<f64> {
+        Ok(self.inner.need(&self::layout(layout)?))
+    }
+
+    fn fits(&self, layout: LayoutTuple) -> PyResult<bool> {
+        Ok(self.inner.fits(&self::layout(layout)?))
+    }
+
+    /// `layout`'s predicted rate (samples per second), as corrected by
+    /// what was measured.
+    fn predict(&mut self, layout: LayoutTuple) -> PyResult<f64> {
+        Ok(self.inner.predict(&self::layout(layout)?, &[]))
+    }
+}
+
+fn context_of(obj: &Bound<'_, PyAny>) -> PyResult<Context> {
+    Ok(Context {
+        cores: obj.getattr("cores")?.extract()?,
+        max_workers: obj.getattr("max_workers")?.extract()?,
+        ram: obj.getattr("ram")?.extract()?,
+        per_process: obj.getattr("per_process")?.extract()?,
+        per_worker: obj.getattr("per_worker")?.extract()?,
+        cpu: obj.getattr("cpu")?.extract()?,
+        processes: obj.getattr("processes")?.is_truthy()?,
+        threads: obj.getattr("threads")?.is_truthy()?,
+        inner: obj.getattr("inner")?.is_truthy()?,
+        min_workers: obj.getattr("min_workers")?.extract()?,
+        batch: obj.getattr("batch")?.extract()?,
+        mid_epoch: obj.getattr("mid_epoch")?.is_truthy()?,
+    })
+}
+
+/// The rates that bound `layout`, from costs per sample (`tuning.estimate.bounds`).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn tune_bounds(
+    cpu: f64,
+    wait: f64,
+    moving: f64,
+    gil: f64,
+    step: f64,
+    batch: f64,
+    cores: f64,
+    layout: LayoutTuple,
+) -> PyResult<Vec<f64>> {
+    let costs = Costs {
+        cpu,
+        wait,
+        moving,
+        gil,
+        step,
+        batch,
+        cores,
+    };
+    Ok(tuning::bounds(&costs, &self::layout(layout)?))
+}
+
+/// The soft minimum of `bounds` at `sharpness`.
+#[pyfunction]
+pub fn tune_soft_min(bounds: Vec<f64>, sharpness: f64) -> f64 {
+    tuning::soft_min(&bounds, sharpness)
+}
+
+/// The layouts a tuner may pick with at most `cap` workers.
+#[pyfunction]
+pub fn tune_candidates(cap: u32, processes: bool, threads: bool, inner: bool) -> Vec<LayoutTuple> {
+    tuning::candidates(cap, processes, threads, inner)
+        .into_iter()
+        .map(tuple)
+        .collect()
+}
+
+/// `(ratio, weight)` pairs' mean, moved towards 1 past the noise.
+#[pyfunction]
+pub fn tune_past_noise(ratios: Vec<(f64, f64)>) -> f64 {
+    tuning::past_noise(&ratios)
+}
