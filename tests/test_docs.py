@@ -15,8 +15,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from helpers import time_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -52,7 +54,17 @@ def page_id(page: Path) -> str:
     return str(page.relative_to(ROOT))
 
 
-@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def _param(page: Path) -> Any:
+    """A page whose code starts a Ray cluster runs in the same pytest
+    process as the Ray tests (``--dist loadgroup``: one cluster at a time on
+    this machine), with room for Ray's start on a busy machine (17 s here
+    when quiet, over 120 s beside two busy processes)."""
+    if "ray.init(" not in page.read_text():
+        return page
+    return pytest.param(page, marks=[pytest.mark.xdist_group("ray"), time_limit(360)])
+
+
+@pytest.mark.parametrize("page", [_param(p) for p in PAGES], ids=page_id)
 def test_page_code_runs(page: Path, tmp_path: Path) -> None:
     """Every python block of the page runs without error, in order."""
     found = blocks(page)
@@ -86,7 +98,7 @@ def test_page_code_runs(page: Path, tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=330,
     )
     if out.returncode != 0:
         failed = [int(n) for n in re.findall(r'File ".*page\.py", line (\d+)', out.stderr)]

@@ -24,7 +24,23 @@ from shard_cases import Counted
 
 ray = pytest.importorskip("ray", reason="the Ray tests need ray (a test extra: ferroloader[ray])")
 
-pytestmark = [ferro_only, time_limit(240), pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+# One Ray cluster at a time on this machine: these tests, and the docs'
+# pages that start one, run in one pytest process (--dist loadgroup). The
+# limits leave room for Ray on a busy machine (its processes start several
+# times slower beside two busy ones).
+pytestmark = [ferro_only, time_limit(360), pytest.mark.xdist_group("ray"),
+              pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+# A node starved of CPU by other work must not be declared dead, nor a
+# worker that takes long to import torch: Ray's health checks and worker
+# registration given minutes rather than seconds (the defaults fail nodes
+# after about 15 s without an answer, workers after 60 s).
+PATIENT = {
+    "health_check_period_ms": 5000,
+    "health_check_timeout_ms": 30000,
+    "health_check_failure_threshold": 24,
+    "worker_register_timeout_seconds": 300,
+}
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -37,7 +53,8 @@ def cluster() -> Any:
 
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, saved) if p)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "include_dashboard": False, "_system_config": PATIENT})
     node = c.add_node(num_cpus=4, resources={"other": 4})
     ray.init(address=c.address, log_to_driver=False)
     try:
@@ -356,7 +373,7 @@ def test_a_train_and_a_val_loader_take_turns_on_a_cluster_with_room_for_one(clus
 
     flray.release()
     assert _wait_for(lambda: _free_other() == 3.0)
-    opts = fl.RayWorkers(resources=HALF, place_within=30)
+    opts = fl.RayWorkers(resources=HALF, place_within=120)
     kw = {"batch_size": 4, "seed": 1, "per_sample_seed": True}
     train = fl.DataLoader(Drawn(16), shuffle=True, num_workers=2, worker_method=opts, **kw)
     val = fl.DataLoader(Drawn(8), num_workers=2, worker_method=opts, **kw)
@@ -367,7 +384,7 @@ def test_a_train_and_a_val_loader_take_turns_on_a_cluster_with_room_for_one(clus
         got_train += batches(train)
         got_val += batches(val)
     assert got_train == want_train and got_val == want_val
-    other = fl.RayWorkers(resources=HALF, num_cpus=0, place_within=30)
+    other = fl.RayWorkers(resources=HALF, num_cpus=0, place_within=120)
     for n in (1, 2, 2, 1, 2):
         assert len(batches(fl.DataLoader(Drawn(8), batch_size=4, num_workers=n,
                                          worker_method=other))) == 2
