@@ -96,13 +96,21 @@ _LIVE_AT_EXIT = textwrap.dedent(
     next(it)
     auto = iter(ferroloader.DataLoader(list(range(10)), batch_size=2, num_workers="auto"))
     next(auto)
+    kept = ferroloader.DataLoader(list(range(40)), batch_size=4, num_workers=2,
+                                  persistent_workers=True)
+    for _ in range(2):
+        for _ in kept:
+            pass
+    live = iter(ferroloader.DataLoader(list(range(40)), batch_size=4, num_workers=2))
+    next(live)
     """
 )
 
 
 def test_an_iterator_alive_at_exit_says_nothing() -> None:
     """A script that ends with its iterators alive exits as torch's does:
-    no "Exception ignored in ... __del__" on stderr."""
+    no "Exception ignored in ... __del__" on stderr (one process, "auto",
+    persistent workers between epochs, workers mid-epoch)."""
     out = subprocess.run([sys.executable, "-c", _LIVE_AT_EXIT], capture_output=True,
                          text=True, timeout=90)
     assert out.returncode == 0, out.stderr

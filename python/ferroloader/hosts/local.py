@@ -334,18 +334,21 @@ def _stop_processes(procs: Any, grace: float = 5.0) -> None:
     _join(procs, grace)
 
 
-def _join(workers: Any, grace: float) -> None:
+def _join(workers: Any, grace: float, _monotonic: Any = time.monotonic,
+          _current: Any = threading.current_thread, _thread: Any = threading.Thread) -> None:
     """Reaps worker processes once the engine has ended them (at once), and
     joins worker threads within ``grace``: one still in the user's code
     then (nothing can stop it from outside) leaves when that code returns
-    and it finds its socket closed."""
-    deadline = time.monotonic() + grace
-    me = threading.current_thread()
+    and it finds its socket closed. (What it calls is bound at definition:
+    at interpreter exit an iterator still alive comes here after this
+    module's globals are gone.)"""
+    deadline = _monotonic() + grace
+    me = _current()
     for w in workers:
         if w is me:  # the iterator's last reference may die in a worker thread
             continue
-        if isinstance(w, threading.Thread):
-            w.join(timeout=max(0.0, deadline - time.monotonic()))
+        if isinstance(w, _thread):
+            w.join(timeout=max(0.0, deadline - _monotonic()))
         else:
             w.join(timeout=1.0)
             popen = getattr(w, "_popen", None)
