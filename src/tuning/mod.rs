@@ -110,7 +110,7 @@ pub enum Kind {
 impl Kind {
     pub const ALL: [Kind; 3] = [Kind::Processes, Kind::Threads, Kind::ProcessThreads];
 
-    fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self as usize
     }
 }

@@ -412,7 +412,7 @@ impl Policy {
     /// the measurements do not clearly miss it). Kept until the next
     /// interval.
     fn correction(&mut self, kind: Kind) -> f64 {
-        if let Some(c) = self.corrections[kind as usize] {
+        if let Some(c) = self.corrections[kind.index()] {
             return c;
         }
         let mut ratios = Vec::new();
@@ -425,7 +425,7 @@ impl Policy {
             }
         }
         let c = past_noise(&ratios);
-        self.corrections[kind as usize] = Some(c);
+        self.corrections[kind.index()] = Some(c);
         c
     }
 
@@ -522,16 +522,8 @@ impl Policy {
         let (mut pick, mut why) = self.plan();
         let layout = self.layout;
         let here = self.predict(&layout, &[]);
-        let top = if opts.is_empty() {
-            here
-        } else {
-            let mut top = f64::NEG_INFINITY;
-            for (i, l) in opts.iter().enumerate() {
-                let v = self.predict(l, &[]);
-                top = if i == 0 { v } else { py_max(top, v) };
-            }
-            top
-        };
+        let predicted: Vec<f64> = opts.iter().map(|l| self.predict(l, &[])).collect();
+        let top = predicted.into_iter().reduce(py_max).unwrap_or(here);
         let in_opts = opts.contains(&layout);
         let gain_of_pick = self.predict(&pick, &[]);
         let keep = if self.settled {
@@ -660,11 +652,8 @@ impl Policy {
         let lay = self.layout;
         let trial = Layout {
             worker_threads: 2,
-            ..Layout::processes_of(lay.num_workers)
-        };
-        let trial = Layout {
             prefetch_factor: lay.prefetch_factor,
-            ..trial
+            ..Layout::processes_of(lay.num_workers)
         };
         if lay.processes() == 0
             || lay.worker_threads != 1
