@@ -34,6 +34,11 @@ def stateful(obj: Any) -> bool:
     )
 
 
+def _load_state(obj: Any, state: Any) -> None:
+    """A user's dataset or sampler (torchdata's ``Stateful``) loads a state."""
+    obj.load_state_dict(state)
+
+
 def _generators(loader: Any) -> list[tuple[list[str], torch.Generator]]:
     """The CPU generators an epoch may draw from, each once, with the roles
     it plays (``global``, ``loader``, ``sampler``, ``batch_sampler.sampler``)."""
@@ -337,9 +342,9 @@ def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
     between = resume is None and "dataset_state" in extra
     try:
         if between:
-            loader.dataset.load_state_dict(extra["dataset_state"])
+            _load_state(loader.dataset, extra["dataset_state"])
         elif resume is not None and rec.sampler is not None and "sampler_state" in resume:
-            rec.sampler.load_state_dict(resume["sampler_state"])
+            _load_state(rec.sampler, resume["sampler_state"])
     except BaseException:
         if resume is None:
             loader._epochs_started -= 1  # (no epoch began)
@@ -455,7 +460,7 @@ def resume_source(
     finally:
         _set(rec.groups, now)
         if "dataset_state" in resume:
-            rec.dataset.load_state_dict(resume["dataset_state"])
+            _load_state(rec.dataset, resume["dataset_state"])
 
 
 def _keep(window: int) -> int:

@@ -1,12 +1,11 @@
-"""Starting and stopping workers: the per-worker job, worker processes
+"""Local hosts, starting and stopping workers: worker processes
 through ``multiprocessing`` (with torch's pickling hint), worker threads
-(with the thread-safety lint), file-descriptor headroom, and the
+(with the thread-safety lint), and the
 SIGTERM/SIGKILL teardown."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import pickle
 import socket
@@ -24,14 +23,12 @@ from typing import (
 )
 
 import torch
-import torch.utils.data.dataloader as _tdl
 
 import ferroloader._core as _core
-from ferroloader import _machine
-from ferroloader._env import _INITIAL_ARENA, shm_limit
 from ferroloader.epoch.plan import Plan
 from ferroloader.errors import ConfigError, ThreadSafetyWarning
 from ferroloader.hosts import entry as _worker
+from ferroloader.hosts import forkserver
 from ferroloader.worker import thread_aware
 
 # A ferroloader DataLoader: not imported, as dataloader.py imports this
@@ -41,57 +38,10 @@ _Loader = Any
 _T_co = TypeVar("_T_co", covariant=True)
 
 
-def _check_fd_headroom(num_workers: int) -> None:
-    """Refuses to start workers that would run out of file descriptors part
-    way (multiprocessing itself leaks a pipe when EMFILE strikes inside
-    ``Process.start``): a clear ``OSError`` before anything is started."""
-    free = _machine.free_fds()
-    if free is None:
-        return  # no /proc or no limits: let the start report what it hits
-    limit, left = free
-    need = _machine.FDS_PER_WORKER * num_workers + _machine.FDS_MARGIN
-    if left < need:
-        raise OSError(
-            errno.EMFILE,
-            f"Too many open files: starting {num_workers} DataLoader workers needs about "
-            f"{need} file descriptors, and {left} of the process's limit of {limit} "
-            "are free. Raise the limit (ulimit -n) or use fewer workers.",
-        )
-
-
-def _worker_jobs(loader: _Loader, plan: Plan, trim: bool) -> list[dict[str, Any]]:
-    """Each worker's settings, a process's or a thread's (``_worker._serve``
-    reads them): ``trim`` is off where the arenas are registered with the
-    GPU (a registered arena keeps its pages, see PinArena)."""
-    n = loader._workers
-    per_worker = max(shm_limit() // n, 1 << 20)
-    ep = plan.shards
-    shards = None if ep is None else (list(ep.descriptors), plan.shard_seeder)
-    return [
-        {
-            "worker_id": i,
-            "iterable": loader._dataset_kind == _tdl._DatasetKind.Iterable,
-            "auto_collation": loader._auto_collation,
-            "collate_fn": loader.collate_fn,
-            "drop_last": bool(loader.drop_last),
-            "init_fn": loader.worker_init_fn,
-            "shm_initial": min(_INITIAL_ARENA, per_worker),
-            "shm_limit": per_worker,
-            "prefetch_factor": loader.prefetch_factor,
-            "sample_seeds": plan.sample_seeds,
-            "resume": plan.worker_resume[i],
-            "shards": shards,
-            "batch_size": loader.batch_size,
-            "trim": trim,
-        }
-        for i in range(n)
-    ]
-
-
-def _start_processes(
+def start_processes(
     loader: _Loader,
+    plan: Plan,
     jobs: list[dict[str, Any]],
-    base_seed: int,
     socks: list[socket.socket],
     procs: list[Any],
     pids: list[int],
@@ -101,7 +51,11 @@ def _start_processes(
     thread of process ``i % num_workers``, so consecutive tasks go to
     different processes). ``socks`` and ``pids`` are in worker order; they
     and ``procs`` grow as processes start, so a failed start can end those
-    that did."""
+    that did. Threads inside processes are linted first, and a fork server
+    whose context was set after the loader's construction is warmed."""
+    _check_thread_workers(loader, plan.dataset_stateful)
+    forkserver.warm(loader)
+    base_seed = plan.base_seed
     ctx = loader.multiprocessing_context or torch.multiprocessing
     fork = ctx.get_start_method() == "fork"
     p = loader.num_workers
@@ -280,17 +234,20 @@ def _thread_unsafe(value: Any) -> Optional[str]:
     return None
 
 
-def _start_threads(
+def start_threads(
     loader: _Loader,
+    plan: Plan,
     jobs: list[dict[str, Any]],
-    base_seed: int,
     socks: list[socket.socket],
     threads: list[Any],
     pids: list[int],
 ) -> None:
     """``worker_method="thread"``: the workers are threads of this process
     running the worker loop over the dataset object itself, each with its
-    own arena and socket (pid 0: no process to watch)."""
+    own arena and socket (pid 0: no process to watch), after the
+    thread-safety lint."""
+    _check_thread_workers(loader, plan.dataset_stateful)
+    base_seed = plan.base_seed
     thread_aware()
     iterators = _worker.IteratorRegistry()
     for job in jobs:

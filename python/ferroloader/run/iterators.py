@@ -24,7 +24,7 @@ import ferroloader._core as _core
 from ferroloader.epoch import plan as _epoch
 from ferroloader.epoch import state
 from ferroloader.epoch.shards import ShardEpoch
-from ferroloader.hosts import forkserver, start_workers
+from ferroloader.hosts import start_workers
 from ferroloader.hosts.fetch import fetch_plan
 from ferroloader.hosts.local import _join, _stop_processes
 from ferroloader.run import pinning
@@ -214,8 +214,6 @@ class _MultiProcessIter(_core.MultiProcessIter):
             raise AssertionError(
                 "prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter"
             )
-        if loader.worker_method == "multiprocessing":
-            forkserver.warm(loader)  # a context set after construction
         workers, procs = start_workers(loader, plan, trim=arena is None)
         ep = plan.shards
         iterable = loader._dataset_kind == _tdl._DatasetKind.Iterable

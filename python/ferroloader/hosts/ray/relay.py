@@ -327,10 +327,11 @@ def _first_lines(cause: BaseException, n: int = 3) -> str:
 _relay_ids = [0]
 
 
-def start(loader: Any, jobs: list[dict[str, Any]], base_seed: int, socks: list[socket.socket],
+def start(loader: Any, plan: Any, jobs: list[dict[str, Any]], socks: list[socket.socket],
           threads: list[Any], pids: list[int]) -> None:
     """``worker_method="ray"``: per worker, an actor (held while its relay
     runs) and a relay thread here that the engine talks to."""
+    base_seed = plan.base_seed
     options = loader.worker_method if isinstance(loader.worker_method, RayWorkers) \
         else RayWorkers()
     pool = getattr(loader, "_ray_pool", None)
