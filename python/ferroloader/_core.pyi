@@ -634,10 +634,25 @@ class ShardCacheCore:
     def counters(self) -> tuple[int, int, int, int, float, int]:
         """``(bytes fetched, downloads, hits, misses, seconds waited,
         re-downloads)`` of this process."""
-    def sizes(self, urls: list[str]) -> list[int]: ...
-    def lease(self, bytes: int) -> CacheLease:
-        """Claims ``bytes`` of room for a loader's readers' pins between
-        batches, until ``release()`` (or collection)."""
+    def sizes(self, urls: list[str]) -> list[int]:
+        """The objects' sizes (HEAD requests), remembered by this handle."""
+    def known_size(self, url: str) -> Optional[int]:
+        """The size remembered for ``url``, if it was asked."""
+    def check(self, pieces: list[tuple[str, Optional[tuple[int, int]]]]) -> list[int]:
+        """The pieces' sizes, after checking the cache can hold each (a
+        ``ConfigError`` over the budget, an ``OSError`` over the disk)."""
+    def lease(self, hold: int, readers: int) -> Optional[CacheLease]:
+        """Claims ``hold`` bytes of room for what ``readers`` keep open
+        between batches, until ``release()`` (or collection); ``None`` for
+        nothing. Warns once (``CacheBudgetWarning``) above the budget."""
+    def fetch_ahead(self, pieces: list[Any], holders: int, streams: int
+                    ) -> Optional[ShardPrefetch]:
+        """Fetches ``pieces`` (a URL, ``(url, (start, end))`` or ``None``
+        each; repeats once) in order after checking them, holding a lease
+        on the room the largest ``holders`` take; ``None`` if none is remote."""
+    def claim_room(self, pieces: list[Any], readers: int) -> Optional[CacheLease]:
+        """The pieces checked, and a lease on the room the largest
+        ``readers`` of them take (``None`` for nothing)."""
     def short_of_room(self) -> bool:
         """Whether the live leases claim more than the budget."""
     def leased(self) -> int:

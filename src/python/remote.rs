@@ -2,12 +2,16 @@
 //! opens and prefetches through it. Downloads run detached from the
 //! interpreter.
 
-use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyPermissionError, PyValueError};
+use pyo3::exceptions::{
+    PyFileNotFoundError, PyOSError, PyPermissionError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
+use pyo3::types::PyString;
 
 use super::error::Class;
 use crate::remote::cache::Lease;
@@ -30,10 +34,90 @@ fn to_py(e: RemoteError) -> PyErr {
     }
 }
 
-/// One process's handle on a cache directory.
+/// One process's handle on a cache directory, with the objects' sizes it
+/// has asked for and whether it warned of a budget below its leases.
 #[pyclass(module = "ferroloader._core", frozen, name = "ShardCacheCore")]
 pub struct PyCache {
     cache: Arc<Cache>,
+    sizes: Mutex<HashMap<String, u64>>,
+    warned_budget: AtomicBool,
+}
+
+/// A piece of a shard as a dataset names it: a URL (the whole object),
+/// `(url, (start, end))` (bytes of it), or `None` (a local shard).
+type Piece = (String, Option<(u64, u64)>);
+
+fn piece(obj: &Bound<'_, PyAny>) -> PyResult<Option<Piece>> {
+    if obj.is_none() {
+        return Ok(None);
+    }
+    if let Ok(url) = obj.cast::<PyString>() {
+        return Ok(Some((url.extract::<String>()?, None)));
+    }
+    let url: String = obj.get_item(0)?.extract()?;
+    let span = obj.get_item(1)?;
+    let (start, end): (u64, u64) = (span.get_item(0)?.extract()?, span.get_item(1)?.extract()?);
+    if obj.len()? != 2 || span.len()? != 2 {
+        return Err(PyTypeError::new_err(
+            "a shard's piece is a URL or (url, (start, end))",
+        ));
+    }
+    Ok(Some((url, Some((start, end)))))
+}
+
+/// The bytes the cache's objects take on disk now (not its locks, parts
+/// being written by name, or dot-folders): room a new object may take back.
+fn held_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            !name.starts_with('.') && !name.ends_with(".lock")
+        })
+        .filter_map(|e| std::fs::metadata(e.path()).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// `n` bytes as the shortest exact IEC size (`20GiB`), else bytes (as
+/// `ShardCache`'s repr shows a budget).
+fn show_bytes(n: u64) -> String {
+    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if n % (1u64 << shift) == 0 {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    format!("{n}B")
+}
+
+impl PyCache {
+    /// `pieces` (repeats and local shards left out) and their sizes, after
+    /// checking the cache can hold each.
+    fn checked(&self, py: Python<'_>, pieces: Vec<Piece>) -> PyResult<Vec<(Piece, u64)>> {
+        let mut seen = HashSet::new();
+        let wanted: Vec<Piece> = pieces
+            .into_iter()
+            .filter(|p| seen.insert(p.clone()))
+            .collect();
+        let sizes = self.check(py, wanted.clone())?;
+        Ok(wanted.into_iter().zip(sizes).collect())
+    }
+
+    /// A lease on the room the largest `readers` of `sized` take.
+    fn room(
+        &self,
+        py: Python<'_>,
+        sized: &[(Piece, u64)],
+        readers: usize,
+    ) -> PyResult<Option<PyLease>> {
+        let mut sizes: Vec<u64> = sized.iter().map(|(_, n)| *n).collect();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        self.lease(py, sizes.iter().take(readers).sum(), readers)
+    }
 }
 
 #[pymethods]
@@ -43,6 +127,8 @@ impl PyCache {
         let cache = Cache::new(dir, budget, options).map_err(to_py)?;
         Ok(PyCache {
             cache: Arc::new(cache),
+            sizes: Mutex::new(HashMap::new()),
+            warned_budget: AtomicBool::new(false),
         })
     }
 
@@ -73,7 +159,105 @@ impl PyCache {
     fn prefetch(&self, items: Vec<crate::remote::cache::Item>, streams: usize) -> PyPrefetch {
         PyPrefetch {
             inner: Mutex::new(Some(self.cache.prefetch(items, streams))),
+            _lease: None,
         }
+    }
+
+    /// Starts fetching `pieces` in the order given (each a URL, `(url,
+    /// (start, end))` or `None` for a local shard; repeats fetched once),
+    /// after checking the cache can hold each: the handle, holding a lease
+    /// on the room the largest `holders` of them take while it lives, or
+    /// `None` when nothing is remote.
+    fn fetch_ahead(
+        &self,
+        py: Python<'_>,
+        pieces: Vec<Bound<'_, PyAny>>,
+        holders: usize,
+        streams: usize,
+    ) -> PyResult<Option<PyPrefetch>> {
+        let pieces = pieces.iter().map(piece).collect::<PyResult<Vec<_>>>()?;
+        let sized = self.checked(py, pieces.into_iter().flatten().collect())?;
+        if sized.is_empty() {
+            return Ok(None);
+        }
+        let lease = self.room(py, &sized, holders)?;
+        let known = self.sizes.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let items = sized
+            .into_iter()
+            .map(|((url, range), _)| {
+                let size = known.get(&url).copied();
+                (url, range, size)
+            })
+            .collect();
+        Ok(Some(PyPrefetch {
+            inner: Mutex::new(Some(self.cache.prefetch(items, streams))),
+            _lease: lease,
+        }))
+    }
+
+    /// A lease on the room the largest `readers` of `pieces` take (each as
+    /// `fetch_ahead` takes them), after checking the cache can hold each;
+    /// `None` for nothing remote.
+    fn claim_room(
+        &self,
+        py: Python<'_>,
+        pieces: Vec<Bound<'_, PyAny>>,
+        readers: usize,
+    ) -> PyResult<Option<PyLease>> {
+        let pieces = pieces.iter().map(piece).collect::<PyResult<Vec<_>>>()?;
+        let sized = self.checked(py, pieces.into_iter().flatten().collect())?;
+        self.room(py, &sized, readers)
+    }
+
+    /// A clear error now, rather than at the first read, when the cache
+    /// cannot hold one of `pieces` (`(url, (start, end) or None)`): larger
+    /// than the budget, or than the disk has free. Their sizes.
+    fn check(&self, py: Python<'_>, pieces: Vec<Piece>) -> PyResult<Vec<u64>> {
+        if pieces.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wholes: Vec<String> = pieces
+            .iter()
+            .filter(|(_, r)| r.is_none())
+            .map(|(u, _)| u.clone())
+            .collect();
+        let whole = self.sizes(py, wholes)?;
+        let mut whole = whole.into_iter();
+        let sizes: Vec<u64> = pieces
+            .iter()
+            .map(|(_, r)| match r {
+                Some((start, end)) => end.saturating_sub(*start),
+                None => whole.next().unwrap_or(0),
+            })
+            .collect();
+        let (size, url) = sizes
+            .iter()
+            .zip(pieces.iter().map(|(u, _)| u))
+            .max()
+            .expect("pieces is not empty");
+        let budget = self.cache.budget();
+        if *size > budget {
+            return Err(Class::Config.err(format!(
+                "the shard cache budget ({budget} bytes) is below one shard: {url} is {size} \
+                 bytes; raise ShardCache(budget=...)"
+            )));
+        }
+        let dir = self.cache.dir();
+        let free = std::fs::create_dir_all(dir)
+            .and_then(|()| rustix::fs::statvfs(dir).map_err(std::io::Error::from))
+            .map(|st| st.f_bavail.saturating_mul(st.f_frsize))
+            .map_err(|e| PyOSError::new_err(e.to_string()))?;
+        if *size > free.saturating_add(held_bytes(dir)) {
+            return Err(PyOSError::new_err((
+                28,
+                format!(
+                    "the shard cache's disk ({}) has {free} bytes free, less than one shard \
+                     ({url}: {size} bytes)",
+                    dir.display()
+                ),
+            )));
+        }
+        Ok(sizes)
     }
 
     /// `(bytes fetched, downloads, hits, misses, seconds waited,
@@ -90,13 +274,37 @@ impl PyCache {
         )
     }
 
-    /// Claims `bytes` of room for a loader's readers' pins between
-    /// batches, until the lease is released (or collected).
-    fn lease(&self, bytes: u64) -> PyResult<PyLease> {
-        let lease = self.cache.lease(bytes).map_err(to_py)?;
-        Ok(PyLease {
+    /// Claims `hold` bytes of room for what a loader's `readers` keep
+    /// open between batches, until the lease is released (or collected);
+    /// `None` for nothing. A budget below `hold` warns once
+    /// (`CacheBudgetWarning`): every reader then opens its shard again
+    /// after each batch, and downloads it again if evicted.
+    fn lease(&self, py: Python<'_>, hold: u64, readers: usize) -> PyResult<Option<PyLease>> {
+        if hold == 0 {
+            return Ok(None);
+        }
+        let budget = self.cache.budget();
+        if hold > budget && !self.warned_budget.swap(true, Ordering::Relaxed) {
+            let category = py
+                .import("ferroloader.errors")?
+                .getattr("CacheBudgetWarning")?;
+            let s = if readers != 1 { "s" } else { "" };
+            let msg = format!(
+                "ShardCache budget {} is below what the loader's {readers} reader{s} keep open \
+                 between batches (their largest shards: {}): each reader lets go of its shard \
+                 after every batch and opens it again, downloading it again once it was evicted \
+                 (stats().remote.redownloads counts them). Give ShardCache(budget=...) at least \
+                 {}, or fewer readers (Sharding(lanes=...), num_workers)",
+                show_bytes(budget),
+                show_bytes(hold),
+                show_bytes(hold)
+            );
+            PyErr::warn(py, &category, &std::ffi::CString::new(msg)?, 1)?;
+        }
+        let lease = self.cache.lease(hold).map_err(to_py)?;
+        Ok(Some(PyLease {
             inner: Mutex::new(Some(lease)),
-        })
+        }))
     }
 
     /// Whether the live leases claim more than the budget: readers then
@@ -110,11 +318,37 @@ impl PyCache {
         self.cache.leased()
     }
 
-    /// The sizes of the objects at `urls` (HEAD requests, 32 at once).
+    /// The sizes of the objects at `urls` (HEAD requests, 32 at once),
+    /// remembered by this handle.
     fn sizes(&self, py: Python<'_>, urls: Vec<String>) -> PyResult<Vec<u64>> {
-        let options = self.cache.options().to_vec();
-        py.detach(|| crate::remote::store::Object::sizes(&urls, &options))
-            .map_err(to_py)
+        let mut missing: Vec<String> = {
+            let known = self.sizes.lock().unwrap_or_else(|p| p.into_inner());
+            urls.iter()
+                .filter(|u| !known.contains_key(*u))
+                .cloned()
+                .collect()
+        };
+        let mut seen = HashSet::new();
+        missing.retain(|u| seen.insert(u.clone()));
+        if !missing.is_empty() {
+            let options = self.cache.options().to_vec();
+            let got = py
+                .detach(|| crate::remote::store::Object::sizes(&missing, &options))
+                .map_err(to_py)?;
+            let mut known = self.sizes.lock().unwrap_or_else(|p| p.into_inner());
+            known.extend(missing.into_iter().zip(got));
+        }
+        let known = self.sizes.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(urls.iter().map(|u| known[u]).collect())
+    }
+
+    /// The size remembered for `url`, if any was asked.
+    fn known_size(&self, url: &str) -> Option<u64> {
+        self.sizes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(url)
+            .copied()
     }
 }
 
@@ -147,10 +381,13 @@ impl PyLease {
     }
 }
 
-/// A prefetch under way; `stop()` (or dropping it) ends it.
+/// A prefetch under way; `stop()` (or dropping it) ends it. One made by
+/// `fetch_ahead` holds the loader's lease on the cache's room until it is
+/// dropped.
 #[pyclass(module = "ferroloader._core", frozen, name = "ShardPrefetch")]
 pub struct PyPrefetch {
     inner: Mutex<Option<Prefetch>>,
+    _lease: Option<PyLease>,
 }
 
 #[pymethods]

@@ -11,7 +11,6 @@ import ferroloader._core as _core
 from ferroloader.epoch.world import WorldEpoch
 from ferroloader.errors import ConfigError
 from ferroloader.seeds import epoch_seed
-from ferroloader.sources.remote import fetch_ahead
 from ferroloader.sources.shards import Sharding
 
 
@@ -142,7 +141,9 @@ class ShardEpoch:
         remote = dataset._remote(self.descriptors)
         if remote is not None:
             cache, pieces = remote
-            self.prefetch = fetch_ahead(cache, [pieces[s] for s in order], holders)
+            # (the engine's cache checks, leases and fetches them)
+            self.prefetch = cache._native().fetch_ahead([pieces[s] for s in order], holders,
+                                                        cache.streams)
 
     def source(self, seeder: Any) -> tuple[Any, Any, Any, Any]:
         """``(iter_shard, descriptors, seeder, short_of_room)`` for the engine."""

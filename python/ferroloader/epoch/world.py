@@ -193,11 +193,7 @@ class WorldEpoch:
             if wanted:
                 # the sizes checked now, and the room its lanes keep open
                 # claimed; each claimed shard is fetched as it is claimed
-                items = [(p, None) if isinstance(p, str) else (p[0], tuple(p[1]))
-                         for p in dict.fromkeys(map(_key, wanted))]
-                got = cache.check([u for u, _ in items], [r for _, r in items])
-                lanes = max(loader._workers, 1)
-                self.lease = cache.lease(sum(sorted(got, reverse=True)[:lanes]), lanes)
+                self.lease = cache._native().claim_room(wanted, max(loader._workers, 1))
                 on_claim = _prefetcher(cache, pieces, works)
         self.queue = WorldQueue(self.store, self.prefix, works, sizes, quota, ahead=1,
                                 stats=self.stats, on_claim=on_claim)
@@ -316,10 +312,6 @@ def _next_name() -> str:
     with _names_lock:
         _names[0] += 1
         return f"loader{_names[0]}"
-
-
-def _key(piece: Any) -> Any:
-    return piece if isinstance(piece, str) else (piece[0], tuple(piece[1]))
 
 
 def _prefetcher(cache: Any, pieces: Sequence[Any], works: Sequence[Work]) -> Callable[[int], Any]:

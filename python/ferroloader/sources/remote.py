@@ -19,13 +19,12 @@ import re
 import shutil
 import struct
 import uuid
-import warnings
 import weakref
 from dataclasses import astuple, dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 import ferroloader._core as _core
-from ferroloader.errors import CacheBudgetWarning, ConfigError
+from ferroloader.errors import ConfigError
 from ferroloader.sources.cache_settings import (
     _MAX_BYTES,
     _check_option,
@@ -153,9 +152,7 @@ class ShardCache:
         # names this cache's per-process counters (see stats())
         self._token = uuid.uuid4().hex
         self._native_box: list[Any] = []
-        self._sizes: dict[str, int] = {}
         self._stats_fd: list[int] = []  # [pid, fd] of this process's counters file
-        self._warned_budget = False
         # the counters' folder goes with the object that made it (copies in
         # workers do not own it)
         weakref.finalize(self, _remove_owned, os.getpid(), self._counters_dir())
@@ -235,9 +232,10 @@ class ShardCache:
         objects (Parquet row groups) or whole ones. ``hold``: the bytes the
         loader's ``readers`` may keep open between batches, claimed as a
         lease on the cache's room while the handle lives (``lease``)."""
-        items = [(u, r, self._sizes.get(u)) for u, r in pieces]
-        lease = self.lease(hold, readers)
-        return Prefetch(self._native().prefetch(items, streams or self.streams), lease)
+        native = self._native()
+        items = [(u, r, native.known_size(u)) for u, r in pieces]
+        lease = native.lease(hold, readers)
+        return Prefetch(native.prefetch(items, streams or self.streams), lease)
 
     def lease(self, hold: int, readers: int) -> Any:
         """Claims ``hold`` bytes of room for what a loader's ``readers``
@@ -245,28 +243,12 @@ class ShardCache:
         ``short_of_room``); ``None`` for nothing. A budget below ``hold``
         warns once (``CacheBudgetWarning``): every reader then opens its
         shard again after each batch, and downloads it again if evicted."""
-        if hold <= 0:
-            return None
-        if hold > self.budget and not self._warned_budget:
-            self._warned_budget = True
-            warnings.warn(
-                f"ShardCache budget {_show_bytes(self.budget)} is below what the loader's "
-                f"{readers} reader{'s' if readers != 1 else ''} keep open between batches "
-                f"(their largest shards: {_show_bytes(hold)}): each reader lets go of its "
-                "shard after every batch and opens it again, downloading it again once it "
-                "was evicted (stats().remote.redownloads counts them). Give "
-                f"ShardCache(budget=...) at least {_show_bytes(hold)}, or fewer readers "
-                "(Sharding(lanes=...), num_workers)",
-                CacheBudgetWarning, stacklevel=2)
-        return self._native().lease(hold)
+        return self._native().lease(hold, readers)
 
     def sizes(self, urls: list[str]) -> list[int]:
         """The objects' sizes in bytes (asked 32 at a time), remembered by
-        this cache object."""
-        missing = [u for u in dict.fromkeys(urls) if u not in self._sizes]
-        if missing:
-            self._sizes.update(zip(missing, (int(n) for n in self._native().sizes(missing))))
-        return [self._sizes[u] for u in urls]
+        this process's handle on the cache."""
+        return list(self._native().sizes(urls))
 
     def check(self, urls: list[str], ranges: Optional[list[Optional[tuple[int, int]]]] = None
               ) -> list[int]:
@@ -274,27 +256,7 @@ class ShardCache:
         cannot hold one of the objects at ``urls`` (or the byte ranges of
         them given by ``ranges``): larger than the budget, or than the disk
         has free. Returns their sizes."""
-        if not urls:
-            return []
-        spans = ranges or [None] * len(urls)
-        wholes = [u for u, r in zip(urls, spans) if r is None]
-        known = dict(zip(wholes, self.sizes(wholes)))
-        sizes = [known[u] if r is None else r[1] - r[0] for u, r in zip(urls, spans)]
-        size, url = max(zip(sizes, urls))
-        if size > self.budget:
-            raise ConfigError(
-                f"the shard cache budget ({self.budget} bytes) is below one shard: {url} is "
-                f"{size} bytes; raise ShardCache(budget=...)"
-            )
-        os.makedirs(self.dir, exist_ok=True)
-        st = os.statvfs(self.dir)
-        free = st.f_bavail * st.f_frsize
-        if size > free + _held_bytes(self.dir):
-            raise OSError(
-                28, f"the shard cache's disk ({self.dir}) has {free} bytes free, less than one "
-                f"shard ({url}: {size} bytes)"
-            )
-        return sizes
+        return list(self._native().check(list(zip(urls, ranges or [None] * len(urls)))))
 
     def _counters_dir(self) -> str:
         return os.path.join(self.dir, ".stats", self._token)
@@ -366,18 +328,6 @@ def cache_for(paths: Iterable[Any], cache: Optional[ShardCache]) -> Optional[Sha
     return ShardCache()
 
 
-def _held_bytes(dir: str) -> int:
-    total = 0
-    for name in os.listdir(dir):
-        if name.startswith(".") or name.endswith(".lock"):
-            continue
-        try:
-            total += os.stat(os.path.join(dir, name)).st_size
-        except OSError:
-            pass
-    return total
-
-
 class Prefetch:
     """A prefetch under way (``ShardCache.prefetch``), and the loader's
     lease on the cache's room, both ended when it is collected; ``stop()``
@@ -418,17 +368,4 @@ def fetch_ahead(cache: ShardCache, pieces: Sequence[Any], holders: int = 0) -> O
     prefetch handle, or ``None`` when nothing is remote. ``holders``
     readers may each keep one piece open between batches: the handle holds
     a lease on the room the largest of them take (``ShardCache.short_of_room``)."""
-    wanted: list[tuple[str, Optional[tuple[int, int]]]] = []
-    seen: set[Any] = set()
-    for piece in pieces:
-        if piece is None:
-            continue
-        item = (piece, None) if isinstance(piece, str) else (piece[0], tuple(piece[1]))
-        if item not in seen:
-            seen.add(item)
-            wanted.append(item)
-    if not wanted:
-        return None
-    sizes = cache.check([u for u, _ in wanted], [r for _, r in wanted])
-    hold = sum(sorted(sizes, reverse=True)[:holders])
-    return cache.prefetch_pieces(wanted, hold, readers=holders)
+    return cache._native().fetch_ahead(list(pieces), holders, cache.streams)
