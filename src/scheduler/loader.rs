@@ -90,6 +90,16 @@ struct Lanes {
     /// The collecting lane's task, held until tails still on their way
     /// come: `(worker, seq, lane)`.
     deferred: Option<(usize, u64, u32)>,
+    /// The lane told it reads the epoch's last items (tails collected,
+    /// none to come): its last batch, the one that may be short, is handed
+    /// over after every other batch, whatever its sequence number.
+    collector: Option<usize>,
+    /// The collector's latest batch, kept until its next answer says
+    /// whether it was its last: `(seq, batch)`.
+    held: Option<(u64, Payload)>,
+    /// The collector's last batch, handed over once the rest are:
+    /// `(seq, lane, batch)`.
+    last_batch: Option<(u64, usize, Payload)>,
     handed: u64,
     budget: Option<u64>,
 }
@@ -170,7 +180,8 @@ impl Loader {
     /// Answers still to hand over: tasks in flight or waiting their turn,
     /// and results that came early (`in_order=False`).
     pub fn in_flight(&self) -> usize {
-        self.sched.in_flight() + self.early.len()
+        let last = self.lanes.as_ref().is_some_and(|l| l.last_batch.is_some());
+        self.sched.in_flight() + self.early.len() + usize::from(last)
     }
 
     /// Each worker's stage timings reported so far (all epochs): every
@@ -249,6 +260,9 @@ impl Loader {
             positions: plan.positions.clone(),
             produced: plan.positions.clone(),
             deferred: None,
+            collector: None,
+            held: None,
+            last_batch: None,
             handed: plan.handed,
             budget: plan.budget,
             plan,
@@ -351,7 +365,14 @@ impl Loader {
         } else {
             let next = match self.early.pop_front() {
                 Some((_, worker, data)) => Next::Yield { worker, data },
-                None => self.sched.next_step(),
+                None => match self.sched.next_step() {
+                    // every other batch is out: the collector's last one
+                    Next::Stop => match self.lanes.as_mut().and_then(|l| l.last_batch.take()) {
+                        Some((_, lane, data)) => Next::Yield { worker: lane, data },
+                        None => Next::Stop,
+                    },
+                    next => next,
+                },
             };
             match (next, &self.lanes) {
                 // the scheduler's units are lanes: name the worker that ran it
@@ -574,11 +595,18 @@ impl Loader {
                 return Ok(0);
             }
             Event::Exhausted { worker, seq } => {
-                if let Some(lanes) = &self.lanes {
+                if let Some(lanes) = &mut self.lanes {
                     // a lane ran out; its worker stops once all its lanes have
                     let Some(lane) = self.sched.owner(seq) else {
                         return Ok(0);
                     };
+                    if lanes.collector == Some(lane) {
+                        // the batch kept was the epoch's last: after the rest
+                        if let Some((held, data)) = lanes.held.take() {
+                            self.sched.withdraw(held);
+                            lanes.last_batch = Some((held, lane, data));
+                        }
+                    }
                     self.sched.on_exhausted(lane);
                     let done = (0..lanes.worker_of.len())
                         .filter(|&l| lanes.worker_of[l] == worker)
@@ -611,10 +639,39 @@ impl Loader {
             } => (seq, worker, Payload::Error(payload)),
         };
         debug_assert!(worker < self.pool.len());
+        if self.collector_answered(seq) {
+            if let Payload::Batch(_) = payload {
+                // kept until the collector's next answer says whether it
+                // was its last
+                self.sched.answered(seq);
+                if let Some(lanes) = &mut self.lanes {
+                    lanes.held = Some((seq, payload));
+                }
+                return Ok(0);
+            }
+        }
         if let Some((worker, data)) = self.sched.on_result(seq, payload) {
             self.early.push_back((seq, worker, data));
         }
         Ok(1)
+    }
+
+    /// Whether task `seq` is the collector's: its batch kept before is
+    /// not its last after all, so it takes its turn now.
+    fn collector_answered(&mut self, seq: u64) -> bool {
+        let lane = self.sched.owner(seq);
+        let Some(lanes) = self.lanes.as_mut() else {
+            return false;
+        };
+        if lane.is_none() || lane != lanes.collector {
+            return false;
+        }
+        if let Some((held, data)) = lanes.held.take() {
+            if let Some((worker, data)) = self.sched.deliver(held, data) {
+                self.early.push_back((held, worker, data));
+            }
+        }
+        true
     }
 
     fn add_times(&mut self, worker: usize, times: &crate::stats::StageTimes) {
@@ -631,8 +688,8 @@ impl Loader {
     /// way.
     fn give_work(&mut self, worker: usize, seq: u64, lane: u32, given: u32) -> Result<()> {
         let lanes = self.lanes.as_mut();
-        let Some((queue, deferred)) =
-            lanes.and_then(|l| Some((l.queue.as_mut()?, &mut l.deferred)))
+        let Some((queue, deferred, collector)) =
+            lanes.and_then(|l| Some((l.queue.as_mut()?, &mut l.deferred, &mut l.collector)))
         else {
             return Err(Error::Corrupt {
                 worker,
@@ -662,6 +719,9 @@ impl Loader {
                     if works.is_empty() && !last {
                         *deferred = Some((worker, seq, lane));
                         return Ok(());
+                    }
+                    if last {
+                        *collector = Some(l);
                     }
                     ToWorker::Assign { lane, works, last }
                 }
@@ -694,6 +754,9 @@ impl Loader {
         };
         if works.is_empty() && !last {
             return Ok(());
+        }
+        if last {
+            lanes.collector = Some(c);
         }
         let msg = ToWorker::Assign {
             lane: c as u32,
@@ -838,6 +901,8 @@ impl Loader {
     pub fn position(&self) -> (u64, Vec<u64>) {
         let (drawn, mut pending) = self.sched.position();
         pending.extend(self.early.iter().map(|(seq, ..)| *seq));
+        let last = self.lanes.as_ref().and_then(|l| l.last_batch.as_ref());
+        pending.extend(last.map(|(seq, ..)| *seq));
         pending.sort_unstable();
         (drawn, pending)
     }

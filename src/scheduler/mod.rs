@@ -215,7 +215,20 @@ impl<T> Scheduler<T> {
     /// handed over in arrival order (the caller queues it), as torch hands
     /// over each result as it is received; in order, it waits its turn.
     pub fn on_result(&mut self, seq: u64, data: T) -> Option<(usize, T)> {
+        self.answered(seq);
+        self.deliver(seq, data)
+    }
+
+    /// A result for task `seq` that the caller keeps aside for now: the
+    /// window counts it as answered (more tasks may go out) while its turn
+    /// waits for [`Scheduler::deliver`] or [`Scheduler::withdraw`].
+    pub fn answered(&mut self, _seq: u64) {
         self.tasks_outstanding = self.tasks_outstanding.saturating_sub(1);
+    }
+
+    /// A result kept aside ([`Scheduler::answered`]) takes its turn after
+    /// all (returned at once with `in_order=False`, as `on_result` does).
+    pub fn deliver(&mut self, seq: u64, data: T) -> Option<(usize, T)> {
         if !self.in_order {
             let info = self.task_info.remove(&seq)?;
             self.workers_num_tasks[info.worker] -= 1;
@@ -225,6 +238,14 @@ impl<T> Scheduler<T> {
             info.data = Some(data);
         }
         None
+    }
+
+    /// A result kept aside ([`Scheduler::answered`]) leaves the sequence:
+    /// the caller hands it over itself. The lane it came from.
+    pub fn withdraw(&mut self, seq: u64) -> Option<usize> {
+        let info = self.task_info.remove(&seq)?;
+        self.workers_num_tasks[info.worker] -= 1;
+        Some(info.worker)
     }
 
     /// An `IterableDataset` replica ran out (`_IterableDatasetStopIteration`).

@@ -47,6 +47,10 @@ struct TestHost {
 /// items, item `o` being `1000 * s + o`.
 const SHARD_LENS: [u64; 8] = [7, 1, 12, 3, 0, 5, 9, 2];
 const LANE_BATCH: usize = 3;
+/// A shard beyond `SHARD_LENS` whose items each take 100 ms: its lane
+/// falls behind the others.
+const SLOW_SHARD: u32 = 8;
+const SLOW_LEN: u64 = 4;
 
 struct TestShards;
 
@@ -58,7 +62,13 @@ impl ShardSource for TestShards {
         Ok(())
     }
     fn next(&mut self, _: &mut (), shard: u32, offset: u64) -> Result<Option<i64>, Error> {
-        Ok((offset < SHARD_LENS[shard as usize]).then(|| 1000 * shard as i64 + offset as i64))
+        let len = if shard == SLOW_SHARD {
+            std::thread::sleep(Duration::from_millis(100));
+            SLOW_LEN
+        } else {
+            SHARD_LENS[shard as usize]
+        };
+        Ok((offset < len).then(|| 1000 * shard as i64 + offset as i64))
     }
     fn share(&mut self, item: &i64) -> i64 {
         *item
@@ -809,6 +819,53 @@ fn a_dynamic_lanes_batches_keep_the_order_of_its_tasks() {
     }
     pool.loader.close();
     pool.reap();
+}
+
+#[test]
+#[cfg_attr(miri, ignore)] // see the module docs
+fn a_dynamic_epochs_short_batch_is_handed_over_last() {
+    // Lane 0 reads the slow shard (4 items), lane 1 shard 0 (7 items) and
+    // runs ahead: its full batches take tasks 1 and 3, then it hands back
+    // its last item. Lane 0 collects it with its own last item on task 2,
+    // a short batch with a lower sequence number than lane 1's second
+    // batch: it must still come last (only the last batch is short), and
+    // a budget of 3 batches then leaves it out, not a full one.
+    for (in_order, budget) in [(true, None), (false, None), (true, Some(3))] {
+        let mut pool = start(2, 2, in_order, false);
+        let plan = LanePlan {
+            lanes: 2,
+            shuffle: false,
+            block: 4,
+            root: 0,
+            works: None,
+            queue: vec![Work::from(SLOW_SHARD, 0), Work::from(0, 0)],
+            next_lane: 0,
+            handed: 0,
+            budget,
+            bases: vec![0; 2],
+            positions: vec![None; 2],
+        };
+        let got = lane_epoch(&mut pool, plan);
+        let case = format!("in_order={in_order} budget={budget:?}: {got:?}");
+        assert!(
+            got.iter().all(|b| b.len() == LANE_BATCH || b.len() == 2),
+            "{case}"
+        );
+        if budget.is_some() {
+            assert_eq!(got.len(), 3, "{case}");
+            assert!(got.iter().all(|b| b.len() == LANE_BATCH), "{case}");
+        } else {
+            assert_eq!(got.len(), 4, "{case}");
+            assert!(got[..3].iter().all(|b| b.len() == LANE_BATCH), "{case}");
+            let mut items = got.concat();
+            items.sort_unstable();
+            let mut want: Vec<i64> = (0..7).chain(8000..8000 + SLOW_LEN as i64).collect();
+            want.sort_unstable();
+            assert_eq!(items, want, "{case}");
+        }
+        pool.loader.close();
+        pool.reap();
+    }
 }
 
 #[test]
