@@ -544,7 +544,7 @@ def test_a_state_taken_after_a_next_epoch_decision_resumes():
 
 def test_threads_in_processes_alone_start_with_a_process():
     t = _tuner(methods=("threads_in_processes",))
-    nxt = t._grow(_Interval(10, 1.0, 0.9, 0.0))
+    nxt = t.observe(_Interval(10, 1.0, 0.9, 0.0))  # (the main process: it grows)
     assert nxt is not None and nxt[0].worker_method == P
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "ArrowTable",
     "BatchSamplerIter",
     "CacheLease",
+    "ClimbPolicy",
     "MultiProcessIter",
     "Packer",
     "PinArena",
@@ -737,6 +738,25 @@ class TunePolicy:
     def need(self, layout: _Layout) -> float: ...
     def fits(self, layout: _Layout) -> bool: ...
     def predict(self, layout: _Layout) -> float: ...
+
+@final
+class ClimbPolicy:
+    """``tuning.climb.Tuner``'s climb: its steps over measured intervals."""
+
+    def __new__(cls, prefetch: bool) -> Self: ...
+    @property
+    def settled(self) -> bool: ...
+    @settled.setter
+    def settled(self, settled: bool) -> None: ...
+    def observe(
+        self,
+        m: tuple[float, float, float, float],
+        layout: _Layout,
+        settled_wait: Optional[float],
+        bounds: tuple[int, Optional[float], float, float, float, bool, bool, bool, float, bool],
+    ) -> tuple[Optional[tuple[_Layout, str]], Optional[str], list[str]]:
+        """An interval ``(batches, wall, wait, cpu)`` on ``layout``: the next
+        layout and why (or ``None``), a note (or ``None``), lines to log."""
 
 def tune_bounds(cpu: float, wait: float, moving: float, gil: float, step: float, batch: float,
                 cores: float, layout: _Layout) -> list[float]:

@@ -90,6 +90,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(world::world_even_budget, m)?)?;
     m.add_function(wrap_pyfunction!(remote::store_option_known, m)?)?;
     m.add_class::<tuning::TunePolicy>()?;
+    m.add_class::<tuning::ClimbPolicy>()?;
     m.add_function(wrap_pyfunction!(tuning::tune_bounds, m)?)?;
     m.add_function(wrap_pyfunction!(tuning::tune_soft_min, m)?)?;
     m.add_function(wrap_pyfunction!(tuning::tune_candidates, m)?)?;

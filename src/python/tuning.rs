@@ -6,6 +6,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use crate::tuning::climb::{Bounds, Climb, Interval};
 use crate::tuning::policy::{Context, Measurement, Policy};
 use crate::tuning::{self, Costs, Layout};
 
@@ -179,6 +180,108 @@ impl TunePolicy {
     /// what was measured.
     fn predict(&mut self, layout: LayoutTuple) -> PyResult<f64> {
         Ok(self.inner.predict(&self::layout(layout)?, &[]))
+    }
+}
+
+/// The climbing policy's state (`tuning.climb.Tuner`).
+#[pyclass(name = "ClimbPolicy", module = "ferroloader._core")]
+pub struct ClimbPolicy {
+    inner: Climb,
+}
+
+/// A climb's step as Python takes it: the next layout and why (or
+/// `None`), a note (or `None`), lines to log.
+type ClimbStep = (Option<(LayoutTuple, String)>, Option<String>, Vec<String>);
+
+/// What bounds the climb, as `tuning.climb.Tuner` holds it: `(max_workers,
+/// cpu, ram, per_process, arena, processes, threads, inner, cores,
+/// mid_epoch)`.
+type BoundsTuple<'py> = (
+    u32,
+    Option<Bound<'py, PyAny>>,
+    f64,
+    f64,
+    f64,
+    bool,
+    bool,
+    bool,
+    f64,
+    bool,
+);
+
+#[pymethods]
+impl ClimbPolicy {
+    /// `prefetch`: whether a deeper prefetch may be tried once.
+    #[new]
+    fn new(prefetch: bool) -> Self {
+        ClimbPolicy {
+            inner: Climb::new(prefetch),
+        }
+    }
+
+    /// Settled: it only watches for the loop waiting much more (the
+    /// loader also settles it, on memory near the budget or a failed start).
+    #[getter]
+    fn settled(&self) -> bool {
+        self.inner.settled
+    }
+
+    #[setter]
+    fn set_settled(&mut self, settled: bool) {
+        self.inner.settled = settled;
+    }
+
+    /// An interval `(batches, wall, wait, cpu)` on `layout`: `(the next
+    /// layout and why or None, a note or None, lines to log)`.
+    fn observe(
+        &mut self,
+        m: (f64, f64, f64, f64),
+        layout: LayoutTuple,
+        settled_wait: Option<f64>,
+        bounds: BoundsTuple<'_>,
+    ) -> PyResult<ClimbStep> {
+        let (
+            max_workers,
+            cpu,
+            ram,
+            per_process,
+            arena,
+            processes,
+            threads,
+            inner,
+            cores,
+            mid_epoch,
+        ) = bounds;
+        let cpu = match cpu {
+            Some(c) => Some((c.extract::<f64>()?, c.str()?.extract::<String>()?)),
+            None => None,
+        };
+        let b = Bounds {
+            max_workers,
+            cpu,
+            ram,
+            per_process,
+            arena,
+            processes,
+            threads,
+            inner,
+            cores,
+            mid_epoch,
+        };
+        let m = Interval {
+            batches: m.0,
+            wall: m.1,
+            wait: m.2,
+            cpu: m.3,
+        };
+        let step = self
+            .inner
+            .observe(m, self::layout(layout)?, settled_wait, &b);
+        Ok((
+            step.next.map(|(l, why)| (tuple(l), why)),
+            step.note,
+            step.said,
+        ))
     }
 }
 

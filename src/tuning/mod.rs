@@ -8,6 +8,7 @@
 //! may pick are [`candidates`]. Every sum runs in the order the Python
 //! model this replaced ran it, so the simulator's figures are unchanged.
 
+pub mod climb;
 pub mod policy;
 
 use std::fmt;

@@ -1,15 +1,18 @@
 """The climbing policy that ``num_workers="auto"`` used before the
 model-based one (``FERROLOADER_AUTOTUNE_POLICY=climb``): it climbs a ladder
 of worker counts, keeps a step that gains 5 %, and stops where the loop is
-fed or a step gains nothing. Kept beside the model for comparison."""
+fed or a step gains nothing. Kept beside the model for comparison. Its
+steps are the engine's (``src/tuning/climb.rs``); ``Tuner`` keeps the
+budgets and the changes that ``stats()`` shows, and the model-based tuner
+builds on it."""
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Optional
 
+import ferroloader._core as _core
 from ferroloader import _machine
 from ferroloader._env import _INITIAL_ARENA
 from ferroloader.tuning.bounds import (
@@ -19,21 +22,7 @@ from ferroloader.tuning.bounds import (
     Layout,
     log,
 )
-
-# the worker counts the tuner climbs through
-_LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-
-
-# a step is kept when the loop gets this much more (batches per second)
-_GAIN = 1.05
-
-
-# a change of method for as many workers is kept if it keeps this much
-_LATERAL = 0.95
-
-
-# the loop is fed when it waits less than this share of its time
-_FED = 0.05
+from ferroloader.tuning.estimate import key
 
 
 @dataclass
@@ -76,17 +65,12 @@ class Tuner:
         self.read_budgets()
         # a layout forced from outside (tests): epoch ends are not measured
         self.forced = False
-        # the fastest layout measured so far, to go back to
-        self.best: Optional[tuple[Layout, _Interval]] = None
-        # the layout measured last, which the next step is judged against
-        self.prev: Optional[tuple[Layout, _Interval]] = None
-        self.scaling = 0.0
-        # processes or threads is decided on the first workers measured
-        self.method_chosen = False
+        # the climb's own state (the best and last layouts measured, how
+        # nearly linear the last step was): the engine's
+        self._climb = _core.ClimbPolicy(bool(bounds.prefetch))
         self.current: Optional[_Interval] = None
         # per process, the worst a worker's copy of this process can grow to
         self.per_process = _machine.private_dirty()
-        self.tried_prefetch = not bounds.prefetch
         # the fewest workers it may use (the main process: 0)
         self.min_workers = 0
 
@@ -122,131 +106,19 @@ class Tuner:
         if before is not None and before.rate_after is None:
             before.rate_after, before.wait_after = m.rate, m.wait_share
         self.current = m
-        if self.settled:
-            return self._watch(m)
-        best, prev = self.best, self.prev
-        # the first workers in place of the main process pay for their
-        # transport before they scale: they are judged with the next step
-        first = prev is not None and prev[0].workers == 0 and self.layout.workers > 0
-        # another method for as many workers need not gain, only not lose
-        lateral = (
-            prev is not None
-            and prev[0].workers == self.layout.workers
-            and prev[0].prefetch_factor == self.layout.prefetch_factor
-        )
-        # each step is judged against the one before it (the climb goes on
-        # while the workers scale, even below the main process's rate)
-        need = prev[1].rate * (_LATERAL if lateral else _GAIN) if prev is not None else 0.0
-        if prev is not None and best is not None and not first and m.rate < need:
-            if m.wait_share >= _FED or m.rate < prev[1].rate:
-                # the step gained nothing (or took the loop's CPU): the best measured
-                self.settled = True
-                if m.rate >= best[1].rate:
-                    return None
-                return best[0], (
-                    f"{self.layout} gained nothing over {prev[0]} "
-                    f"({m.rate:.1f} vs {prev[1].rate:.1f} batches/s): back to {best[0]}"
-                )
-        if prev is not None and prev[0].workers and self.layout.workers and not first:
-            # how nearly linear the step was
-            self.scaling = (m.rate / max(prev[1].rate, 1e-9)) / (
-                self.layout.workers / prev[0].workers)
-        self.prev = (self.layout, m)
-        if best is None or m.rate > best[1].rate:
-            self.best = (self.layout, m)
-        if m.wait_share < _FED:
-            self.settled = True
-            log.info("settled on %s: the loop waits %.1f%%", self.layout, 100 * m.wait_share)
-            return None
-        nxt = self._grow(m)
-        if nxt is None:
-            self.settled = True
-        return nxt
-
-    def _watch(self, m: _Interval) -> Optional[tuple[Layout, str]]:
-        """Settled: starts climbing again if the loop waits much more than
-        when it settled (the data got slower)."""
-        base = self.changes[-1].wait_after if self.changes else None
-        if m.wait_share > max(0.25, 2 * (base or 0.0) + 0.1) and self.mid_epoch:
-            self.settled = False
-            self.best = self.prev = None
-        return None
-
-    def _grow(self, m: _Interval) -> Optional[tuple[Layout, str]]:
-        lay = self.layout
-        why = f"the loop waits {m.wait_share:.0%}"
-        if lay.num_workers == 0:
-            method = "multiprocessing" if self.processes_ok else "thread"
-            if m.wait_share > 0.9 and _machine.cores() > 1 and self.max_workers >= 2:
-                # the loop only waits: one worker would not be faster than
-                # the main process, two may
-                two = Layout(2, method)
-                if self.fits(two):
-                    return two, why
-            first = Layout(1, method)
-            if self.fits(first):
-                return first, why
-            alt = Layout(1, "thread")
-            if self.threads_ok and self.fits(alt):
-                return alt, why + "; a process would not fit the RAM budget"
-            self.notes.append("no worker fits the RAM budget: loading in the main process")
-            return None
-        busy = m.cpu / m.wall / max(lay.workers, 1) if m.wall > 0 else 1.0
-        first_workers, self.method_chosen = not self.method_chosen, True
-        if (
-            first_workers
-            and lay.worker_method == "multiprocessing"
-            and lay.worker_threads == 1
-            and busy < 0.5
-            and self.threads_ok
-        ):
-            # its workers mostly wait (I/O): threads are cheaper to have many of
-            return replace(lay, worker_method="thread"), (
-                f"{why}; each worker is busy {busy:.0%} of the time (it waits): threads"
-            )
-        budget = self.cpu
-        loop_share = 1.0 - m.wait_share  # the loop's own step
-        if budget is None and loop_share > 0.1:
-            # the loop computes: the cores it leaves (when it only waits, a
-            # step past the cores is measured, and kept only if it gains)
-            budget = max(_machine.cores() - loop_share, 0.5)
-        if budget is not None and m.cpu / m.wall > budget * 0.9 and busy > 0.5:
-            return self._prefetch(m, f"the CPU budget ({budget:.1f} cores) is used")
-        target = _next_rung(lay.num_workers)
-        if busy < 0.25:
-            # its workers wait nearly all the time: four times as many
-            target = max(target, 4 * lay.num_workers)
-        elif self.scaling >= 0.8:
-            # the last step scaled nearly linearly: a step to about as many
-            # workers as would feed the loop, at most twice as many
-            need = math.ceil(lay.num_workers / max(1.0 - m.wait_share, 0.125))
-            target = min(max(target, need), 2 * lay.num_workers)
-        if target * lay.worker_threads > self.max_workers:
-            target = self.max_workers // lay.worker_threads
-        cand = replace(lay, num_workers=target)
-        if target <= lay.num_workers:
-            return self._prefetch(m, f"max_workers={self.max_workers}")
-        if self.cpu is not None and busy * cand.workers > self.cpu:
-            return self._prefetch(m, f"{cand} would exceed cpu={self.cpu}")
-        if not self.fits(cand):
-            if lay.worker_method == "multiprocessing" and self.inner_threads_ok:
-                inner = replace(lay, worker_threads=lay.worker_threads * 2)
-                if lay.worker_threads < 4 and self.fits(inner):
-                    return inner, f"{why}; more processes would not fit the RAM budget"
-            if lay.worker_method == "multiprocessing" and self.threads_ok:
-                alt = replace(lay, worker_method="thread", worker_threads=1,
-                              num_workers=lay.workers + 1)
-                if self.fits(alt):
-                    return alt, f"{why}; more processes would not fit the RAM budget: threads"
-            return self._prefetch(m, f"{cand} would exceed the budgets")
-        return cand, why
-
-    def _prefetch(self, m: _Interval, stop: str) -> Optional[tuple[Layout, str]]:
-        log.info("stops growing: %s", stop)
-        if self.tried_prefetch:
-            return None
-        self.tried_prefetch = True
-        return replace(self.layout, prefetch_factor=4), f"{stop}; a deeper prefetch"
+        settled_wait = self.changes[-1].wait_after if self.changes else None
+        bounds = (self.max_workers, self.cpu, self.ram, self.per_process, _INITIAL_ARENA,
+                  self.processes_ok, self.threads_ok, self.inner_threads_ok, _machine.cores(),
+                  self.mid_epoch)
+        self._climb.settled = self.settled  # (the loader may have settled it)
+        nxt, note, said = self._climb.observe((m.batches, m.wall, m.wait, m.cpu),
+                                              key(self.layout), settled_wait, bounds)
+        if note is not None:
+            self.notes.append(note)
+        for line in said:
+            log.info("%s", line)
+        self.settled = self._climb.settled
+        return None if nxt is None else (Layout(*nxt[0]), nxt[1])
 
     def record(self, epoch: int, batch: int, after: Layout, reason: str) -> None:
         m = self.current or _Interval(0, 0.0, 0.0, 0.0)
@@ -258,13 +130,6 @@ class Tuner:
     def memory_over(self, pids: list[int]) -> bool:
         """The worker processes' summed PSS is over 90 % of the budget."""
         return sum(_machine.pss(p) for p in pids) > 0.9 * self.ram
-
-
-def _next_rung(n: int) -> int:
-    for r in _LADDER:
-        if r > n:
-            return r
-    return n * 2
 
 
 __all__ = ["Tuner"]
