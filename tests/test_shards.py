@@ -297,6 +297,26 @@ def test_resume_refuses_another_rank_or_world_size():
         next(iter(c))
 
 
+def test_a_loaded_position_names_what_differs_from_the_loader():
+    """The engine's check of a sharded position against the loader that
+    resumes it names the sharding, mode, world size or rank that differs;
+    every rank's merged state of the job's queue resumes anywhere."""
+    from ferroloader._core import check_shard_resume as check
+
+    saved = {"across": "rank", "mode": "dynamic", "world": 2, "rank": 1}
+    check(saved, "rank", "dynamic", 2, 1)
+    with pytest.raises(fl.ConfigError, match=r"across='rank'\), this loader shards across='world'"):
+        check(saved, "world", "dynamic", 2, 1)
+    with pytest.raises(fl.ConfigError, match="'dynamic' sharding, this loader shards 'static'"):
+        check(saved, "rank", "static", 2, 1)
+    with pytest.raises(fl.ConfigError, match="world_size 2, this process has 3"):
+        check(saved, "rank", "dynamic", 3, 1)
+    with pytest.raises(fl.ConfigError, match="saved by rank 1, this process is rank 0"):
+        check(saved, "rank", "dynamic", 2, 0)
+    check({"mode": "elastic", "world": 4, "rank": 3}, "rank", "elastic", 1, 0)
+    check({"across": "world", "merged": True}, "world", "dynamic", 5, 4)
+
+
 def _global_sequence(make, world: int, steps: int) -> tuple[list[int], dict]:
     """``steps`` global batches on ``world`` simulated ranks, rank by rank
     within each step, and rank 0's state after them."""

@@ -37,6 +37,7 @@ __all__ = [
     "_panic_in_guard",
     "block_seed",
     "check_settings",
+    "check_shard_resume",
     "check_state_layout",
     "collate",
     "derive",
@@ -632,6 +633,11 @@ class ShardCacheCore:
     ) -> ShardPrefetch:
         """Fetches ``(url, (start, end) or None, size or None)`` items in
         order on ``streams`` threads."""
+    def publish(self, dir: str) -> None:
+        """Writes this process's counters into a file of its own in ``dir``."""
+    @staticmethod
+    def published(dir: str) -> tuple[int, int, int, int, float, int]:
+        """The counters every process published in ``dir``, summed."""
     def counters(self) -> tuple[int, int, int, int, float, int]:
         """``(bytes fetched, downloads, hits, misses, seconds waited,
         re-downloads)`` of this process."""
@@ -712,6 +718,12 @@ class WorldClaims:
     def work(self, position: int) -> Optional[tuple[int, int, int]]: ...
     def account(self) -> tuple[list[int], list[tuple[int, int, int]]]: ...
     def counts(self) -> tuple[int, int, float]: ...
+
+def check_shard_resume(resume: dict[str, Any], across: str, mode: str, world: int,
+                       rank: int) -> None:
+    """A sharded epoch's loaded position against the loader resuming it
+    (same ``across``, mode, and for static and dynamic the same rank of as
+    many): a ``ConfigError`` saying which differs."""
 
 def check_state_layout(state: dict[str, Any], facts: dict[str, Any]) -> None:
     """A loader state's layout, field by field, for a loader of these

@@ -83,6 +83,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<remote::PyLease>()?;
     m.add_function(wrap_pyfunction!(remote::is_url, m)?)?;
     m.add_function(wrap_pyfunction!(state_check::check_state_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(state_check::check_shard_resume, m)?)?;
     m.add_function(wrap_pyfunction!(world::world_check_ranks, m)?)?;
     m.add_function(wrap_pyfunction!(world::world_remaining, m)?)?;
     m.add_function(wrap_pyfunction!(world::world_translate, m)?)?;

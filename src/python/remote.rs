@@ -41,6 +41,28 @@ pub struct PyCache {
     cache: Arc<Cache>,
     sizes: Mutex<HashMap<String, u64>>,
     warned_budget: AtomicBool,
+    /// This process's counters file (`publish`), once opened.
+    counters_file: Mutex<Option<std::fs::File>>,
+}
+
+/// A process's counters as `publish` writes them: fetched, downloads,
+/// hits, misses (u64 each), seconds waited (f64), re-downloads (u64),
+/// little-endian.
+type Counters = (u64, u64, u64, u64, f64, u64);
+const COUNTERS_LEN: usize = 48;
+
+fn encode_counters(c: Counters) -> [u8; COUNTERS_LEN] {
+    let mut out = [0u8; COUNTERS_LEN];
+    let words = [c.0, c.1, c.2, c.3, c.4.to_bits(), c.5];
+    for (chunk, w) in out.chunks_exact_mut(8).zip(words) {
+        chunk.copy_from_slice(&w.to_le_bytes());
+    }
+    out
+}
+
+fn decode_counters(b: &[u8; COUNTERS_LEN]) -> Counters {
+    let w = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+    (w(0), w(1), w(2), w(3), f64::from_bits(w(4)), w(5))
 }
 
 /// A piece of a shard as a dataset names it: a URL (the whole object),
@@ -129,6 +151,7 @@ impl PyCache {
             cache: Arc::new(cache),
             sizes: Mutex::new(HashMap::new()),
             warned_budget: AtomicBool::new(false),
+            counters_file: Mutex::new(None),
         })
     }
 
@@ -260,9 +283,57 @@ impl PyCache {
         Ok(sizes)
     }
 
+    /// Writes this process's counters where `published` reads them: one
+    /// positioned write into a file of its own in `dir` (a few
+    /// microseconds, so it runs after every shard). Best effort: a counter
+    /// that cannot be written is not worth a failed read.
+    fn publish(&self, dir: PathBuf) {
+        use std::os::unix::fs::FileExt;
+        let mut file = self.counters_file.lock().unwrap_or_else(|p| p.into_inner());
+        if file.is_none() {
+            let opened = std::fs::create_dir_all(&dir).and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(dir.join(std::process::id().to_string()))
+            });
+            *file = opened.ok();
+        }
+        if let Some(f) = file.as_ref() {
+            let _ = f.write_at(&encode_counters(self.counters()), 0);
+        }
+    }
+
+    /// The counters every process published in `dir`, summed.
+    #[staticmethod]
+    fn published(dir: PathBuf) -> Counters {
+        use std::io::Read;
+        let mut sum: Counters = (0, 0, 0, 0, 0.0, 0);
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return sum;
+        };
+        for entry in entries.flatten() {
+            let mut b = [0u8; COUNTERS_LEN];
+            let read = std::fs::File::open(entry.path()).and_then(|mut f| f.read_exact(&mut b));
+            if read.is_ok() {
+                let c = decode_counters(&b);
+                sum = (
+                    sum.0 + c.0,
+                    sum.1 + c.1,
+                    sum.2 + c.2,
+                    sum.3 + c.3,
+                    sum.4 + c.4,
+                    sum.5 + c.5,
+                );
+            }
+        }
+        sum
+    }
+
     /// `(bytes fetched, downloads, hits, misses, seconds waited,
     /// re-downloads)` of this process.
-    fn counters(&self) -> (u64, u64, u64, u64, f64, u64) {
+    fn counters(&self) -> Counters {
         let c = &self.cache.counters;
         (
             c.fetched.load(Ordering::Relaxed),

@@ -440,6 +440,81 @@ pub fn check_state_layout(state: &Bound<'_, PyDict>, facts: Facts) -> PyResult<(
         .map_err(|e| Class::Config.err(format!("load_state_dict(): the state is malformed: {e}")))
 }
 
+/// A sharded epoch's loaded position (`resume`: the state's `shards`)
+/// against the loader that resumes it: saved across the same ranks' queue
+/// (`across`), in the same `mode`, and (static, dynamic) by this `rank` of
+/// as many (`world`); a `ConfigError` saying which differs. Every rank's
+/// merged state of the job's queue resumes on any number of ranks.
+#[pyfunction]
+pub fn check_shard_resume(
+    resume: &Bound<'_, PyDict>,
+    across: &str,
+    mode: &str,
+    world: i64,
+    rank: i64,
+) -> PyResult<()> {
+    let head = "iter(): the state given to load_state_dict() was saved";
+    let fail = |msg: String| Err(Class::Config.err(msg));
+    let py = resume.py();
+    let text = |key: &str| -> PyResult<String> {
+        let v = field(resume, key).unwrap_or_else(|| py.None().into_bound(py));
+        Ok(v.repr()?.to_string())
+    };
+    let saved_across = match field(resume, "across") {
+        Some(a) => a.extract::<String>().ok(),
+        None => Some("rank".to_string()),
+    };
+    if saved_across.as_deref() != Some(across) {
+        let saved = match field(resume, "across") {
+            Some(_) => text("across")?,
+            None => "'rank'".to_string(),
+        };
+        return fail(format!(
+            "{head} with Sharding(across={saved}), this loader shards across='{across}'"
+        ));
+    }
+    let merged = match field(resume, "merged") {
+        Some(m) => m.is_truthy()?,
+        None => false,
+    };
+    if across == "world" && merged {
+        return Ok(()); // every rank's state: it resumes on any number of ranks
+    }
+    let saved_mode = field(resume, "mode").and_then(|m| m.extract::<String>().ok());
+    if saved_mode.as_deref() != Some(mode) {
+        let saved = text("mode")?;
+        return fail(format!(
+            "{head} with {saved} sharding, this loader shards '{mode}'"
+        ));
+    }
+    if mode == "elastic" {
+        return Ok(());
+    }
+    let number = |key: &str| -> PyResult<(Option<i64>, String)> {
+        let v = resume
+            .get_item(key)?
+            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(key.to_string()))?;
+        Ok((v.extract::<i64>().ok(), v.str()?.to_string()))
+    };
+    let (saved_world, shown) = number("world")?;
+    if saved_world != Some(world) {
+        return fail(format!(
+            "{head} with world_size {shown}, this process has {world}; {mode} sharding resumes \
+             on the same number of ranks (elastic sharding resumes on any, and so does \
+             across='world' from every rank's state: ferroloader.merge_states)"
+        ));
+    }
+    let (saved_rank, shown) = number("rank")?;
+    if saved_rank != Some(rank) {
+        return fail(format!(
+            "iter(): the state given to load_state_dict() was saved by rank {shown}, this \
+             process is rank {rank}; {mode} sharding keeps a state per rank (save each rank's \
+             state_dict())"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::decode_base64;

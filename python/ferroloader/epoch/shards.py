@@ -41,7 +41,8 @@ class ShardEpoch:
         # the job's shared queue (Sharding(across="world"))
         self.world_epoch: Optional[Any] = None
         if resume is not None:
-            _check_resume(self, resume)
+            _core.check_shard_resume(resume, sharding.across, sharding.mode, self.world,
+                                     self.rank)
         if sharding.across != "world":
             self._this_rank(loader, resume)
             return
@@ -181,42 +182,6 @@ class ShardEpoch:
             return len(self.addresses)
         assert self.plan is not None
         return self.plan.batches
-
-
-def _check_resume(ep: ShardEpoch, resume: dict[str, Any]) -> None:
-    mode = ep.sharding.mode
-    across = ep.sharding.across
-    if resume.get("across", "rank") != across:
-        raise ConfigError(
-            f"iter(): the state given to load_state_dict() was saved with "
-            f"Sharding(across={resume.get('across', 'rank')!r}), this loader shards "
-            f"across={across!r}"
-        )
-    if across == "world" and resume.get("merged"):
-        return  # every rank's state: it resumes on any number of ranks
-    if resume.get("mode") != mode:
-        raise ConfigError(
-            f"iter(): the state given to load_state_dict() was saved with "
-            f"{resume.get('mode')!r} sharding, "
-            f"this loader shards {mode!r}"
-        )
-    if mode == "elastic":
-        return
-    if resume["world"] != ep.world:
-        raise ConfigError(
-            f"iter(): the state given to load_state_dict() was saved with world_size "
-            f"{resume['world']}, this "
-            f"process has {ep.world}; {mode} sharding resumes on the same number of ranks "
-            "(elastic sharding resumes on any, and so does across='world' from every rank's "
-            "state: ferroloader.merge_states)"
-        )
-    if resume["rank"] != ep.rank:
-        raise ConfigError(
-            f"iter(): the state given to load_state_dict() was saved by rank {resume['rank']}, "
-            "this process is "
-            f"rank {ep.rank}; {mode} sharding keeps a state per rank (save each rank's "
-            "state_dict())"
-        )
 
 
 def sharded_len(loader: Any) -> int:

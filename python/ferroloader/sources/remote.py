@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import struct
 import uuid
 import weakref
 from dataclasses import astuple, dataclass
@@ -37,9 +36,6 @@ from ferroloader.sources.cache_settings import (
 
 _T = TypeVar("_T")
 
-# a process's counters as it writes them: fetched, downloads, hits, misses,
-# waited, re-downloads
-_COUNTERS = struct.Struct("<QQQQdQ")
 
 
 def is_url(path: Any) -> bool:
@@ -152,7 +148,6 @@ class ShardCache:
         # names this cache's per-process counters (see stats())
         self._token = uuid.uuid4().hex
         self._native_box: list[Any] = []
-        self._stats_fd: list[int] = []  # [pid, fd] of this process's counters file
         # the counters' folder goes with the object that made it (copies in
         # workers do not own it)
         weakref.finalize(self, _remove_owned, os.getpid(), self._counters_dir())
@@ -166,7 +161,6 @@ class ShardCache:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_native_box"] = []  # each process opens the directory itself
-        state["_stats_fd"] = []
         return state
 
     def open(self, url: str, start: Optional[int] = None, end: Optional[int] = None) -> _Opened:
@@ -262,37 +256,15 @@ class ShardCache:
         return os.path.join(self.dir, ".stats", self._token)
 
     def _publish(self) -> None:
-        """Writes this process's counters where ``stats()`` reads them: one
-        small positioned write into a file per process (a few microseconds,
-        so it runs after every shard)."""
-        try:
-            if not self._stats_fd or self._stats_fd[0] != os.getpid():
-                d = self._counters_dir()
-                os.makedirs(d, exist_ok=True)
-                fd = os.open(os.path.join(d, str(os.getpid())), os.O_WRONLY | os.O_CREAT, 0o644)
-                self._stats_fd[:] = [os.getpid(), fd]
-            record = _COUNTERS.pack(*self._native().counters())
-            os.pwrite(self._stats_fd[1], record, 0)
-        except OSError:
-            pass  # counters are best effort; reads never fail for them
+        """Writes this process's counters where ``stats()`` reads them (a
+        file per process, written in place after every shard)."""
+        self._native().publish(self._counters_dir())
 
     def stats(self) -> CacheStats:
         """The counters of every process that used this cache object (the
         main process's prefetcher, the workers), summed."""
         self._publish()
-        out = CacheStats()
-        d = self._counters_dir()
-        try:
-            names = os.listdir(d)
-        except OSError:
-            return out
-        for name in names:
-            try:
-                with open(os.path.join(d, name), "rb") as f:
-                    out += CacheStats(*_COUNTERS.unpack(f.read(_COUNTERS.size)))
-            except (OSError, struct.error):
-                continue
-        return out
+        return CacheStats(*_core.ShardCacheCore.published(self._counters_dir()))
 
 
 def _remove_owned(owner: int, path: str) -> None:
