@@ -28,7 +28,7 @@ ray = pytest.importorskip("ray", reason="the Ray tests need ray (a test extra: f
 # pages that start one, run in one pytest process (--dist loadgroup). The
 # limits leave room for Ray on a busy machine (its processes start several
 # times slower beside two busy ones).
-pytestmark = [ferro_only, time_limit(360), pytest.mark.xdist_group("ray"),
+pytestmark = [ferro_only, time_limit(360), pytest.mark.xdist_group("ray"), pytest.mark.ray_driver,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 # A node starved of CPU by other work must not be declared dead, nor a
