@@ -117,14 +117,18 @@ fn show_bytes(n: u64) -> String {
 }
 
 impl PyCache {
-    /// `pieces` (repeats and local shards left out) and their sizes, after
-    /// checking the cache can hold each.
-    fn checked(&self, py: Python<'_>, pieces: Vec<Piece>) -> PyResult<Vec<(Piece, u64)>> {
+    /// `pieces` as datasets name them (repeats and local shards left out)
+    /// and their sizes, after checking the cache can hold each.
+    fn checked(&self, py: Python<'_>, pieces: &[Bound<'_, PyAny>]) -> PyResult<Vec<(Piece, u64)>> {
         let mut seen = HashSet::new();
-        let wanted: Vec<Piece> = pieces
-            .into_iter()
-            .filter(|p| seen.insert(p.clone()))
-            .collect();
+        let mut wanted = Vec::new();
+        for p in pieces {
+            if let Some(p) = piece(p)? {
+                if seen.insert(p.clone()) {
+                    wanted.push(p);
+                }
+            }
+        }
         let sizes = self.check(py, wanted.clone())?;
         Ok(wanted.into_iter().zip(sizes).collect())
     }
@@ -198,20 +202,21 @@ impl PyCache {
         holders: usize,
         streams: usize,
     ) -> PyResult<Option<PyPrefetch>> {
-        let pieces = pieces.iter().map(piece).collect::<PyResult<Vec<_>>>()?;
-        let sized = self.checked(py, pieces.into_iter().flatten().collect())?;
+        let sized = self.checked(py, &pieces)?;
         if sized.is_empty() {
             return Ok(None);
         }
         let lease = self.room(py, &sized, holders)?;
-        let known = self.sizes.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let items = sized
-            .into_iter()
-            .map(|((url, range), _)| {
-                let size = known.get(&url).copied();
-                (url, range, size)
-            })
-            .collect();
+        let items = {
+            let known = self.sizes.lock().unwrap_or_else(|p| p.into_inner());
+            sized
+                .into_iter()
+                .map(|((url, range), _)| {
+                    let size = known.get(&url).copied();
+                    (url, range, size)
+                })
+                .collect()
+        };
         Ok(Some(PyPrefetch {
             inner: Mutex::new(Some(self.cache.prefetch(items, streams))),
             _lease: lease,
@@ -227,8 +232,7 @@ impl PyCache {
         pieces: Vec<Bound<'_, PyAny>>,
         readers: usize,
     ) -> PyResult<Option<PyLease>> {
-        let pieces = pieces.iter().map(piece).collect::<PyResult<Vec<_>>>()?;
-        let sized = self.checked(py, pieces.into_iter().flatten().collect())?;
+        let sized = self.checked(py, &pieces)?;
         self.room(py, &sized, readers)
     }
 

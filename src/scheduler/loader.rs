@@ -643,7 +643,7 @@ impl Loader {
             if let Payload::Batch(_) = payload {
                 // kept until the collector's next answer says whether it
                 // was its last
-                self.sched.answered(seq);
+                self.sched.answered();
                 if let Some(lanes) = &mut self.lanes {
                     lanes.held = Some((seq, payload));
                 }
@@ -659,11 +659,11 @@ impl Loader {
     /// Whether task `seq` is the collector's: its batch kept before is
     /// not its last after all, so it takes its turn now.
     fn collector_answered(&mut self, seq: u64) -> bool {
-        let lane = self.sched.owner(seq);
-        let Some(lanes) = self.lanes.as_mut() else {
+        // (every batch passes here: the lookup only once a lane collects)
+        let Some(lanes) = self.lanes.as_mut().filter(|l| l.collector.is_some()) else {
             return false;
         };
-        if lane.is_none() || lane != lanes.collector {
+        if self.sched.owner(seq) != lanes.collector {
             return false;
         }
         if let Some((held, data)) = lanes.held.take() {

@@ -215,14 +215,14 @@ impl<T> Scheduler<T> {
     /// handed over in arrival order (the caller queues it), as torch hands
     /// over each result as it is received; in order, it waits its turn.
     pub fn on_result(&mut self, seq: u64, data: T) -> Option<(usize, T)> {
-        self.answered(seq);
+        self.answered();
         self.deliver(seq, data)
     }
 
     /// A result for task `seq` that the caller keeps aside for now: the
     /// window counts it as answered (more tasks may go out) while its turn
     /// waits for [`Scheduler::deliver`] or [`Scheduler::withdraw`].
-    pub fn answered(&mut self, _seq: u64) {
+    pub fn answered(&mut self) {
         self.tasks_outstanding = self.tasks_outstanding.saturating_sub(1);
     }
 
