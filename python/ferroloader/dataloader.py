@@ -264,7 +264,6 @@ class DataLoader(_TorchDataLoader[_T_co]):
         self._epochs_started = 0
         self._epoch: Optional[_epoch.Epoch] = None
         self._resume: Optional[dict[str, Any]] = None
-        self._resume_sampler_state: Any = None
         # a loaded state not yet consumed by iter() (state_dict() returns it),
         # its parts that outlive an epoch, and the worker count it was saved with
         self._pending_state: Optional[dict[str, Any]] = None

@@ -318,7 +318,6 @@ def open_epoch(loader: Any) -> tuple[Epoch, Optional[dict[str, Any]], Any]:
         _check_workers(loader, resume, extra)
     loader._pending_state = None
     loader._resume = None
-    loader._resume_sampler_state = None
     loader._resume_extra = {}
     loader._next_base_seed = extra.get("base_seed")
     loader._next_worker_states = extra.get("worker_states")

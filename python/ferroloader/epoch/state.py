@@ -204,7 +204,6 @@ def load(loader: Any, state: dict[str, Any]) -> None:
     _set(groups, [_tensor(g["state"]) for g in state["generators"]])
     loader._epochs_started = int(state["epochs_started"])
     loader._resume = state["epoch"]
-    loader._resume_sampler_state = state.get("sampler_state")
     loader._resume_extra = {
         k: state[k]
         for k in ("dataset_state", "base_seed", "worker_states", "world_carry")

@@ -183,7 +183,6 @@ class WorldEpoch:
             quota: Optional[int] = k * batch
         else:
             self.budget, quota = None, None
-        self.handed0 = handed
         remote = dataset._remote(ep.descriptors)
         on_claim = None
         self.lease: Any = None

@@ -127,9 +127,5 @@ class Tuner:
         log.info("%s", change)
         self.layout = after
 
-    def memory_over(self, pids: list[int]) -> bool:
-        """The worker processes' summed PSS is over 90 % of the budget."""
-        return sum(_machine.pss(p) for p in pids) > 0.9 * self.ram
-
 
 __all__ = ["Tuner"]
