@@ -120,7 +120,7 @@ def _reserved_port() -> Iterator[int]:
     """A port for a rendezvous that no other test can be given: below the
     kernel's ephemeral range (where bind(0), which the other DDP tests and
     Lightning's own pick use, never lands), and held by a lock file while
-    the job runs, so two such jobs (pytest -n 2) never share one."""
+    the job runs, so two such jobs (pytest -n 4) never share one."""
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         low = int(f.read().split()[0])
     top = min(low, 32768)
