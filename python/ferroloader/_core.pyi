@@ -59,9 +59,14 @@ __all__ = [
     "shard_plan",
     "shm_limit_setting",
     "store_option_known",
+    "tune_best",
     "tune_bounds",
     "tune_candidates",
+    "tune_draw",
+    "tune_outcome",
     "tune_past_noise",
+    "tune_sim_rate",
+    "tune_simulate",
     "tune_soft_min",
     "worker_loop",
     "world_check_ranks",
@@ -778,3 +783,17 @@ def tune_soft_min(bounds: list[float], sharpness: float) -> float: ...
 def tune_candidates(cap: int, processes: bool, threads: bool,
                     inner: bool) -> list[_Layout]: ...
 def tune_past_noise(ratios: list[tuple[float, float]]) -> float: ...
+# the simulator (tuning.model): a job and a machine are read by attribute
+_Job = tuple[float, float, float, float, float, float, float, float, int, float]
+def tune_sim_rate(job: Any, machine: Any, layout: _Layout) -> float: ...
+def tune_best(job: Any, machine: Any, candidates: list[_Layout],
+              arena: float) -> tuple[_Layout, float]: ...
+def tune_draw(n: int, seed: int) -> list[tuple[str, _Job, tuple[int, float]]]: ...
+def tune_outcome(job: Any, machine: Any,
+                 last: _Layout) -> tuple[_Layout, float, float, int, float]: ...
+def tune_simulate(
+    job: Any, machine: Any, seed: int, start: _Layout, seconds: float, arena: float,
+    interval: float, stop_after: float,
+    decide: Optional[Callable[[tuple[Any, ...]], Any]] = None,
+    context: Any = None,
+) -> tuple[list[tuple[float, _Layout]], float, float, float, float]: ...

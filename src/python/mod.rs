@@ -96,5 +96,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tuning::tune_soft_min, m)?)?;
     m.add_function(wrap_pyfunction!(tuning::tune_candidates, m)?)?;
     m.add_function(wrap_pyfunction!(tuning::tune_past_noise, m)?)?;
+    m.add_function(wrap_pyfunction!(tuning::tune_sim_rate, m)?)?;
+    m.add_function(wrap_pyfunction!(tuning::tune_best, m)?)?;
+    m.add_function(wrap_pyfunction!(tuning::tune_draw, m)?)?;
+    m.add_function(wrap_pyfunction!(tuning::tune_outcome, m)?)?;
+    m.add_function(wrap_pyfunction!(tuning::tune_simulate, m)?)?;
     Ok(())
 }

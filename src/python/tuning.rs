@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 use crate::tuning::climb::{Bounds, Climb, Interval};
 use crate::tuning::policy::{Context, Measurement, Policy};
+use crate::tuning::sim::{self, Job, Machine, Timing};
 use crate::tuning::{self, Costs, Layout};
 
 type LayoutTuple = (u32, String, u32, u32);
@@ -346,4 +347,196 @@ pub fn tune_candidates(cap: u32, processes: bool, threads: bool, inner: bool) ->
 #[pyfunction]
 pub fn tune_past_noise(ratios: Vec<(f64, f64)>) -> f64 {
     tuning::past_noise(&ratios)
+}
+
+/// `tuning.model.Job`'s fields.
+#[derive(FromPyObject)]
+pub struct JobArgs {
+    cpu: f64,
+    wait: f64,
+    bytes: f64,
+    gil: f64,
+    mem: f64,
+    start: f64,
+    per_byte: f64,
+    step: f64,
+    batch: u32,
+    noise: f64,
+}
+
+impl From<JobArgs> for Job {
+    fn from(j: JobArgs) -> Job {
+        Job {
+            cpu: j.cpu,
+            wait: j.wait,
+            bytes: j.bytes,
+            gil: j.gil,
+            mem: j.mem,
+            start: j.start,
+            per_byte: j.per_byte,
+            step: j.step,
+            batch: j.batch,
+            noise: j.noise,
+        }
+    }
+}
+
+/// `tuning.model.Machine`'s fields.
+#[derive(FromPyObject)]
+pub struct MachineArgs {
+    cores: u32,
+    ram: f64,
+    max_workers: u32,
+}
+
+impl From<MachineArgs> for Machine {
+    fn from(m: MachineArgs) -> Machine {
+        Machine {
+            cores: m.cores,
+            ram: m.ram,
+            max_workers: m.max_workers,
+        }
+    }
+}
+
+/// A job as `tuning.model.Job`'s fields in order.
+type JobTuple = (f64, f64, f64, f64, f64, f64, f64, f64, u32, f64);
+
+fn job_tuple(j: &Job) -> JobTuple {
+    (
+        j.cpu, j.wait, j.bytes, j.gil, j.mem, j.start, j.per_byte, j.step, j.batch, j.noise,
+    )
+}
+
+fn measurement_tuple(m: &Measurement) -> MeasurementTuple {
+    (
+        tuple(m.layout),
+        m.wall,
+        m.batches,
+        m.samples,
+        m.wait,
+        m.loop_cpu,
+        m.cpu,
+        m.fetch,
+        m.memory,
+        m.start,
+        m.epoch_end,
+    )
+}
+
+fn layouts(all: Vec<LayoutTuple>) -> PyResult<Vec<Layout>> {
+    all.into_iter().map(layout).collect()
+}
+
+/// The model's rate of `layout` for a job on a machine (`tuning.model.rate`).
+#[pyfunction]
+pub fn tune_sim_rate(
+    #[pyo3(from_py_with = job_of)] job: Job,
+    #[pyo3(from_py_with = machine_of)] machine: Machine,
+    layout: LayoutTuple,
+) -> PyResult<f64> {
+    Ok(sim::rate(&job, &machine, &self::layout(layout)?))
+}
+
+/// The fastest of `candidates` within the RAM budget, and its rate.
+#[pyfunction]
+pub fn tune_best(
+    #[pyo3(from_py_with = job_of)] job: Job,
+    #[pyo3(from_py_with = machine_of)] machine: Machine,
+    candidates: Vec<LayoutTuple>,
+    arena: f64,
+) -> PyResult<(LayoutTuple, f64)> {
+    let (top, rate) = sim::best(&job, &machine, &layouts(candidates)?, arena);
+    Ok((tuple(top), rate))
+}
+
+/// `n` drawn (kind, job, cores and RAM) pairs (`tuning.model.draw`).
+#[pyfunction]
+pub fn tune_draw(n: usize, seed: u32) -> Vec<(&'static str, JobTuple, (u32, f64))> {
+    sim::draw(n, seed)
+        .iter()
+        .map(|(kind, job, m)| (*kind, job_tuple(job), (m.cores, m.ram)))
+        .collect()
+}
+
+/// A run's last layout against the model's best: `(best, its rate, the
+/// ratio, the fewest workers within 0.95, the seconds to tell them)`.
+#[pyfunction]
+pub fn tune_outcome(
+    #[pyo3(from_py_with = job_of)] job: Job,
+    #[pyo3(from_py_with = machine_of)] machine: Machine,
+    last: LayoutTuple,
+) -> PyResult<(LayoutTuple, f64, f64, u32, f64)> {
+    let (top, rate, ratio, fewest, telling) = sim::outcome(&job, &machine, &layout(last)?);
+    Ok((tuple(top), rate, ratio, fewest, telling))
+}
+
+/// A simulated run (`tuning.model.simulate`): `decide` is called with each
+/// interval (a `Measurement`'s fields) and returns a layout or `None`;
+/// without it, the model-based policy for `context` decides, here.
+/// Returns `(layouts with their times, settled at, peak memory, samples,
+/// seconds)`.
+#[pyfunction]
+#[pyo3(signature = (job, machine, seed, start, seconds, arena, interval, stop_after, decide=None, context=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn tune_simulate(
+    #[pyo3(from_py_with = job_of)] job: Job,
+    #[pyo3(from_py_with = machine_of)] machine: Machine,
+    seed: u32,
+    start: LayoutTuple,
+    seconds: f64,
+    arena: f64,
+    interval: f64,
+    stop_after: f64,
+    decide: Option<&Bound<'_, PyAny>>,
+    context: Option<&Bound<'_, PyAny>>,
+) -> PyResult<SimRun> {
+    let start = layout(start)?;
+    let timing = Timing {
+        seconds,
+        arena,
+        interval,
+        stop_after,
+    };
+    let run = match (decide, context) {
+        (Some(decide), _) => sim::simulate(
+            |m| {
+                let next = decide.call1((measurement_tuple(&m),))?;
+                if next.is_none() {
+                    Ok(None)
+                } else {
+                    layout_of(&next).map(Some)
+                }
+            },
+            start,
+            &job,
+            &machine,
+            seed,
+            timing,
+        )?,
+        (None, Some(ctx)) => sim::run_policy(context_of(ctx)?, start, &job, &machine, seed, timing),
+        (None, None) => {
+            return Err(PyValueError::new_err(
+                "tune_simulate needs a decide callable or a policy context",
+            ))
+        }
+    };
+    let layouts = run.layouts.iter().map(|(t, l)| (*t, tuple(*l))).collect();
+    Ok((
+        layouts,
+        run.settled_at,
+        run.peak_memory,
+        run.samples,
+        run.seconds,
+    ))
+}
+
+type SimRun = (Vec<(f64, LayoutTuple)>, f64, f64, f64, f64);
+
+fn job_of(obj: &Bound<'_, PyAny>) -> PyResult<Job> {
+    Ok(obj.extract::<JobArgs>()?.into())
+}
+
+fn machine_of(obj: &Bound<'_, PyAny>) -> PyResult<Machine> {
+    Ok(obj.extract::<MachineArgs>()?.into())
 }

@@ -59,6 +59,37 @@ impl Mt19937 {
         }
     }
 
+    /// Python's `random.Random(seed)` for a seed below 2**32
+    /// (`init_by_array` over its one 32-bit word), so a simulation drawn
+    /// here repeats the one Python drew.
+    pub fn python(seed: u32) -> Self {
+        let mut mt = Mt19937::new(19_650_218);
+        let st = &mut mt.state;
+        let mut i = 1usize;
+        for _ in 0..N {
+            // (a key of one word: its index, added too, is always 0)
+            let prev = st[i - 1] ^ (st[i - 1] >> 30);
+            st[i] = (st[i] ^ prev.wrapping_mul(1_664_525)).wrapping_add(seed);
+            i += 1;
+            if i >= N {
+                st[0] = st[N - 1];
+                i = 1;
+            }
+        }
+        for _ in 0..N - 1 {
+            let prev = st[i - 1] ^ (st[i - 1] >> 30);
+            st[i] = (st[i] ^ prev.wrapping_mul(1_566_083_941)).wrapping_sub(i as u32);
+            i += 1;
+            if i >= N {
+                st[0] = st[N - 1];
+                i = 1;
+            }
+        }
+        st[0] = 0x8000_0000;
+        mt.seed = u64::from(seed);
+        mt
+    }
+
     /// The seed the generator was created with (`initial_seed()`).
     pub fn initial_seed(&self) -> u64 {
         self.seed
@@ -178,6 +209,14 @@ mod tests {
             last = mt.next_u32();
         }
         assert_eq!(last, 4_123_659_995);
+    }
+
+    #[test]
+    fn python_random_seeds_by_array() {
+        // random.Random(12345).getrandbits(32) for the first three draws
+        let mut mt = Mt19937::python(12345);
+        let got: Vec<u32> = (0..3).map(|_| mt.next_u32()).collect();
+        assert_eq!(got, [1_789_368_711, 3_146_859_322, 43_676_229]);
     }
 
     #[test]

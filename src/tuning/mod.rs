@@ -10,6 +10,7 @@
 
 pub mod climb;
 pub mod policy;
+pub mod sim;
 
 use std::fmt;
 

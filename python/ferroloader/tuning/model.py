@@ -28,6 +28,10 @@ waiting). The simulator's rates also carry what a
 policy cannot know up front: processes past the cores contend (caches,
 context switches), and every measured interval is noisy.
 
+The model, the simulator and the draws are the engine's
+(``src/tuning/sim.rs``); a seed draws what Python's ``random.Random(seed)``
+drew when they were written here.
+
 >>> from ferroloader.tuning.bounds import Layout
 >>> job = Job(cpu=0.004, batch=32)
 >>> m = Machine(cores=8)
@@ -39,16 +43,16 @@ True
 
 from __future__ import annotations
 
-import math
-import random
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import ferroloader._core as _core
 from ferroloader import _machine
 from ferroloader.tuning import bounds as autotune
 from ferroloader.tuning.bounds import Layout
 from ferroloader.tuning.climb import Tuner
-from ferroloader.tuning.policy import Context, Measurement, Policy, bounds, candidates, soft_min
+from ferroloader.tuning.estimate import key
+from ferroloader.tuning.policy import Context, Measurement, candidates
 
 MiB = 1 << 20
 
@@ -88,37 +92,16 @@ class Machine:
         return self.max_workers or max(32, 4 * self.cores)
 
 
-def contention(job: Job, machine: Machine, layout: Layout) -> float:
-    """What processes past the cores lose (caches, switching): the share
-    of the rate left. Threads contend less (one address space)."""
-    busy = job.cpu / (job.cpu + job.wait) if job.cpu + job.wait > 0 else 0.0
-    demand = layout.workers * busy
-    over = max(0.0, demand / machine.cores - 1.0)
-    return 1.0 / (1.0 + (0.04 if layout.processes else 0.01) * over)
-
-
 def rate(job: Job, machine: Machine, layout: Layout) -> float:
-    """The model's samples per second for ``layout``, without noise."""
-    b = bounds(job.cpu, job.wait, job.moving(layout), job.gil, job.step, job.batch,
-               machine.cores, layout)
-    return soft_min(b) * contention(job, machine, layout)
+    """The model's samples per second for ``layout``, without noise: the
+    soft minimum of its bounds, less what processes past the cores lose
+    to contention (threads lose less: one address space)."""
+    return _core.tune_sim_rate(job, machine, key(layout))
 
 
 def memory(job: Job, layout: Layout, arena: float) -> float:
     """The layout's RAM at its worst: each process's copy, each worker's arena."""
     return layout.processes * job.mem + layout.workers * arena
-
-
-def start_cost(job: Job, machine: Machine, before: Layout, after: Layout) -> float:
-    """Seconds without batches while a change takes effect: the batches in
-    flight drain, the new workers start (processes side by side, as many
-    at once as there are cores)."""
-    if before.num_workers and after.num_workers and before.processes == after.processes \
-            and before.worker_method == after.worker_method \
-            and before.worker_threads == after.worker_threads:
-        return 0.0  # (another prefetch depth: in place)
-    starts = math.ceil(after.processes / machine.cores) * job.start if after.processes else 0.0
-    return 0.05 + starts + 0.002 * after.workers
 
 
 @dataclass
@@ -138,78 +121,26 @@ class Run:
         return self.layouts[-1][1]
 
 
-def simulate(policy: Callable[[Measurement], Optional[Layout]], start: Layout, job: Job,
+def simulate(policy: Optional[Callable[[Measurement], Optional[Layout]]], start: Layout, job: Job,
              machine: Machine, seed: int, seconds: float = 600.0, arena: float = 4 * MiB,
-             interval: float = 0.4, stop_after: float = 60.0) -> Run:
+             interval: float = 0.4, stop_after: float = 60.0,
+             context: Optional[Context] = None) -> Run:
     """Runs ``policy`` (a measurement in, a new layout or ``None`` out)
     from ``start`` for ``seconds`` of simulated time, or until it has kept
     one layout for ``stop_after`` seconds. Each interval lasts at least
     ``interval`` seconds and two rounds of the workers' batches (one batch
-    in the main process); its rate,
-    waiting, CPU and memory carry the job's noise."""
-    rng = random.Random(seed)
-    t = 0.0
-    layout = start
-    run = Run(layouts=[(0.0, start)])
-    last_change = 0.0
-    pending_start = 0.0
-    while t < seconds and t - last_change < stop_after:
-        true = rate(job, machine, layout)
-        # (two rounds of the workers' batches, which come in bursts; the
-        # main process's come one by one)
-        batches = max(2 * layout.workers or 1, math.ceil(interval * true / job.batch))
-        samples = batches * job.batch
-        # the rate carries the job's noise; what a worker's or the loop's
-        # time per sample is (CPU seconds, seconds in the fetch) 5 %
-        wall = samples / true * max(0.5, rng.gauss(1.0, job.noise))
+    in the main process); its rate, waiting, CPU and memory carry the
+    job's noise (drawn as ``random.Random(seed)`` draws). With ``context``
+    and no ``policy``, the model-based policy decides, in the engine."""
 
-        def steady() -> float:
-            return max(0.5, rng.gauss(1.0, 0.05))
+    def decide(m: tuple) -> Optional[Layout]:
+        assert policy is not None
+        return policy(Measurement(Layout(*m[0]), *m[1:]))
 
-        # the loop: its step outside next(), in next() what it waits and
-        # its CPU there (loading, or taking the batches from the workers)
-        outside = batches * job.step * steady()
-        if layout.num_workers == 0:
-            # (the fetch's time is its CPU, measured with it, and its waiting)
-            loop_cpu = samples * job.cpu * steady()
-            fetch = loop_cpu + samples * job.wait * steady()
-            wall = outside + fetch
-            wait = fetch
-            cpu = 0.0
-        else:
-            # (the interval lasts at least the loop's own time: its step
-            # and taking the batches; the noise cannot make it shorter)
-            loop_cpu = samples * job.moving(layout) * steady()
-            wall = max(wall, outside + loop_cpu)
-            wait = wall - outside
-            busy = steady()
-            cpu = samples * job.cpu * busy
-            # a worker's time in the fetch: its CPU (longer where the cores
-            # are taken) and its waiting, at most the whole interval
-            taken = max(1.0, cpu / wall / machine.cores)
-            fetch = min(layout.workers * wall,
-                        samples * (job.cpu * taken * busy + job.wait * steady()))
-        mem = memory(job, layout, arena)
-        run.peak_memory = max(run.peak_memory, mem)
-        m = Measurement(layout=layout, wall=wall, batches=batches, samples=samples, wait=wait,
-                        loop_cpu=loop_cpu, cpu=cpu, fetch=fetch,
-                        # (the PSS read: at most the worst case counted)
-                        memory=int(mem * rng.uniform(0.6, 1.0)),
-                        start=pending_start)
-        pending_start = 0.0
-        t += wall
-        run.samples += samples
-        nxt = policy(m)
-        if nxt is not None and nxt != layout:
-            cost = start_cost(job, machine, layout, nxt)
-            t += cost
-            pending_start = cost
-            layout = nxt
-            last_change = t
-            run.layouts.append((t, layout))
-    run.settled_at = last_change
-    run.seconds = t
-    return run
+    layouts, settled, peak, samples, secs = _core.tune_simulate(
+        job, machine, seed, key(start), seconds, arena, interval, stop_after,
+        decide=None if policy is None else decide, context=context)
+    return Run([(t, Layout(*lay)) for t, lay in layouts], settled, peak, samples, secs)
 
 
 def layouts(machine: Machine, processes: bool = True, threads: bool = True,
@@ -221,9 +152,8 @@ def layouts(machine: Machine, processes: bool = True, threads: bool = True,
 def best(job: Job, machine: Machine, candidates: list[Layout], arena: float = 4 * MiB) -> tuple[
         Layout, float]:
     """The fastest of ``candidates`` within the RAM budget, by the model."""
-    fits = [lay for lay in candidates if memory(job, lay, arena) <= machine.ram]
-    top = max(fits, key=lambda lay: rate(job, machine, lay))
-    return top, rate(job, machine, top)
+    top, top_rate = _core.tune_best(job, machine, [key(lay) for lay in candidates], arena)
+    return Layout(*top), top_rate
 
 
 # --------------------------------------------------------------------------- #
@@ -238,44 +168,8 @@ def draw(n: int, seed: int = 0) -> list[tuple[str, Job, Machine]]:
     """``n`` (kind, job, machine) pairs: CPU-, wait-, memory- and
     transport-bound jobs in turn, on 2 to 128 cores, half of them with a
     training step that hides the loading at its best, noise of 10-20 %."""
-    rng = random.Random(seed)
-
-    def logu(lo: float, hi: float) -> float:
-        return math.exp(rng.uniform(math.log(lo), math.log(hi)))
-
-    out = []
-    for i in range(n):
-        kind = KINDS[i % len(KINDS)]
-        cores = rng.choice((2, 4, 8, 12, 16, 32, 48, 64, 96, 128))
-        batch = rng.choice((8, 16, 32, 64, 128, 256))
-        job = dict(cpu=logu(5e-5, 2e-2), wait=0.0, bytes=logu(100, 2e4), gil=rng.uniform(0.3, 1.0),
-                   mem=logu(50 * MiB, 400 * MiB), start=logu(0.2, 3.0), per_byte=1e-10,
-                   batch=batch, noise=rng.uniform(0.1, 0.2))
-        ram = float(1 << 40)
-        if kind == "cpu":
-            job["wait"] = job["cpu"] * rng.uniform(0.0, 0.1)
-        elif kind == "wait":
-            job["wait"] = logu(1e-3, 5e-2)
-            job["cpu"] = logu(1e-5, 5e-4)
-            job["gil"] = rng.uniform(0.6, 1.0)
-        elif kind == "memory":
-            job["mem"] = logu(300 * MiB, 3000 * MiB)
-            ram = job["mem"] * rng.uniform(0.6, 6.0) + ARENA * rng.uniform(1, 8)
-            if rng.random() < 0.5:
-                job["wait"] = logu(1e-4, 5e-3)
-        else:
-            job["bytes"] = logu(2e5, 1.2e7)
-            job["per_byte"] = rng.uniform(0.5e-10, 3e-10)
-            job["cpu"] = logu(1e-4, 5e-3)
-        machine = Machine(cores=cores, ram=ram)
-        if rng.random() < 0.5:
-            # a step that hides the loading: the loop wants 20-80 % of the
-            # best layout's rate
-            base = Job(**job)  # type: ignore[arg-type]
-            _, top = best(base, machine, layouts(machine), ARENA)
-            job["step"] = batch / (top * rng.uniform(0.2, 0.8))
-        out.append((kind, Job(**job), machine))  # type: ignore[arg-type]
-    return out
+    return [(kind, Job(*job), Machine(cores, ram))
+            for kind, job, (cores, ram) in _core.tune_draw(n, seed)]
 
 
 @dataclass
@@ -291,7 +185,12 @@ class Outcome:
     best_rate: float
     ratio: float
     fewest: int
-    telling: float  # seconds of intervals to tell fewest + 1 workers from under 0.95
+    # seconds of intervals to tell the fastest layout of at most fewest + 1
+    # workers from one under 0.95 of the best, at twice the standard error
+    # of the job's noise: (2 * noise / gap) ** 2 intervals of its length.
+    # Near the knee of many workers the gap is a fraction of a percent, and
+    # this runs to hours.
+    telling: float
 
     @property
     def hides(self) -> bool:
@@ -305,13 +204,8 @@ def context(job: Job, machine: Machine) -> Context:
 
 def run_policy(job: Job, machine: Machine, seed: int, **kw: object) -> Run:
     """``policy.Policy`` on one pair, from the main process."""
-    policy = Policy(context(job, machine), Layout(0))
-
-    def decide(m: Measurement) -> Optional[Layout]:
-        nxt = policy.observe(m)
-        return None if nxt is None else nxt[0]
-
-    return simulate(decide, Layout(0), job, machine, seed, arena=ARENA, **kw)  # type: ignore[arg-type]
+    return simulate(None, Layout(0), job, machine, seed, arena=ARENA,
+                    context=context(job, machine), **kw)  # type: ignore[arg-type]
 
 
 def run_climbing(job: Job, machine: Machine, seed: int, **kw: object) -> Run:
@@ -342,29 +236,8 @@ def run_climbing(job: Job, machine: Machine, seed: int, **kw: object) -> Run:
 
 
 def outcome(kind: str, job: Job, machine: Machine, run: Run) -> Outcome:
-    opts = [lay for lay in layouts(machine) if memory(job, lay, ARENA) <= machine.ram]
-    top, top_rate = best(job, machine, opts, ARENA)
-    fewest = min(lay.workers for lay in opts if rate(job, machine, lay) >= 0.95 * top_rate)
-    return Outcome(kind, job, machine, run, top, top_rate,
-                   rate(job, machine, run.final) / top_rate, fewest,
-                   telling(job, machine, opts, top_rate, fewest))
-
-
-def telling(job: Job, machine: Machine, opts: list[Layout], top_rate: float,
-            fewest: int) -> float:
-    """Seconds of measured intervals a policy needs to tell the fastest
-    layout of at most ``fewest + 1`` workers from one under 0.95 of the
-    best, at twice the standard error of the job's noise: ``(2 * noise /
-    gap) ** 2`` intervals of that layout's length (0.4 s, or two rounds of
-    its batches). Near the knee of many workers the gap is a fraction of a
-    percent, and this runs to hours."""
-    near_rate, near = max(((rate(job, machine, lay), lay) for lay in opts
-                           if lay.workers <= fewest + 1), key=lambda pair: pair[0])
-    gap = near_rate / top_rate - 0.95
-    if gap <= 0:
-        return math.inf
-    length = max(0.4, 2 * max(1, near.workers) * job.batch / near_rate)
-    return (2 * job.noise / gap) ** 2 * length
+    top, top_rate, ratio, fewest, telling = _core.tune_outcome(job, machine, key(run.final))
+    return Outcome(kind, job, machine, run, Layout(*top), top_rate, ratio, fewest, telling)
 
 
 def evaluate(pairs: list[tuple[str, Job, Machine]],
@@ -419,13 +292,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     names = list(rows)
     print(f"| {n} pairs, seed {seed} | " + " | ".join(names) + " |")
     print("| --- |" + " --- |" * len(names))
-    for key in rows[names[0]]:
+    for what in rows[names[0]]:
         cells = []
         for name in names:
-            v = rows[name][key]
-            cells.append(f"{v:.1%}" if key in SHARES else f"{v:.2f}" if isinstance(v, float)
+            v = rows[name][what]
+            cells.append(f"{v:.1%}" if what in SHARES else f"{v:.2f}" if isinstance(v, float)
                          else str(v))
-        print(f"| {key} | " + " | ".join(cells) + " |")
+        print(f"| {what} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
@@ -433,4 +306,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["Job", "Machine", "Outcome", "Run", "best", "draw", "evaluate", "layouts", "memory",
-           "rate", "run_climbing", "run_policy", "simulate", "summary", "telling"]
+           "rate", "run_climbing", "run_policy", "simulate", "summary"]
