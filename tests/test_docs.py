@@ -55,13 +55,16 @@ def page_id(page: Path) -> str:
 
 
 def _param(page: Path) -> Any:
-    """A page whose code starts a Ray cluster runs in the same pytest
-    process as the Ray tests (``--dist loadgroup``: one cluster at a time on
-    this machine), with room for Ray's start on a busy machine (17 s here
-    when quiet, over 120 s beside two busy processes)."""
+    """A page whose code starts a Ray cluster runs with the Ray tests
+    (``ray_cluster``: one cluster at a time on this machine, not beside the
+    other tests' processes), with room for Ray's start on a busy machine
+    (17 s here when quiet, over 120 s beside two busy processes). Beside
+    three other pytest processes and two busy ones, its actors' processes
+    once took over the 120 s a loader waits for them to start."""
     if "ray.init(" not in page.read_text():
         return page
-    return pytest.param(page, marks=[pytest.mark.xdist_group("ray"), time_limit(360)])
+    marks = [pytest.mark.xdist_group("ray"), pytest.mark.ray_cluster, time_limit(360)]
+    return pytest.param(page, marks=marks)
 
 
 @pytest.mark.parametrize("page", [_param(p) for p in PAGES], ids=page_id)

@@ -25,10 +25,11 @@ from shard_cases import Counted
 ray = pytest.importorskip("ray", reason="the Ray tests need ray (a test extra: ferroloader[ray])")
 
 # One Ray cluster at a time on this machine: these tests, and the docs'
-# pages that start one, run in one pytest process (--dist loadgroup). The
-# limits leave room for Ray on a busy machine (its processes start several
-# times slower beside two busy ones).
-pytestmark = [ferro_only, time_limit(360), pytest.mark.xdist_group("ray"), pytest.mark.ray_driver,
+# pages that start one, run in one pytest process (ray_cluster: after the
+# rest in scripts/test; --dist loadgroup under xdist). The limits leave room
+# for Ray on a busy machine (its processes start several times slower
+# beside two busy ones).
+pytestmark = [ferro_only, time_limit(360), pytest.mark.xdist_group("ray"), pytest.mark.ray_cluster,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 # A node starved of CPU by other work must not be declared dead, nor a
