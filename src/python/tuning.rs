@@ -147,25 +147,10 @@ impl TunePolicy {
 
     /// The intervals kept of each layout, in the order first measured.
     fn seen(&self) -> Vec<(LayoutTuple, Vec<MeasurementTuple>)> {
-        let fields = |m: &Measurement| {
-            (
-                tuple(m.layout),
-                m.wall,
-                m.batches,
-                m.samples,
-                m.wait,
-                m.loop_cpu,
-                m.cpu,
-                m.fetch,
-                m.memory,
-                m.start,
-                m.epoch_end,
-            )
-        };
         self.inner
             .seen
             .iter()
-            .map(|(l, ms)| (tuple(*l), ms.iter().map(fields).collect()))
+            .map(|(l, ms)| (tuple(*l), ms.iter().map(measurement_tuple).collect()))
             .collect()
     }
 
