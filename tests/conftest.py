@@ -36,6 +36,15 @@ settings.load_profile(os.environ.get("FERROLOADER_HYPOTHESIS_PROFILE", "ci"))
 # tests' helper module.
 multiprocessing.set_forkserver_preload(["torch", "numpy", "mp_helpers"])
 
+# Ray starts its worker processes at nice 15, so that they never starve its
+# own daemons. Beside two busy processes of nice 0 an actor then gets about
+# a thirtieth of a core: importing torch in it took minutes, and the
+# tests that start clusters took 30 minutes instead of 90 seconds. Their
+# workers (the clusters of test_ray.py, and docs/guide/ray.md's, which
+# inherits the environment) run at the tests' own priority, as Ray's job
+# supervisor runs its own.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 if os.environ.get("FERROLOADER_TESTS_SELFCHECK") == "1":  # pragma: no cover
     import torch.utils.data as _tud
 
