@@ -516,8 +516,9 @@ class _MixtureArgs(TypedDict, total=False):
     tail: Required[str]
     shards: Optional[list[Optional[list[int]]]]
 
-def mixture_indices(args: _MixtureArgs) -> tuple[int, list[int]]:
-    """A mixture epoch's length and one rank's global indices from ``start``."""
+def mixture_indices(args: _MixtureArgs) -> tuple[int, list[int], list[tuple[int, int]]]:
+    """A mixture epoch's length, one rank's global indices from ``start``,
+    and the sharded sources' ``(source, shard)`` in the order they reach them."""
 
 def end_processes(pids: list[int], grace: float) -> None:
     """Ends worker processes (``grace`` to exit, then SIGTERM, then SIGKILL),

@@ -540,12 +540,17 @@ pub struct MixtureArgs {
     shards: Option<Vec<Option<Vec<u64>>>>,
 }
 
+/// A sharded source's shard: `(source, shard)`.
+type ShardRef = (u32, usize);
+
 /// Rank `rank`'s indices of a mixture's epoch (`ferroloader.Mixture`): the
 /// epoch's draws (`sampler::mixture`) as global indices (each source's
 /// offset plus its index), read from global position `start` on as
-/// `elastic_indices` reads a permutation. Returns the epoch's length too.
+/// `elastic_indices` reads a permutation. Returns the epoch's length too,
+/// and the sharded sources' shards `(source, shard)` in the order these
+/// indices first reach them: the order they are fetched ahead in.
 #[pyfunction]
-pub fn mixture_indices(args: MixtureArgs) -> PyResult<(u64, Vec<i64>)> {
+pub fn mixture_indices(args: MixtureArgs) -> PyResult<(u64, Vec<i64>, Vec<ShardRef>)> {
     super::error::guard("a mixture's draws", move || {
         let MixtureArgs {
             lens,
@@ -613,12 +618,45 @@ pub fn mixture_indices(args: MixtureArgs) -> PyResult<(u64, Vec<i64>)> {
         let n = draws.len() as u64;
         let positions = elastic_positions(n, start, batch, world, rank, tail);
         let out = positions
-            .into_iter()
-            .map(|p| {
+            .iter()
+            .map(|&p| {
                 let (s, i) = draws[p as usize];
                 offsets[s as usize] + i as i64
             })
             .collect();
-        Ok((n, out))
+        let reach = first_reach(&mix.shards, positions.iter().map(|&p| draws[p as usize]));
+        Ok((n, out, reach))
     })
+}
+
+/// The shards `(source, shard)` of the sharded sources (`shards[s]`: its
+/// shards' lengths, laid end to end) in the order `draws` first reach them.
+fn first_reach(
+    shards: &[Option<Vec<u64>>],
+    draws: impl Iterator<Item = (u32, u64)>,
+) -> Vec<ShardRef> {
+    let ends: Vec<Option<Vec<u64>>> = shards
+        .iter()
+        .map(|lens| {
+            lens.as_ref().map(|lens| {
+                lens.iter()
+                    .scan(0u64, |acc, &l| {
+                        *acc += l;
+                        Some(*acc)
+                    })
+                    .collect()
+            })
+        })
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (s, i) in draws {
+        if let Some(ends) = &ends[s as usize] {
+            let k = ends.partition_point(|&end| end <= i);
+            if seen.insert((s, k)) {
+                out.push((s, k));
+            }
+        }
+    }
+    out
 }

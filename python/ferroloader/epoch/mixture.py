@@ -218,37 +218,23 @@ class Mixture(Dataset[Any]):
         s, i = self._source_of(int(index))
         return self._readers[s][i]
 
-    def _fetch_ahead(self, indices: Sequence[int]) -> list[Any]:
+    def _fetch_ahead(self, reach: Sequence[tuple[int, int]]) -> list[Any]:
         """Sharded sources at URLs: their shards fetched ahead of the
-        workers, in the order these draws (a rank's epoch) first reach them,
-        each cache's in one prefetch. The handles stop it when collected."""
-        remote = []
+        workers, in the order a rank's epoch first reaches them (``reach``:
+        ``(source, shard)``, from the engine's draws), each cache's in one
+        prefetch. The handles stop it when collected."""
+        remote = {}
         for s, r in enumerate(self._readers):
-            if isinstance(r, _ShardedReader):
-                got = r.ds._remote(r.shards)
-                if got is not None:
-                    remote.append((s, r, *got))
-        if not remote or len(indices) == 0:
-            return []
-        import numpy as np
-
-        at = np.asarray(indices, dtype=np.int64)
-        source = np.searchsorted(np.asarray(self.offsets), at, side="right") - 1
-        by_cache: dict[int, tuple[Any, list[tuple[int, Any]]]] = {}
-        for s, reader, cache, pieces in remote:
-            where = np.nonzero(source == s)[0]
-            shard = np.searchsorted(np.asarray(reader.starts), at[where] - self.offsets[s],
-                                    side="right") - 1
-            shards, first = np.unique(shard, return_index=True)
-            entry = by_cache.setdefault(id(cache), (cache, []))
-            entry[1].extend((int(where[f]), pieces[int(k)]) for k, f in zip(shards, first))
-        handles = []
-        for cache, found in by_cache.values():
-            found.sort(key=lambda t: t[0])
-            handle = fetch_ahead(cache, [piece for _, piece in found])
-            if handle is not None:
-                handles.append(handle)
-        return handles
+            got = r.ds._remote(r.shards) if isinstance(r, _ShardedReader) else None
+            if got is not None:
+                remote[s] = got
+        by_cache: dict[int, tuple[Any, list[Any]]] = {}
+        for s, k in reach:
+            if s in remote:
+                cache, pieces = remote[s]
+                by_cache.setdefault(id(cache), (cache, []))[1].append(pieces[k])
+        handles = [fetch_ahead(cache, pieces) for cache, pieces in by_cache.values()]
+        return [h for h in handles if h is not None]
 
 
 class _ShardedReader:
@@ -354,7 +340,7 @@ class MixtureBatchSampler(ElasticBatchSampler):
         self._saved_segments: Optional[Segments] = None
         # the current epoch's weights, each in force from a position on
         self.segments: Segments = [[0, mixture.weight_list()]]
-        self._cache: Optional[tuple[Any, tuple[int, list[int]]]] = None
+        self._cache: Optional[tuple[Any, tuple[int, list[int], list[Any]]]] = None
         self._prefetch: list[Any] = []
 
     def __getstate__(self) -> dict[str, Any]:
@@ -379,9 +365,10 @@ class MixtureBatchSampler(ElasticBatchSampler):
                 segments.append([start, now])
         return start, segments
 
-    def _draw(self, start: int, segments: Segments) -> tuple[int, list[int]]:
-        """The epoch's length and this rank's indices from ``start`` (one
-        computation serves ``len()`` and the iteration)."""
+    def _draw(self, start: int, segments: Segments) -> tuple[int, list[int], list[Any]]:
+        """The epoch's length, this rank's indices from ``start`` and the
+        order they reach sharded sources' shards (one computation serves
+        ``len()`` and the iteration)."""
         key = (self.epoch, start, repr(segments), self.world_size, self.rank, self.batch_size)
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
@@ -407,10 +394,10 @@ class MixtureBatchSampler(ElasticBatchSampler):
 
     def indices(self) -> list[int]:
         start, segments = self._plan()
-        n, idx = self._draw(start, segments)
+        n, idx, reach = self._draw(start, segments)
         # remote shards of sharded sources, fetched in this epoch's order
         # (the previous epoch's prefetch stops when replaced)
-        self._prefetch = self.mixture._fetch_ahead(idx)
+        self._prefetch = self.mixture._fetch_ahead(reach)
         self._resume = None
         self._saved_segments = None
         self._start = start
@@ -420,7 +407,7 @@ class MixtureBatchSampler(ElasticBatchSampler):
 
     def __len__(self) -> int:
         start, segments = self._plan()
-        n, _ = self._draw(start, segments)
+        n = self._draw(start, segments)[0]
         self.n = n
         return self._batches(n, start)
 
