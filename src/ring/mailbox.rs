@@ -12,8 +12,9 @@
 //! | 256             | task ring data, `cap` bytes                      |
 //! | 256 + cap       | result ring data, `cap` bytes                    |
 //!
-//! A ring control block is `tail: u64` (producer's cache line, offset 0) and
-//! `head: u64`, `sleeping: u32` (consumer's cache line, offset 64). `head`
+//! A ring control block is `tail: u64`, `closed: u64` (producer's cache
+//! line, offsets 0 and 8) and `head: u64`, `sleeping: u32` (consumer's
+//! cache line, offset 64). `head`
 //! and `tail` are byte counts that only grow; data lives at `pos % cap`.
 //! A message is `u32` length (little-endian) then its bytes, wrapping
 //! around the end of the data area; `cap` is a power of two.
@@ -42,6 +43,9 @@
 //!   the single total order of SeqCst operations, a subtler argument that
 //!   loom (`loom_models.rs`) cannot check: it treats SeqCst accesses as
 //!   AcqRel. On x86 a SeqCst store and a swap are the same `xchg`.
+//! - Closing: the producer sets `closed` when it wants nothing more of the
+//!   consumer (the main process stopped the worker); the consumer checks it
+//!   before it acts on a message, so what was queued before is dropped.
 //! - A message too large for the ring (or one that carries a file
 //!   descriptor) goes on the socket, and a one-byte marker takes its place in
 //!   the ring, so the consumer still takes messages in the order they were
@@ -57,6 +61,7 @@ use crate::record::DecodeError;
 const CTL_LEN: usize = 128;
 const DATA_OFFSET: usize = 2 * CTL_LEN;
 const TAIL: usize = 0;
+const CLOSED: usize = 8;
 const HEAD: usize = 64;
 const SLEEPING: usize = 72;
 
@@ -311,6 +316,17 @@ impl Mailbox {
     pub fn end_sleep(&self, dir: Dir) {
         self.sleeping(dir).swap(0, Ordering::SeqCst);
     }
+
+    /// Producer: nothing more is wanted of the consumer; what is queued
+    /// may be dropped.
+    pub fn close(&self, dir: Dir) {
+        self.counter(dir, CLOSED).store(1, Ordering::Release);
+    }
+
+    /// Consumer: whether the producer closed the ring (one load).
+    pub fn is_closed(&self, dir: Dir) -> bool {
+        self.counter(dir, CLOSED).load(Ordering::Acquire) != 0
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -341,6 +357,21 @@ mod tests {
         }
         assert!(!b.pop(Dir::Tasks, &mut out).unwrap());
         assert!(!b.has_message(Dir::Results));
+    }
+
+    #[test]
+    fn a_ring_closed_by_its_producer_is_seen_closed_across_mappings() {
+        let a = Mailbox::create(256).unwrap();
+        let b = dup(&a);
+        assert!(a.push(Dir::Tasks, b"queued"));
+        assert!(!b.is_closed(Dir::Tasks));
+        a.close(Dir::Tasks);
+        assert!(b.is_closed(Dir::Tasks));
+        // the other ring, and the queued message, are untouched
+        assert!(!b.is_closed(Dir::Results));
+        let mut out = Vec::new();
+        assert!(b.pop(Dir::Tasks, &mut out).unwrap());
+        assert_eq!(out, b"queued");
     }
 
     #[test]

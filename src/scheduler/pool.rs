@@ -219,6 +219,9 @@ impl WorkerPool {
         let owner = std::process::id() == self.owner;
         for w in 0..self.links.len() {
             if owner {
+                // tasks still queued are not run (a worker thread would
+                // otherwise call the dataset for each)
+                self.links[w].mailbox.close(Dir::Tasks);
                 let _ = self.send(w, &ToWorker::Shutdown);
             }
             let link = &mut self.links[w];

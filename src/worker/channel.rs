@@ -118,6 +118,12 @@ impl Channel {
         Ok(())
     }
 
+    /// Whether the main process stopped this worker (it closed its tasks
+    /// ring): a task still queued is not wanted.
+    pub fn stopped(&self) -> bool {
+        self.mailbox.is_closed(Dir::Tasks)
+    }
+
     /// The next message from the main process; `None` once it has closed
     /// the connection. Spins briefly on the mailbox, then sleeps on the
     /// socket inside `host.blocking`.

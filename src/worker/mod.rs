@@ -48,6 +48,7 @@
 //!                                 back and not yet run (sent again, unchanged), so a
 //!                                 lane's batches are made in the order of their tasks
 //!   Shutdown, or socket closed ──────────────────▶ any ──▶ Exited (returns Ok)
+//!   (tasks ring closed: a task still queued) ────▶ any ──▶ Exited
 //!   main process dies ───── watchdog ────────────▶ any ──▶ SIGKILL
 //! ```
 //!
@@ -293,6 +294,11 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
         };
         let sent = match msg {
             ToWorker::Task { seq, indices } => {
+                if chan.stopped() {
+                    // the iterator was dropped or closed: a worker thread
+                    // (which nothing kills) runs no queued task
+                    return Ok(());
+                }
                 if drained {
                     continue;
                 }
