@@ -14,8 +14,8 @@
 //!
 //! A ring control block is `tail: u64`, `closed: u64` (producer's cache
 //! line, offsets 0 and 8) and `head: u64`, `sleeping: u32` (consumer's
-//! cache line, offset 64). `head`
-//! and `tail` are byte counts that only grow; data lives at `pos % cap`.
+//! cache line, offset 64). `head` and `tail` are byte counts that only
+//! grow; data lives at `pos % cap`.
 //! A message is `u32` length (little-endian) then its bytes, wrapping
 //! around the end of the data area; `cap` is a power of two.
 //!

@@ -118,12 +118,6 @@ impl Channel {
         Ok(())
     }
 
-    /// Whether the main process stopped this worker (it closed its tasks
-    /// ring): a task still queued is not wanted.
-    pub fn stopped(&self) -> bool {
-        self.mailbox.is_closed(Dir::Tasks)
-    }
-
     /// The next message from the main process; `None` once it has closed
     /// the connection. Spins briefly on the mailbox, then sleeps on the
     /// socket inside `host.blocking`.
@@ -143,6 +137,12 @@ impl Channel {
     ) -> Result<Received> {
         let recv = |m: Option<ToWorker>| m.map_or(Received::Closed, Received::Message);
         loop {
+            // the main process stopped this worker: what is still queued
+            // (tasks a worker thread, which nothing kills, would run) is
+            // not wanted
+            if self.mailbox.is_closed(Dir::Tasks) {
+                return Ok(Received::Closed);
+            }
             if self.mailbox.pop(Dir::Tasks, &mut self.buf)? {
                 let frame = if self.buf == ON_SOCKET {
                     match self.conn.recv_message_blocking() {

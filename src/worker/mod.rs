@@ -47,8 +47,8 @@
 //!                           ◀──── Retry{seq}: a task of a lane with an earlier task sent
 //!                                 back and not yet run (sent again, unchanged), so a
 //!                                 lane's batches are made in the order of their tasks
-//!   Shutdown, or socket closed ──────────────────▶ any ──▶ Exited (returns Ok)
-//!   (tasks ring closed: a task still queued) ────▶ any ──▶ Exited
+//!   Shutdown, socket or tasks ring closed ───────▶ any ──▶ Exited (returns Ok;
+//!                                                  what is queued is not run)
 //!   main process dies ───── watchdog ────────────▶ any ──▶ SIGKILL
 //! ```
 //!
@@ -61,8 +61,9 @@
 //! - **Working**: the host runs the task: `Batch` (a published record),
 //!   `Error` (the user's exception, wrapped), or `Exhausted` (an iterable
 //!   replica ended; the worker is **Drained** until the next `Resume`).
-//! - **Exited**: `Shutdown`, EOF, or the main process closing its end while
-//!   the worker writes (a clean stop, not an error).
+//! - **Exited**: `Shutdown`, EOF, the tasks ring closed (tasks still queued
+//!   are not run), or the main process closing its end while the worker
+//!   writes (a clean stop, not an error).
 //!
 //! The main process's view of each worker (`pool::Link`): **Running** while
 //! it is expected to answer; **Stopped** once told `Shutdown` (or its
@@ -294,11 +295,6 @@ pub fn serve<H: Host>(host: &mut H, fd: OwnedFd, config: Config) -> Result<(), H
         };
         let sent = match msg {
             ToWorker::Task { seq, indices } => {
-                if chan.stopped() {
-                    // the iterator was dropped or closed: a worker thread
-                    // (which nothing kills) runs no queued task
-                    return Ok(());
-                }
                 if drained {
                     continue;
                 }
