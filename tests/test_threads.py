@@ -581,3 +581,46 @@ def test_slots_are_not_linted(tmp_path):
         warnings.simplefilter("error", ferroloader.ThreadSafetyWarning)
         assert len(list(FERRO.DataLoader(Slotted(f), batch_size=2, num_workers=2,
                                          worker_method="thread"))) == 2
+
+
+_EXIT_SCRIPT = """
+import sys, torch, ferroloader
+
+class DS:
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return torch.tensor([i])
+
+persistent, epochs, left_midway = sys.argv[1] == "persistent", int(sys.argv[2]), sys.argv[3]
+loader = ferroloader.DataLoader(DS(), batch_size=4, shuffle=True, num_workers=2,
+                                persistent_workers=persistent, worker_method="thread")
+for _ in range(epochs):
+    for batch in loader:
+        pass
+if left_midway == "midway":
+    it = iter(loader)
+    next(it)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("persistent,epochs,left", [
+    ("persistent", 1, "whole"), ("persistent", 2, "midway"), ("fresh", 0, "midway"),
+])
+def test_the_interpreter_exits_cleanly_with_worker_threads_alive(tmp_path, persistent, epochs,
+                                                                 left):
+    """A script that ends with thread workers still alive (persistent
+    workers, an epoch left midway) exits with status 0, as with torch: the
+    workers are ended before the interpreter finalises. (They crashed it,
+    SIGSEGV or abort, when woken during finalisation.)"""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit_with_threads.py"
+    script.write_text(_EXIT_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), persistent, str(epochs), left],
+                          capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "done"

@@ -6,11 +6,13 @@ resetting one on persistent workers."""
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import multiprocessing.connection as mp_connection
 import os
 import selectors
 import sys
+import threading
 import weakref
 from typing import (
     Any,
@@ -403,6 +405,23 @@ class _PinnedOverflowIter(_PinnedMultiProcessIter):
 # each loader's iterators whose workers may be running (kept beside the
 # loader, which pickles without them)
 _LIVE: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = weakref.WeakKeyDictionary()
+
+
+def _end_worker_threads() -> None:
+    """At interpreter exit, before finalisation: the worker threads of
+    every iterator still alive (persistent workers, an epoch left midway)
+    are told to stop and joined. Left to finalisation, a worker thread
+    woken then (its iterator collected with the module's globals) takes
+    the GIL once the interpreter is going and is ended inside the engine's
+    frames: a crash (SIGSEGV or abort) instead of exit status 0. Worker
+    processes need nothing here: the engine ends them with the process."""
+    for its in list(_LIVE.values()):
+        for it in list(its):
+            if any(isinstance(w, threading.Thread) for w in it._workers):
+                it._shutdown_workers()
+
+
+atexit.register(_end_worker_threads)
 
 
 def close_iterators(loader: Any) -> None:
