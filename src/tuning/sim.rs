@@ -221,7 +221,14 @@ pub fn simulate<E>(
         } else {
             1
         };
-        let batches = rounds.max((t.interval * truth / samples_per).ceil() as u64);
+        // (the main process's batches, each measured whole, make an
+        // interval a quarter as long: the live loop's _MAIN_INTERVAL)
+        let interval = if layout.workers() > 0 {
+            t.interval
+        } else {
+            t.interval / 4.0
+        };
+        let batches = rounds.max((interval * truth / samples_per).ceil() as u64);
         let samples = batches * u64::from(job.batch);
         let n = samples as f64;
         // the rate carries the job's noise; a worker's or the loop's time

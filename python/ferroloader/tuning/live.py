@@ -21,7 +21,7 @@ from ferroloader.epoch.plan import stateful
 from ferroloader.errors import ConfigError
 from ferroloader.hosts.local import _thread_unsafe_attributes
 from ferroloader.run.iterators import _harvest_stats
-from ferroloader.tuning.bounds import _MIN_INTERVAL, Autotune, Layout
+from ferroloader.tuning.bounds import _MAIN_INTERVAL, _MIN_INTERVAL, Autotune, Layout
 from ferroloader.tuning.climb import Tuner, _Interval
 from ferroloader.tuning.policy import Context, Measurement, Policy
 
@@ -297,7 +297,7 @@ class AutoIter:
         self._loop_cpu += time.thread_time() - tc
         if self._batches >= self._enough and self._pending is None and not self._decided:
             wall = now - self._t0
-            if wall >= _MIN_INTERVAL:
+            if wall >= (_MIN_INTERVAL if self._tuner.layout.num_workers else _MAIN_INTERVAL):
                 self._measure(wall)
         return batch
 
