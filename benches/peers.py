@@ -1,31 +1,41 @@
 """The loaders users would pick instead, on the same jobs (``scripts/bench
 --scenarios peers``): torch's ``DataLoader``, torchdata's ``nodes`` with
-thread workers, SPDL's thread pipeline and Grain's process ``DataLoader``,
-beside ferroloader's process workers and thread workers
-(``worker_method="thread"``). Two workers (or threads) each, shuffled, whole
-epochs, rounds interleaved.
+thread and with process workers, SPDL's thread pipeline and Grain's process
+``DataLoader``, beside ferroloader's process workers, thread workers
+(``worker_method="thread"``) and ``num_workers="auto"``. Two workers (or
+threads) each, shuffled, rounds interleaved; each loader runs alone in a
+fresh process (``benches/ferrobench/scenarios/threads.py``), since in one
+process a peer's workers go on filling their buffers while another loader
+is timed (Grain's do) and the arenas filled last run slower.
 
 Jobs (the datasets are module-level so that process workers unpickle them):
 
 - ``records``: a dict of an f32[16] row and an int label, batch 256;
 - ``images``: uint8 3x224x224 rows of a memory-mapped ``.npy`` file (each
   sample a read-only view), batch 32;
-- ``jpeg``: PIL decoding of 256x256 JPEG files, batch 32.
+- ``jpeg``: PIL decoding of 256x256 JPEG files, batch 32;
+- ``vision_pil``: an ImageNet training pipeline: PIL decode, then
+  torchvision's v2 ``RandomResizedCrop(224)``, ``RandomHorizontalFlip``,
+  ``ToImage``, ``ToDtype(float32, scale=True)``, ``Normalize``, batch 32;
+- ``vision_decode``: the same transforms after
+  ``torchvision.io.decode_jpeg`` of the bytes the dataset reads, batch 32.
 
 Each peer is built the way its documentation builds a map-style job: nodes
 batches indices and maps fetch-and-collate over the batches with
-``ParallelMapper(method="thread")`` behind a ``Prefetcher``; SPDL pipes the
-batches of indices through fetch-and-collate with ``concurrency=2`` on two
-threads; Grain runs ``IndexSampler`` and ``Batch`` on two worker processes
-over endless epochs, one iterator kept (its batches are numpy arrays). A
-peer that is not installed is left out, with a note.
+``ParallelMapper`` (``method="thread"`` or ``"process"``, the processes from
+a fork server) behind a ``Prefetcher``, over endless epochs, one iterator
+kept (its workers start once); SPDL pipes the batches of indices through fetch-and-collate
+with ``concurrency=2`` on two threads; Grain runs ``IndexSampler`` and
+``Batch`` on two worker processes over endless epochs, one iterator kept
+(its batches are numpy arrays). A peer that is not installed is left out,
+with a note.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -34,8 +44,10 @@ RECORDS = 8192
 RECORD_BATCH = 256
 IMAGES = 256
 IMAGE_BATCH = 32
-JPEGS = 128
+JPEGS = 512
 JPEG_SIZE = 256
+# ImageNet's channel statistics, as every torchvision training recipe uses
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 class Records:
@@ -88,6 +100,56 @@ class JpegFiles:
             return np.asarray(im.convert("RGB"))
 
 
+def _v2(decoded: bool) -> Any:
+    """The training transforms of torchvision's reference recipe (v2)."""
+    from torchvision.transforms import v2
+
+    head = [] if decoded else [v2.ToImage()]
+    return v2.Compose([
+        v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(), *head,
+        v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD),
+    ])
+
+
+class VisionPil:
+    """Sample i: file i decoded by PIL, through the v2 training transforms:
+    a float32 3x224x224 tensor."""
+
+    def __init__(self, paths: List[str]) -> None:
+        self.paths = list(paths)
+        self.transform = _v2(decoded=False)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        from PIL import Image
+
+        with Image.open(self.paths[i]) as im:
+            out: torch.Tensor = self.transform(im.convert("RGB"))
+        return out
+
+
+class VisionDecode:
+    """Sample i: file i's bytes decoded by ``torchvision.io.decode_jpeg``,
+    through the v2 training transforms: a float32 3x224x224 tensor."""
+
+    def __init__(self, paths: List[str]) -> None:
+        self.paths = list(paths)
+        self.transform = _v2(decoded=True)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        from torchvision.io import decode_jpeg
+
+        with open(self.paths[i], "rb") as f:
+            data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+        out: torch.Tensor = self.transform(decode_jpeg(data))
+        return out
+
+
 def make_jpegs(root: str, n: int = JPEGS) -> List[str]:
     """``n`` JPEG files of JPEG_SIZE squared written under ``root``: smooth
     content with some noise (a realistic size)."""
@@ -106,21 +168,49 @@ def make_jpegs(root: str, n: int = JPEGS) -> List[str]:
     return paths
 
 
-def make_data(root: str) -> Dict[str, Any]:
-    """The three jobs' datasets over files written under ``root``."""
+JOBS = ("records", "images", "jpeg", "vision_pil", "vision_decode")
+
+
+def make_files(root: str, jpegs: int = JPEGS) -> None:
+    """The jobs' files under ``root``: the images' ``.npy`` and the JPEGs."""
     rng = np.random.default_rng(1)
-    mm_path = os.path.join(root, "images.npy")
-    mm = np.lib.format.open_memmap(mm_path, mode="w+", dtype=np.uint8,
-                                   shape=(IMAGES, 3, 224, 224))
+    mm = np.lib.format.open_memmap(os.path.join(root, "images.npy"), mode="w+",
+                                   dtype=np.uint8, shape=(IMAGES, 3, 224, 224))
     for k in range(IMAGES):
         mm[k] = rng.integers(0, 256, (3, 224, 224), dtype=np.uint8)
     mm.flush()
     del mm
-    return {
-        "records": (Records(), RECORD_BATCH),
-        "images": (MemmapImages(mm_path), IMAGE_BATCH),
-        "jpeg": (JpegFiles(make_jpegs(root)), IMAGE_BATCH),
-    }
+    make_jpegs(root, jpegs)
+
+
+def job_missing(job: str) -> Optional[str]:
+    """Why a job cannot run here (torchvision absent), or ``None``."""
+    if job.startswith("vision"):
+        try:
+            import torchvision.io
+            import torchvision.transforms.v2  # noqa: F401
+        except Exception as e:  # absent or broken: the job is left out, with its reason
+            return f"torchvision: {type(e).__name__}: {e}"
+    return None
+
+
+def open_job(root: str, job: str) -> Tuple[Any, int]:
+    """A job's dataset over the files ``make_files`` wrote, and its batch."""
+    if job == "records":
+        return Records(), RECORD_BATCH
+    if job == "images":
+        return MemmapImages(os.path.join(root, "images.npy")), IMAGE_BATCH
+    paths = sorted(os.path.join(root, f) for f in os.listdir(root) if f.endswith(".jpg"))
+    kinds = {"jpeg": JpegFiles, "vision_pil": VisionPil, "vision_decode": VisionDecode}
+    return kinds[job](paths), IMAGE_BATCH
+
+
+def make_data(root: str, jobs: Tuple[str, ...] = ("records", "images", "jpeg"),
+              jpegs: int = JPEGS) -> Dict[str, Tuple[Any, int]]:
+    """Writes the files under ``root`` and opens ``jobs``: name to
+    (dataset, batch)."""
+    make_files(root, jpegs)
+    return {job: open_job(root, job) for job in jobs}
 
 
 # --- the loaders, each a function returning one epoch's iterable -------------
@@ -132,29 +222,47 @@ def torch_like(lib: Any, ds: Any, batch: int, **kw: Any) -> Callable[[], Any]:
     return lambda: loader
 
 
-def _fetch_collate(ds: Any) -> Callable[[List[int]], Any]:
-    from torch.utils.data import default_collate
+class FetchCollate:
+    """Fetch a batch's samples and collate them (a class, so that process
+    workers unpickle it)."""
 
-    return lambda idx: default_collate([ds[i] for i in idx])
+    def __init__(self, ds: Any) -> None:
+        self.ds = ds
+
+    def __call__(self, idx: List[int]) -> Any:
+        from torch.utils.data import default_collate
+
+        return default_collate([self.ds[i] for i in idx])
 
 
-def nodes_threads(ds: Any, batch: int) -> Callable[[], Any]:
+def nodes_workers(ds: Any, batch: int, method: str = "thread") -> Callable[[], Any]:
+    """torchdata nodes over endless shuffled epochs, one iterator kept (its
+    workers start once, as persistent workers do: a ``Loader`` started again
+    starts its workers again); an epoch is the next ``len(ds) / batch``
+    batches."""
+    import itertools
+
     import torchdata.nodes as tn
     from torch.utils.data import RandomSampler
 
-    node = tn.SamplerWrapper(RandomSampler(ds))
+    # (without replacement past len(ds): one permutation after another)
+    node = tn.SamplerWrapper(RandomSampler(ds, num_samples=len(ds) * 10**6))
     node = tn.Batcher(node, batch_size=batch, drop_last=False)
-    node = tn.ParallelMapper(node, map_fn=_fetch_collate(ds), num_workers=2, method="thread",
-                             in_order=True)
+    # (processes from a fork server: forked from this process, whose
+    # threads hold locks, a worker can hang)
+    context = "forkserver" if method == "process" else None
+    node = tn.ParallelMapper(node, map_fn=FetchCollate(ds), num_workers=2, method=method,
+                             in_order=True, multiprocessing_context=context)
     node = tn.Prefetcher(node, prefetch_factor=4)
-    loader = tn.Loader(node)
-    return lambda: loader
+    it = iter(tn.Loader(node))
+    per_epoch = -(-len(ds) // batch)
+    return lambda: itertools.islice(it, per_epoch)
 
 
 def spdl_threads(ds: Any, batch: int) -> Callable[[], Any]:
     from spdl.pipeline import PipelineBuilder
 
-    fetch = _fetch_collate(ds)
+    fetch = FetchCollate(ds)
 
     def epoch() -> Any:
         order = torch.randperm(len(ds)).tolist()
@@ -208,21 +316,40 @@ def peers_available() -> Dict[str, Optional[str]]:
     return out
 
 
-def loaders(fl: Any, tud: Any, ds: Any, batch: int) -> Dict[str, Callable[[], Any]]:
-    """Every available loader for one job, by name."""
-    have = peers_available()
-    out: Dict[str, Callable[[], Any]] = {
-        "torch": torch_like(tud, ds, batch),
-        "ferroloader processes": torch_like(fl, ds, batch),
-        "ferroloader threads": torch_like(fl, ds, batch, worker_method="thread"),
-    }
-    if have["torchdata nodes"] is None:
-        out["torchdata nodes threads"] = nodes_threads(ds, batch)
-    if have["SPDL"] is None:
-        out["SPDL threads"] = spdl_threads(ds, batch)
-    if have["Grain"] is None:
-        out["Grain processes"] = grain_processes(ds, batch)
-    return out
+LOADERS = ("torch", "ferroloader processes", "ferroloader threads", "ferroloader auto",
+           "torchdata nodes threads", "torchdata nodes processes", "SPDL threads",
+           "Grain processes")
+_NEEDS = {"torchdata nodes threads": "torchdata nodes",
+          "torchdata nodes processes": "torchdata nodes", "SPDL threads": "SPDL",
+          "Grain processes": "Grain"}
+
+
+def available(have: Dict[str, Optional[str]]) -> List[str]:
+    """The loaders whose library is installed (``have``: peers_available())."""
+    return [n for n in LOADERS if n not in _NEEDS or have[_NEEDS[n]] is None]
+
+
+def loader(name: str, fl: Any, tud: Any, ds: Any, batch: int) -> Callable[[], Any]:
+    """One loader by name: a function returning one epoch's iterable."""
+    if name == "torch":
+        return torch_like(tud, ds, batch)
+    if name == "ferroloader processes":
+        return torch_like(fl, ds, batch)
+    if name == "ferroloader threads":
+        return torch_like(fl, ds, batch, worker_method="thread")
+    if name == "ferroloader auto":
+        auto = fl.DataLoader(ds, batch_size=batch, shuffle=True, num_workers="auto",
+                             persistent_workers=True)
+        return lambda: auto
+    if name == "torchdata nodes threads":
+        return nodes_workers(ds, batch, "thread")
+    if name == "torchdata nodes processes":
+        return nodes_workers(ds, batch, "process")
+    if name == "SPDL threads":
+        return spdl_threads(ds, batch)
+    if name == "Grain processes":
+        return grain_processes(ds, batch)
+    raise ValueError(f"no loader {name!r}: one of {LOADERS}")
 
 
 def tempdir() -> str:

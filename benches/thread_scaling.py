@@ -29,7 +29,7 @@ def rate(loader: Any, units: int, seconds: float = 1.5) -> float:
 
 
 def main() -> None:
-    data = peers.make_data(peers.tempdir())
+    data = peers.make_data(peers.tempdir(), jpegs=128)
     kinds = (
         ("torch", tud, {}),
         ("processes", ferroloader, {}),

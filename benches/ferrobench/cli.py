@@ -47,7 +47,7 @@ from .scenarios.startup import sc_ttfb_w2
 from .scenarios.state import sc_seeds_w2, sc_state_w2
 from .scenarios.tables import sc_table, sc_table_mem, sc_table_w2, table_mem_child
 from .scenarios.threads import (
-    method_child,
+    peer_child,
     sc_peers,
     sc_strings_mem,
     sc_worker_threads,
@@ -75,7 +75,8 @@ SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
     "shards_w2": ("dynamic vs static sharding, uneven shards, num_workers=2", sc_shards_w2),
     "scaling": ("throughput against num_workers, image and CPU-bound jobs", sc_scaling),
     "gpu": ("batches to the GPU with pin_memory, and a loop with a GPU step", sc_gpu),
-    "peers": ("records, memmap images, JPEG: threads and processes against the peers", sc_peers),
+    "peers": ("records, memmap images, JPEG, torchvision pipelines: against the peers",
+              sc_peers),
     "strings_mem": ("memory of an epoch over 2M Python strings, threads vs processes",
                     sc_strings_mem),
     "worker_threads": ("JPEG decoding with threads inside worker processes (worker_threads=2)",
@@ -124,7 +125,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--_worker-threads-child", dest="worker_threads_child", default=None,
         help=argparse.SUPPRESS,
     )
-    p.add_argument("--_method-child", dest="method_child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--_peer-child", dest="peer_child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.repeats is None:
         args.repeats = 2 if args.quick else 7
@@ -154,8 +155,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.worker_threads_child:
         worker_threads_child(args.worker_threads_child, args.quick)
         return 0
-    if args.method_child:
-        method_child(args.method_child, args.quick)
+    if args.peer_child:
+        peer_child(args.peer_child, args.quick)
         return 0
     st = Settings(
         repeats=args.repeats,

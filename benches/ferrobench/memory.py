@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import ENTRY
 
@@ -107,15 +107,34 @@ def _file_pss_kib(pid: int, path: str) -> int:
 
 def run_marked_child(flag: str, arg: str, mark: str, quick: bool, timeout: int) -> Dict[str, Any]:
     """Runs the entry point (bench_vs_torch.py) as ``flag arg`` in a fresh
-    process; the JSON it prints after ``mark``."""
+    process, in a session of its own; the JSON it prints after ``mark``.
+    Its output goes to files, not pipes, and its session is killed when it
+    ends: a worker a peer leaves behind (torchdata's forked ones can hang)
+    would otherwise hold the pipes open, and this wait, forever."""
+    import signal
+    import tempfile
+
     cmd = [sys.executable, ENTRY, flag, arg]
     if quick:
         cmd.append("--quick")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    for line in proc.stdout.splitlines():
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, start_new_session=True)
+        try:
+            rc: Optional[int] = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    for line in stdout.splitlines():
         if line.startswith(mark):
-            out: Dict[str, Any] = json.loads(line[len(mark) :])
-            return out
-    raise RuntimeError(
-        f"child {flag} {arg} failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
-    )
+            result: Dict[str, Any] = json.loads(line[len(mark) :])
+            return result
+    state = f"rc={rc}" if rc is not None else f"timed out after {timeout} s"
+    raise RuntimeError(f"child {flag} {arg} failed ({state}):\n{stderr[-3000:]}")

@@ -76,7 +76,7 @@ def sc_cluster(st: Settings, fl: Any) -> List[Check]:
     root = peers.tempdir()
     cluster = None
     try:
-        data = peers.make_data(root)
+        data = peers.make_data(root, jpegs=128)
         # (the actors import the datasets' module from here)
         bench_dir = os.path.dirname(os.path.abspath(peers.__file__))
         os.environ["PYTHONPATH"] = os.pathsep.join(

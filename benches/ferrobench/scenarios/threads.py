@@ -7,7 +7,8 @@ from __future__ import annotations
 import gc
 import json
 import os
-from typing import Any, Callable, Dict, List, Tuple
+import time
+from typing import Any, Dict, List, Tuple
 
 import torch.utils.data as tud
 
@@ -178,101 +179,145 @@ def sc_worker_threads(st: Settings, fl: Any) -> List[Check]:
 # --- the peers: torchdata nodes, SPDL, Grain; ferroloader's threads -----------
 
 
-METHOD_MARK = "@@METHOD@@"
+PEER_MARK = "@@PEER@@"
+# the whole epoch from nothing: this many samples (the JPEGs repeated), so
+# that the epoch lasts seconds, as a real one does
+FIRST_EPOCH = 4096
 
 
-def method_child(arg: str, quick: bool) -> None:
-    """A fresh process: ``method,job,root``: one ferroloader loader (2
-    workers of ``method``) over the peers job's files under ``root``, alone
-    in its process; a warm-up epoch, then its rate."""
+def peer_child(arg: str, quick: bool) -> None:
+    """A fresh process: ``mode|loader|job|root``. ``steady``: the loader
+    (``peers.loader``) alone in its process, a warm-up epoch, then its rate
+    over whole epochs. ``first``: a new ferroloader loader's first epoch of
+    ``FIRST_EPOCH`` samples, timed from ``iter()`` to its last batch (worker
+    start and tuning included)."""
     import peers
 
-    method, job, root = arg.split(",", 2)
+    from .autotune import Repeat
+
+    mode, name, job, root = arg.split("|", 3)
     fl = import_ferro()
-    if job == "images":
-        ds: Any = peers.MemmapImages(os.path.join(root, "images.npy"))
+    ds, batch = peers.open_job(root, job)
+    if mode == "first":
+        ds = Repeat(ds, 512 if quick else FIRST_EPOCH)
+        kw: Dict[str, Any] = {"num_workers": 2}
+        if name == "ferroloader auto":
+            kw = {"num_workers": "auto"}
+        elif name == "ferroloader threads":
+            kw["worker_method"] = "thread"
+        loader = fl.DataLoader(ds, batch_size=batch, shuffle=True, **kw)
+        t = time.perf_counter()
+        for _batch in loader:
+            pass
+        rate = len(ds) / (time.perf_counter() - t)
     else:
-        ds = peers.JpegFiles(sorted(
-            os.path.join(root, f) for f in os.listdir(root) if f.endswith(".jpg")))
-    loader = fl.DataLoader(ds, batch_size=peers.IMAGE_BATCH, shuffle=True, num_workers=2,
-                           persistent_workers=True, worker_method=method)
-    step = epoch_step(loader, float(len(ds)))
-    step()
-    rate = timed_rate(step, 1.0 if quick else 3.0)
-    print(METHOD_MARK + json.dumps({"rate": rate}), flush=True)
+        make = peers.loader(name, fl, tud, ds, batch)
+        units = float(len(ds))
+
+        def step() -> float:
+            for _batch in make():
+                pass
+            return units
+
+        step()  # starts persistent workers, warms caches and arenas
+        rate = timed_rate(step, 0.3 if quick else 1.5)
+    print(PEER_MARK + json.dumps({"rate": rate}), flush=True)
 
 
-def alone_checks(st: Settings, root: str) -> List[Check]:
-    """Thread workers against process workers on images and JPEG, each
-    loader alone in a fresh process, rounds interleaved: in one process the
-    loader whose arenas were filled last runs about 0.8x the others,
-    whichever its method (measured with two loaders of one method), which
-    biases the in-process rows against the later one."""
+def _best(rates: Dict[str, List[float]], names: Tuple[str, ...], k: int) -> float:
+    """Round ``k``'s best of the layouts ``names`` (those that ran)."""
+    return max(rates[n][k] for n in names if n in rates)
+
+
+# each library's layouts: a library is judged by its best
+_FERRO = ("ferroloader processes", "ferroloader threads")
+_PEERS = {"torch": ("torch",),
+          "torchdata nodes": ("torchdata nodes threads", "torchdata nodes processes"),
+          "SPDL": ("SPDL threads",), "Grain": ("Grain processes",)}
+_BEST_FIXED = "ferroloader's best fixed layout"
+
+
+def _job_checks(job: str, rates: Dict[str, List[float]], rounds: int) -> List[Check]:
+    """A job's rows: ferroloader's best layout against each library's best,
+    threads against torchdata's threads, processes against torch, and
+    ``"auto"`` against ferroloader's best fixed layout."""
     checks = []
-    for job in ("images", "jpeg"):
-        c = Check(f"{job}: ferroloader threads, each loader alone", "samples/s",
-                  "ferroloader processes, alone", 1.0)
-        for _ in range(st.repeats):
-            rates = [run_marked_child("--_method-child", f"{m},{job},{root}", METHOD_MARK,
-                                      st.quick, 600)["rate"]
-                     for m in ("multiprocessing", "thread")]
-            c.add(rates[0], rates[1])
+    for peer, names in _PEERS.items():
+        ran = tuple(n for n in names if n in rates)
+        if not ran:
+            continue
+        c = Check(f"{job}: ferroloader's best layout", "samples/s", f"{peer}'s best", 1.0)
+        for k in range(rounds):
+            c.add(_best(rates, ran, k), _best(rates, _FERRO, k))
+        if len(ran) > 1:
+            c.note = "each round's best of " + " and ".join(ran)
+        checks.append(c)
+    pairs = [("ferroloader threads", "torchdata nodes threads", 1.0),
+             ("ferroloader processes", "torch", 1.0),
+             ("ferroloader auto", _BEST_FIXED, 0.95)]
+    for mine, base, target in pairs:
+        if mine not in rates or (base != _BEST_FIXED and base not in rates):
+            continue
+        c = Check(f"{job}: {mine}", "samples/s", base, target)
+        for k in range(rounds):
+            c.add(_best(rates, _FERRO, k) if base == _BEST_FIXED else rates[base][k],
+                  rates[mine][k])
+        if mine == "ferroloader auto":
+            c.note = "from its second epoch on; processes / threads: " + ", ".join(
+                f"{p / t:.2f}" for p, t in zip(rates[_FERRO[0]], rates[_FERRO[1]]))
         checks.append(c)
     return checks
 
 
 def sc_peers(st: Settings, fl: Any) -> List[Check]:
-    """Records, memory-mapped images and JPEG decoding, 2 workers or threads
-    each: ferroloader's thread and process workers against torch, torchdata
-    ``nodes`` threads, SPDL threads and Grain processes (benches/peers.py)."""
+    """Records, memory-mapped images, JPEG decoding and two torchvision
+    training pipelines, 2 workers or threads each: ferroloader's process
+    and thread workers and ``"auto"`` against torch, torchdata ``nodes``
+    (threads, processes), SPDL threads and Grain processes
+    (benches/peers.py), each loader alone in a fresh process, rounds
+    interleaved; and on JPEG, ``"auto"``'s first epoch from nothing against
+    the fixed layouts'."""
     import shutil
 
     import peers
 
     probe_workers(fl)
-    missing = {k: v for k, v in peers.peers_available().items() if v is not None}
+    have = peers.peers_available()
+    missing = {k: v for k, v in have.items() if v is not None}
+    names = peers.available(have)
+    jobs = [j for j in peers.JOBS if peers.job_missing(j) is None]
+    missing.update({j: str(peers.job_missing(j)) for j in peers.JOBS if j not in jobs})
+    # (a fresh process per loader and round: minutes a round; 3 rounds,
+    # one in a --quick pass)
+    rounds = 1 if st.quick else min(st.repeats, 3)
     root = peers.tempdir()
     checks: List[Check] = []
     try:
-        for job, (ds, batch) in peers.make_data(root).items():
-            makers = peers.loaders(fl, tud, ds, batch)
-            units = float(len(ds))
+        peers.make_files(root, 64 if st.quick else peers.JPEGS)
+        rates: Dict[str, Dict[str, List[float]]] = {j: {n: [] for n in names} for j in jobs}
+        first = ("ferroloader processes", "ferroloader threads", "ferroloader auto")
+        firsts: Dict[str, List[float]] = {n: [] for n in first}
 
-            def step(make: Callable[[], Any], units: float) -> Callable[[], float]:
-                def run() -> float:
-                    for _ in make():
-                        pass
-                    return units
+        def child(mode: str, name: str, job: str) -> float:
+            out = run_marked_child("--_peer-child", f"{mode}|{name}|{job}|{root}", PEER_MARK,
+                                   st.quick, 600)
+            return float(out["rate"])
 
-                return run
-
-            steps = {name: step(m, units) for name, m in makers.items()}
-            for s in steps.values():
-                s()  # starts persistent workers, warms caches and arenas
-            rates: Dict[str, List[float]] = {name: [] for name in steps}
-            for _ in range(st.repeats):
-                for name, s in steps.items():
-                    rates[name].append(timed_rate(s, st.min_time))
-                PROGRESS.tick()
-            pairs = [
-                ("ferroloader threads", "torchdata nodes threads", 1.0),
-                ("ferroloader threads", "SPDL threads", 1.0),
-                ("ferroloader threads", "ferroloader processes", 1.0),
-                ("ferroloader processes", "torch", 1.0),
-                ("ferroloader processes", "torchdata nodes threads", 1.0),
-                ("ferroloader processes", "Grain processes", 1.0),
-            ]
-            for mine, base, target in pairs:
-                if mine not in rates or base not in rates:
-                    continue
-                c = Check(f"{job}: {mine}", "samples/s", base, target)
-                c.baseline, c.ferro = rates[base], rates[mine]
-                if job == "records" and base == "ferroloader processes":
-                    c.note = "Python-bound on a GIL build: threads share one interpreter"
-                checks.append(c)
-            del makers, steps
-            gc.collect()
-        checks += alone_checks(st, root)
+        for _ in range(rounds):
+            for job in jobs:
+                for name in names:
+                    rates[job][name].append(child("steady", name, job))
+            for name in first:
+                firsts[name].append(child("first", name, "jpeg"))
+            PROGRESS.tick()
+        for job in jobs:
+            checks += _job_checks(job, rates[job], rounds)
+        c = Check("jpeg: ferroloader auto, a whole epoch from nothing", "samples/s",
+                  _BEST_FIXED + ", the same", 0.95)
+        for k in range(rounds):
+            c.add(_best(firsts, _FERRO, k), firsts["ferroloader auto"][k])
+        c.note = f"{FIRST_EPOCH} samples on a new loader: worker start and tuning included"
+        checks.append(c)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if missing and checks:
