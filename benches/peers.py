@@ -39,6 +39,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+from torch.utils.data import default_collate
 
 RECORDS = 8192
 RECORD_BATCH = 256
@@ -111,43 +112,49 @@ def _v2(decoded: bool) -> Any:
     ])
 
 
-class VisionPil:
-    """Sample i: file i decoded by PIL, through the v2 training transforms:
-    a float32 3x224x224 tensor."""
+class _Vision:
+    """Sample i: file i decoded (``_decode``), through the v2 training
+    transforms: a float32 3x224x224 tensor."""
+
+    decoded = False  # whether _decode gives a tensor (else a PIL image)
 
     def __init__(self, paths: List[str]) -> None:
         self.paths = list(paths)
-        self.transform = _v2(decoded=False)
+        self.transform = _v2(self.decoded)
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, i: int) -> torch.Tensor:
+        out: torch.Tensor = self.transform(self._decode(self.paths[i]))
+        return out
+
+    def _decode(self, path: str) -> Any:
+        raise NotImplementedError
+
+
+class VisionPil(_Vision):
+    """PIL decoding, then the v2 transforms."""
+
+    def _decode(self, path: str) -> Any:
         from PIL import Image
 
-        with Image.open(self.paths[i]) as im:
-            out: torch.Tensor = self.transform(im.convert("RGB"))
-        return out
+        with Image.open(path) as im:
+            return im.convert("RGB")
 
 
-class VisionDecode:
-    """Sample i: file i's bytes decoded by ``torchvision.io.decode_jpeg``,
-    through the v2 training transforms: a float32 3x224x224 tensor."""
+class VisionDecode(_Vision):
+    """``torchvision.io.decode_jpeg`` of the file's bytes, then the v2
+    transforms."""
 
-    def __init__(self, paths: List[str]) -> None:
-        self.paths = list(paths)
-        self.transform = _v2(decoded=True)
+    decoded = True
 
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
+    def _decode(self, path: str) -> Any:
         from torchvision.io import decode_jpeg
 
-        with open(self.paths[i], "rb") as f:
+        with open(path, "rb") as f:
             data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
-        out: torch.Tensor = self.transform(decode_jpeg(data))
-        return out
+        return decode_jpeg(data)
 
 
 def make_jpegs(root: str, n: int = JPEGS) -> List[str]:
@@ -230,8 +237,6 @@ class FetchCollate:
         self.ds = ds
 
     def __call__(self, idx: List[int]) -> Any:
-        from torch.utils.data import default_collate
-
         return default_collate([self.ds[i] for i in idx])
 
 
@@ -329,18 +334,22 @@ def available(have: Dict[str, Optional[str]]) -> List[str]:
     return [n for n in LOADERS if n not in _NEEDS or have[_NEEDS[n]] is None]
 
 
+# ferroloader's loaders: their arguments beyond the job's
+FERRO_KW: Dict[str, Dict[str, Any]] = {
+    "ferroloader processes": {"num_workers": 2},
+    "ferroloader threads": {"num_workers": 2, "worker_method": "thread"},
+    "ferroloader auto": {"num_workers": "auto"},
+}
+
+
 def loader(name: str, fl: Any, tud: Any, ds: Any, batch: int) -> Callable[[], Any]:
     """One loader by name: a function returning one epoch's iterable."""
     if name == "torch":
         return torch_like(tud, ds, batch)
-    if name == "ferroloader processes":
-        return torch_like(fl, ds, batch)
-    if name == "ferroloader threads":
-        return torch_like(fl, ds, batch, worker_method="thread")
-    if name == "ferroloader auto":
-        auto = fl.DataLoader(ds, batch_size=batch, shuffle=True, num_workers="auto",
-                             persistent_workers=True)
-        return lambda: auto
+    if name in FERRO_KW:
+        ours = fl.DataLoader(ds, batch_size=batch, shuffle=True, persistent_workers=True,
+                             **FERRO_KW[name])
+        return lambda: ours
     if name == "torchdata nodes threads":
         return nodes_workers(ds, batch, "thread")
     if name == "torchdata nodes processes":

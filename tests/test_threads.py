@@ -14,6 +14,8 @@ import _thread
 import functools
 import gc
 import signal
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -592,13 +594,13 @@ class DS:
     def __getitem__(self, i):
         return torch.tensor([i])
 
-persistent, epochs, left_midway = sys.argv[1] == "persistent", int(sys.argv[2]), sys.argv[3]
+persistent, epochs, left = sys.argv[1] == "persistent", int(sys.argv[2]), sys.argv[3]
 loader = ferroloader.DataLoader(DS(), batch_size=4, shuffle=True, num_workers=2,
                                 persistent_workers=persistent, worker_method="thread")
 for _ in range(epochs):
     for batch in loader:
         pass
-if left_midway == "midway":
+if left == "midway":
     it = iter(loader)
     next(it)
 print("done", flush=True)
@@ -615,9 +617,6 @@ def test_the_interpreter_exits_cleanly_with_worker_threads_alive(tmp_path, persi
     workers, an epoch left midway) exits with status 0, as with torch: the
     workers are ended before the interpreter finalises. (They crashed it,
     SIGSEGV or abort, when woken during finalisation.)"""
-    import subprocess
-    import sys
-
     script = tmp_path / "exit_with_threads.py"
     script.write_text(_EXIT_SCRIPT)
     proc = subprocess.run([sys.executable, str(script), persistent, str(epochs), left],

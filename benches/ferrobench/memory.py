@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -111,9 +113,6 @@ def run_marked_child(flag: str, arg: str, mark: str, quick: bool, timeout: int) 
     Its output goes to files, not pipes, and its session is killed when it
     ends: a worker a peer leaves behind (torchdata's forked ones can hang)
     would otherwise hold the pipes open, and this wait, forever."""
-    import signal
-    import tempfile
-
     cmd = [sys.executable, ENTRY, flag, arg]
     if quick:
         cmd.append("--quick")

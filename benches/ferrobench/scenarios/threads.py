@@ -200,12 +200,7 @@ def peer_child(arg: str, quick: bool) -> None:
     ds, batch = peers.open_job(root, job)
     if mode == "first":
         ds = Repeat(ds, 512 if quick else FIRST_EPOCH)
-        kw: Dict[str, Any] = {"num_workers": 2}
-        if name == "ferroloader auto":
-            kw = {"num_workers": "auto"}
-        elif name == "ferroloader threads":
-            kw["worker_method"] = "thread"
-        loader = fl.DataLoader(ds, batch_size=batch, shuffle=True, **kw)
+        loader = fl.DataLoader(ds, batch_size=batch, shuffle=True, **peers.FERRO_KW[name])
         t = time.perf_counter()
         for _batch in loader:
             pass

@@ -49,8 +49,9 @@ log = logging.getLogger("ferroloader.autotune")
 METHODS = ("processes", "threads", "threads_in_processes")
 # an interval lasts at least this long, and two rounds of the workers' batches
 _MIN_INTERVAL = 0.4
-# in the main process batches come one at a time, each measured whole
-_MAIN_INTERVAL = 0.1
+# in the main process batches come one at a time, each measured whole: a
+# quarter of it (the simulator's main-process intervals are too)
+_MAIN_INTERVAL = _MIN_INTERVAL / 4
 
 
 @dataclass(frozen=True)
