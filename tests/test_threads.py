@@ -116,6 +116,38 @@ def test_each_thread_has_its_own_worker_info_and_init():
     assert ferroloader.get_worker_info() is None and tud.get_worker_info() is None
 
 
+class IntraOpThreads(tud.Dataset):
+    """Sample i: the intra-op thread count its worker runs torch with."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        return torch.get_num_threads()
+
+
+@ferro_only
+@time_limit(60)
+def test_worker_threads_run_torch_on_one_intra_op_thread_and_leave_the_process_count():
+    """Each worker thread runs torch with one intra-op thread, as torch's
+    worker processes do (each thread's transforms would otherwise start a
+    team of the process's size, and the teams contend for the cores); the
+    main thread's count, and that of threads started later, are as before."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        counts = FERRO.DataLoader(IntraOpThreads(), batch_size=2, num_workers=2, **THREAD)
+        assert {int(c) for b in counts for c in b} == {1}
+        assert torch.get_num_threads() == 3
+        later: list = []
+        t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+        assert later == [3]
+    finally:
+        torch.set_num_threads(before)
+
+
 class GeneratorDraws(tud.Dataset):
     """Draws from ``torch.thread_safe_generator()`` (``None`` in a process
     worker: the global generator) and from the worker's ``random``/``numpy``
