@@ -183,12 +183,14 @@ def test_a_gil_share_read_from_a_shortfall_near_the_loops_bound_is_measured_agai
     read as a GIL share of 0.96 (it is 0.40). One thread was then kept
     (0.87 of the best) and the threads never run again. Before settling it
     measures them once more and keeps them. (A pair drawn by
-    ``tm.draw(240, 6)``.)"""
+    ``tm.draw(240, 6)``.) Since a tie goes to processes while the GIL's
+    share is the prior, the policy measures 2 processes first and then
+    goes to 2 threads: they must be measured, and kept, either way."""
     job = tm.Job(cpu=0.00026639, wait=0.0, bytes=2729223.1, gil=0.40257, mem=215.256e6,
                  start=0.62342, per_byte=1.16423e-10, step=0.0040731, batch=16, noise=0.16923)
     machine = tm.Machine(cores=16)
     out = tm.outcome("transport", job, machine, tm.run_policy(job, machine, seed=179))
-    assert sum(lay == Layout(2, "thread") for _, lay in out.run.layouts) >= 2
+    assert any(lay == Layout(2, "thread") for _, lay in out.run.layouts)
     assert out.run.final.workers >= 2
     assert out.ratio >= 0.95
     assert out.run.settled_at <= 60

@@ -480,10 +480,28 @@ impl Policy {
         let step = self.step.value().filter(|s| *s != 0.0).unwrap_or(0.0);
         let fed = step > 0.0 && top >= 0.9 * f64::from(self.ctx.batch) / step;
         let share = if fed { FED } else { FEW };
+        // Among the near-best, the fewest processes (threads start sooner
+        // and cost less memory), except on the move out of the main
+        // process where the GIL's share is still the prior and loading is
+        // the CPU's work rather than waiting: then the most. Processes
+        // cannot fall short by the GIL, threads can, and the prior is a
+        // guess: on PIL decoding threads ran 0.8x processes where the
+        // prior predicts a tie, and reading that took the first 40-90
+        // batches of an epoch.
+        let cpu_bound = !self.gil_read
+            && self.layout.num_workers == 0
+            && match (self.cpu0.value(), self.wait.value()) {
+                (Some(cpu), wait) => cpu > 0.0 && wait.unwrap_or(0.0) < 0.5 * cpu,
+                (None, _) => false,
+            };
         let key = |l: &Layout| {
             (
                 l.workers(),
-                l.processes(),
+                if cpu_bound {
+                    u32::MAX - l.processes()
+                } else {
+                    l.processes()
+                },
                 l.worker_threads,
                 self.seen_of(l).is_none(),
             )
