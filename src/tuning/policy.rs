@@ -488,12 +488,13 @@ impl Policy {
         // guess: on PIL decoding threads ran 0.8x processes where the
         // prior predicts a tie, and reading that took the first 40-90
         // batches of an epoch.
+        let waited = self.wait.value().unwrap_or(0.0);
         let cpu_bound = !self.gil_read
             && self.layout.num_workers == 0
-            && match (self.cpu0.value(), self.wait.value()) {
-                (Some(cpu), wait) => cpu > 0.0 && wait.unwrap_or(0.0) < 0.5 * cpu,
-                (None, _) => false,
-            };
+            && self
+                .cpu0
+                .value()
+                .is_some_and(|cpu| cpu > 0.0 && waited < 0.5 * cpu);
         let key = |l: &Layout| {
             (
                 l.workers(),
