@@ -428,8 +428,7 @@ impl WorkerPool {
                 conn.skip_wakeups();
             }
         }
-        self.check_deaths();
-        Ok(())
+        self.check_deaths()
     }
 
     /// Which workers' sockets or pidfds are ready within `slice`.
@@ -461,13 +460,19 @@ impl WorkerPool {
         Ok(ready)
     }
 
-    /// Queues [`Event::Died`] for each running worker that has ended.
-    fn check_deaths(&mut self) {
-        for (w, link) in self.links.iter_mut().enumerate() {
-            if !link.running {
+    /// Queues [`Event::Died`] for each running worker that has ended,
+    /// after what it sent before it ended (it may end between `poll(2)`
+    /// and this check, its results unread).
+    fn check_deaths(&mut self) -> Result<()> {
+        for w in 0..self.links.len() {
+            if !self.links[w].running {
                 continue;
             }
-            if let Some(exit) = link.process.exit_status() {
+            if let Some(exit) = self.links[w].process.exit_status() {
+                if self.links[w].conn.is_some() {
+                    self.drain(w, &mut crate::wire::transport::NoHost)?;
+                }
+                let link = &mut self.links[w];
                 link.running = false;
                 self.events.push_back(Event::Died {
                     worker: w,
@@ -476,6 +481,7 @@ impl WorkerPool {
                 });
             }
         }
+        Ok(())
     }
 
     /// Opens a batch record `worker` announced; it is released when the
