@@ -240,13 +240,14 @@ def test_workers_do_not_fault_their_samples_memory_in_anew_each_batch(tmp_path, 
     is freed (torch's malloc'd batches do that; arena batches do not): each
     batch then faulted its samples' pages in anew, about 50 faults per
     196 KiB sample here, and ran 4x slower with processes. In steady state
-    the workers (fresh interpreter) fault less than one page per sample."""
+    the workers (fresh interpreter) fault under 5 pages per sample (2 seen
+    under load, 43-52 before)."""
     script = tmp_path / "faults.py"
     script.write_text(_FAULTS_SCRIPT)
     proc = subprocess.run([sys.executable, str(script), method], capture_output=True,
                           text=True, timeout=100)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert float(proc.stdout) < 1.0, f"{proc.stdout.strip()} page faults per sample"
+    assert float(proc.stdout) < 5.0, f"{proc.stdout.strip()} page faults per sample"
 
 
 @ferro_only
