@@ -160,3 +160,13 @@ def write_int_shards(folder: str, lens: list[int]) -> list[str]:
         (1000 * s + np.arange(n, dtype=np.int64)).tofile(p)
         paths.append(p)
     return paths
+
+
+def ranges(lens: list[int], world: int, block: int) -> int:
+    """The works the queue's list cuts ``lens`` into (the sharding page's
+    rule): ranges of a 64th of a rank's share, at least 8 items, whole
+    blocks (or the block shrunk to the range)."""
+    unit = max(-(-sum(lens) // (64 * world)), 8)
+    if unit >= block:
+        unit = -(-unit // block) * block
+    return sum(max(1, -(-n // unit)) for n in lens)

@@ -24,7 +24,7 @@ from ferroloader.epoch.world import remaining
 from helpers import ferro_only, time_limit
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shard_cases import Counted
+from shard_cases import Counted, ranges
 
 pytestmark = [
     ferro_only,
@@ -64,7 +64,8 @@ def items(batches: list[Any]) -> list[int]:
 SEED, BLOCK = 11, 4  # the loaders' seed= and shuffle_block=
 
 
-def expand(works: list[tuple[int, int, int]], lens: list[int], epoch: int) -> list[int]:
+def expand(works: list[tuple[int, int, int]], lens: list[int], epoch: int,
+           block: int = BLOCK) -> list[int]:
     """The items of (shard, emitted, end) works of ``Counted`` shards in a
     shuffled epoch: positions in the epoch's block orders (the sharding
     page's ``torch.randperm`` per block), as the items there."""
@@ -72,8 +73,8 @@ def expand(works: list[tuple[int, int, int]], lens: list[int], epoch: int) -> li
     out = []
     for s, e, end in works:
         for p in range(e, min(end, lens[s])):
-            b, lo = p // BLOCK, p // BLOCK * BLOCK
-            n = min(BLOCK, lens[s] - lo)
+            b, lo = p // block, p // block * block
+            n = min(block, lens[s] - lo)
             g = torch.Generator().manual_seed(fl.seeds.block_seed(root, s, b))
             out.append(1000 * s + lo + int(torch.randperm(n, generator=g)[p - lo]))
     return out
@@ -89,7 +90,8 @@ def held_back(states: list[dict[str, Any]], lens: list[int]) -> list[int]:
     carry = fl.merge_states(states).get("world_carry")
     if carry is None:
         return []
-    return expand(remaining(carry["accounts"]), lens, carry["accounts"][0]["epoch"])
+    first = carry["accounts"][0]
+    return expand(remaining(carry["accounts"]), lens, first["epoch"], first["block"])
 
 
 lens_st = st.lists(st.integers(0, 14), min_size=1, max_size=9)
@@ -108,7 +110,7 @@ def test_every_item_exactly_once_per_epoch(lens, world, epochs, batch, nw):
         assert sorted(v for r in per_rank for v in r[e]) == all_items(lens), f"epoch {e}"
     stats = [ld.stats().queue for ld in loaders]
     assert sum(s.items for s in stats) == epochs * sum(lens)
-    assert sum(s.shards for s in stats) == epochs * len(lens)
+    assert sum(s.shards for s in stats) == epochs * ranges(lens, world, BLOCK)
 
 
 @given(lens=lens_st, world=st.integers(2, 4), epochs=st.integers(1, 3), batch=st.integers(1, 4),
@@ -126,8 +128,9 @@ def test_even_counts_and_what_they_hold_back_is_read_next(lens, world, epochs, b
     def run(ld: fl.DataLoader) -> Any:
         epochs_read = []
         for _ in range(epochs):
+            n = len(ld)  # before the epoch: what iter() will decide
             it = iter(ld)
-            n = len(ld)
+            assert len(ld) == n
             batches = list(it)
             assert len(batches) == n
             epochs_read.append(batches)
@@ -185,9 +188,16 @@ def test_every_ranks_state_resumes_exactly_the_rest_on_any_number_of_ranks(
         ld.load_state_dict(states)
 
     def rest(ld: fl.DataLoader) -> Any:
-        this = list(ld)
+        n = len(ld) if even and after > 1 else None  # (the saved epoch's, before iter())
+        it = iter(ld)
+        if n is not None:
+            assert len(ld) == n
+        this = list(it)
         between = ld.state_dict()
+        n = len(ld) if even and after > 1 else None
         nxt = list(ld)
+        if n is not None:
+            assert len(nxt) == n
         return this, nxt, ld.state_dict(), between
 
     tails = side_by_side([lambda ld=ld: rest(ld) for ld in resumed])
@@ -210,18 +220,73 @@ def test_every_ranks_state_resumes_exactly_the_rest_on_any_number_of_ranks(
     assert Counter(next_epoch + held_next) == Counter(all_items(lens) + held_this)
 
 
-def test_a_faster_rank_claims_more_shards():
-    """One rank that waits 5 ms an item reads far fewer than its static
-    share of the shards (8 of 24); the others, threads sharing one
-    interpreter here, split the rest as the GIL lets them."""
-    lens = [20] * 24
+@pytest.mark.parametrize("lens", [[20] * 24, [90] * 3], ids=["24 shards", "one per rank"])
+def test_a_faster_rank_claims_more(lens):
+    """One rank that waits 5 ms an item reads far fewer items than its
+    static share (160 of 480, or its one shard of 90): with one shard per
+    rank too, since shards are claimed in ranges (of 8 items here); the
+    others, threads sharing one interpreter here, split the rest as the
+    GIL lets them."""
     store, name = dist.HashStore(), job_name()
     datasets = [Counted(lens, delay=0.005 if r == 0 else 0.0) for r in range(3)]
     loaders = [loader(datasets[r], store, name, r, 3, even=False, batch=5) for r in range(3)]
-    side_by_side([lambda ld=ld: list(ld) for ld in loaders])
-    shards = [ld.stats().queue.shards for ld in loaders]
-    assert sum(shards) == 24
-    assert shards[0] <= 3, shards
+    got = side_by_side([lambda ld=ld: items(list(ld)) for ld in loaders])
+    assert sorted(v for g in got for v in g) == all_items(lens)
+    stats = [ld.stats().queue for ld in loaders]
+    assert sum(s.shards for s in stats) == ranges(lens, 3, BLOCK)
+    # (its first range, the one it reads ahead into, and the few it holds)
+    assert stats[0].items <= 40, [s.items for s in stats]
+
+
+def test_shards_are_cut_in_whole_blocks_or_the_block_shrinks_and_a_resume_keeps_it():
+    """4,800 items in 3 shards with shuffle_block=64: on 2 ranks the list's
+    ranges are 38 items, on 3 ranks 25, each its own shuffle block (a 64th
+    of a rank's share is under a block). States saved on 2 ranks mid-epoch
+    (even counts) resume on 3: the epoch's rest is read in the saved
+    blocks, what it holds back is carried into the next epoch's blocks,
+    and every item is read once per epoch."""
+    lens = [2000, 1700, 1100]
+
+    def make(store: Any, name: str, r: int, world: int) -> fl.DataLoader:
+        return fl.DataLoader(Counted(lens), batch_size=16, shuffle=True, seed=SEED,
+                             sharding=fl.Sharding(mode="dynamic", across="world", store=store,
+                                                  name=name, rank=r, world_size=world,
+                                                  even=True))
+
+    store, name = dist.HashStore(), job_name()
+    lds = [make(store, name, r, 2) for r in range(2)]
+
+    def head(ld: fl.DataLoader) -> Any:
+        it = iter(ld)
+        seen = [next(it) for _ in range(20)]
+        return items(seen), ld.state_dict()
+
+    heads = side_by_side([lambda ld=ld: head(ld) for ld in lds])
+    states = [h[1] for h in heads]
+    for st_ in states:
+        shards = st_["epoch"]["shards"]
+        assert shards["block"] == 38
+        assert {min(w[2], lens[w[0]]) - w[1] for w in shards["list"]} <= set(range(1, 39))
+    store2, name2 = dist.HashStore(), job_name()
+    again = [make(store2, name2, r, 3) for r in range(3)]
+    for ld in again:
+        ld.load_state_dict(states)
+
+    def rest(ld: fl.DataLoader) -> Any:
+        this = items(list(ld))
+        between = ld.state_dict()
+        nxt = items(list(ld))
+        return this, nxt, ld.state_dict(), between
+
+    tails = side_by_side([lambda ld=ld: rest(ld) for ld in again])
+    assert tails[0][2]["world_carry"]["block"] == 25
+    before = [v for h in heads for v in h[0]]
+    held_this = held_back([t[3] for t in tails], lens)
+    held_next = held_back([t[2] for t in tails], lens)
+    this_epoch = [v for t in tails for v in t[0]]
+    next_epoch = [v for t in tails for v in t[1]]
+    assert Counter(before + this_epoch + held_this) == Counter(all_items(lens))
+    assert Counter(next_epoch + held_next) == Counter(all_items(lens) + held_this)
 
 
 def test_map_style_data_through_the_queue():
@@ -245,16 +310,20 @@ def test_map_style_data_through_the_queue():
         fl.DataLoader(ds, sampler=fl.DynamicDistributedSampler(ds, store=store), shuffle=True)
 
 
-def test_len_is_the_jobs_batch_count_once_the_epoch_begins():
+def test_len_before_the_first_epoch_is_the_count_the_epoch_yields():
+    """With even=True len() is known before iter(): the batches even counts
+    guarantee, from the lengths alone (Lightning and schedulers read it
+    then); with even=False, or one rank, it stays a TypeError."""
     store, name = dist.HashStore(), job_name()
     lens = [9, 4, 7]
     lds = [loader(Counted(lens), store, name, r, 2, even=True) for r in range(2)]
-    with pytest.raises(TypeError, match="once its epoch has begun"):
-        len(lds[0])
-    its = [iter(ld) for ld in lds]
-    assert len(lds[0]) == len(lds[1]) == (20 - 6) // 6
-    for it in its:
-        list(it)
+    # 20 items in ranges of 8 (9 -> 8 + 1): (20 - (2 - 1) * (8 - 1)) // (2 * 3)
+    assert len(lds[0]) == len(lds[1]) == (20 - 7) // 6
+    got = side_by_side([lambda ld=ld: len(list(ld)) for ld in lds])
+    assert got == [2, 2]
+    uneven = loader(Counted(lens), dist.HashStore(), job_name(), 0, 2, even=False)
+    with pytest.raises(TypeError, match="even=False the ranks' batch counts are not fixed"):
+        len(uneven)
 
 
 def test_the_queue_needs_a_store_or_a_process_group():
@@ -317,7 +386,7 @@ def test_stats_and_namespaces():
     b = loader(Counted([4, 4]), store, "b", 0, 1, even=False)
     assert sorted(items(list(a))) == sorted(items(list(b))) == all_items([4, 4])
     q = a.stats().queue
-    assert (q.shards, q.items) == (2, 8) and q.waited >= 0
+    assert (q.shards, q.items) == (2, 8) and q.waited >= 0  # (shards under 8 items: whole)
     assert "works claimed" in str(a.stats())
 
 
@@ -350,11 +419,11 @@ def test_each_rank_resuming_its_own_state_on_the_same_ranks(even):
 
 def test_a_list_of_states_missing_or_repeating_a_rank_is_refused_before_anything_is_read():
     """Three ranks read 3 batches of 4 each; the epoch resumes on one rank
-    from a list of their states. Every rank's state gives the 240 items of
-    240; a list that misses a rank or repeats one is refused, naming the
+    from a list of their states. Every rank's state gives the 960 items of
+    960; a list that misses a rank or repeats one is refused, naming the
     ranks, by load_state_dict() and merge_states() alike (it gave 252 and
-    360 items: claims read twice)."""
-    lens = [20] * 12
+    360 items of 240: claims read twice)."""
+    lens = [20] * 48
     store, name = dist.HashStore(), job_name()
     lds = [loader(Counted(lens), store, name, r, 3, even=False, batch=4) for r in range(3)]
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from helpers import ferro_only, time_limit
 from remote_servers import free_port
-from shard_cases import write_int_shards
+from shard_cases import ranges, write_int_shards
 
 pytestmark = [ferro_only, pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -77,7 +77,8 @@ def test_gloo_ranks_read_every_item_once_from_local_files(tmp_path, world, nw):
         assert r["error"] is None, r["error"]
     for e in range(2):
         assert sorted(epoch_items(ranks, e)) == all_items(LENS)
-    assert sum(r["queue"]["shards"] for r in ranks) == 2 * len(LENS)
+    # (shards cut into ranges of 8 items, shuffle_block=4)
+    assert sum(r["queue"]["shards"] for r in ranks) == 2 * ranges(LENS, world, 4)
 
 
 @time_limit(240)

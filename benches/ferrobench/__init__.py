@@ -91,10 +91,12 @@ cluster        a local Ray cluster of 2 nodes (the trainer's, the workers'): >= 
                only at the decode limit; against 2 local worker processes; >= 0.8x
                on JPEG the training host's CPU per batch, Ray workers      <= 0.25x
                against local processes; MiB/s between the nodes (images)
-world_queue    4 forked ranks, 64 file shards of 100 items, batch 32:       <= 0.6x,
-               an epoch's seconds (first rank's start to last rank's end)
-               with Sharding(across="world") against static sharding, one
-               rank waiting 3 ms an item; the same with equal ranks         <= 1.1x
+world_queue    4 forked ranks, even=False, batch 32, every rank waiting     <= 0.5x,
+               0.3 ms an item: an epoch's seconds (first rank's start to   <= 0.6x,
+               last rank's end) with Sharding(across="world") against      <= 0.2x
+               static sharding, one rank 10x slower, on 24 file shards of
+               10-60 items, one shard per rank, 64 shards of 100; the same
+               with equal ranks                                            <= 1.1x
 =============  ==========================================================  =========
 
 The ``*_w2`` scenarios are skipped with a note while ferroloader raises

@@ -70,10 +70,12 @@ __all__ = [
     "tune_soft_min",
     "worker_loop",
     "world_check_ranks",
+    "world_cut",
     "world_even_budget",
     "world_list_id",
     "world_remaining",
     "world_translate",
+    "world_unit",
 ]
 
 # A sharded epoch's saved position: (positions, next_lane, handed, rest),
@@ -699,9 +701,16 @@ def world_check_ranks(accounts_: list[dict[str, Any]], what: str) -> None:
 def world_remaining(accounts_: list[dict[str, Any]]) -> list[tuple[int, int, int]]:
     """What an epoch has left to read, from every rank's account of it."""
 
-def world_translate(works: list[tuple[int, int, int]], lens: list[int], size: int,
-                    root_from: int, root_to: int) -> list[tuple[int, int, int]]:
+def world_translate(works: list[tuple[int, int, int]], lens: list[int], size_from: int,
+                    size_to: int, root_from: int, root_to: int) -> list[tuple[int, int, int]]:
     """Works of one shuffled epoch as works reading the same items in another."""
+
+def world_unit(total: int, world: int, block: int, shuffled: bool) -> tuple[int, int]:
+    """``(items per range, shuffle block)`` of the shared queue's list."""
+
+def world_cut(works: list[tuple[int, int, int]], lens: list[int],
+              unit: int) -> list[tuple[int, int, int]]:
+    """``works`` as works of at most ``unit`` items."""
 
 def world_list_id(works: list[tuple[int, int, int]]) -> str:
     """The digest of an epoch's list that every rank compares."""
@@ -714,9 +723,12 @@ class WorldClaims:
     """A rank's claims of an epoch of the shared queue; the lanes pull from it."""
 
     def __new__(cls, works: list[tuple[int, int, int]], sizes: list[Optional[int]],
-                quota: Optional[int], ahead: int) -> Self: ...
-    def wanted(self) -> bool:
-        """Waits until a claim is wanted (``True``) or none will be (``False``)."""
+                quota: Optional[int], most_ahead: int, horizon: float,
+                lanes: int) -> Self: ...
+    def wanted(self) -> int:
+        """Waits until claims are wanted: how many; ``0`` once none will be."""
+    def ahead(self) -> tuple[int, int]:
+        """``(unread works held, how many the horizon wants held)``."""
     def record(self, position: int, seconds: float) -> bool:
         """The counter gave ``position``: whether it is a work of the list."""
     def fail(self, why: str) -> None: ...

@@ -95,18 +95,37 @@ pub fn world_remaining(accounts_: Vec<AccountArgs>) -> PyResult<Vec<WorkTuple>> 
     Ok(left.into_iter().map(tuple).collect())
 }
 
-/// Works of a shuffled epoch (root `root_from`) as works reading the same
-/// items in the epoch of root `root_to` (blocks of `size` items).
+/// Works of a shuffled epoch (blocks of `size_from` items, root
+/// `root_from`) as works reading the same items in the epoch of root
+/// `root_to` (blocks of `size_to`).
 #[pyfunction]
 pub fn world_translate(
     works: Vec<WorkTuple>,
     lens: Vec<u64>,
-    size: u64,
+    size_from: u64,
+    size_to: u64,
     root_from: u64,
     root_to: u64,
 ) -> Vec<WorkTuple> {
     let works: Vec<Work> = works.into_iter().map(work).collect();
-    world::translate(&works, &lens, size, root_from, root_to)
+    world::translate(&works, &lens, (size_from, root_from), (size_to, root_to))
+        .into_iter()
+        .map(tuple)
+        .collect()
+}
+
+/// `(items per range, shuffle block)` of the list of a job of `world`
+/// ranks over `total` items (`crate::scheduler::world::unit_of`).
+#[pyfunction]
+pub fn world_unit(total: u64, world: u64, block: u64, shuffled: bool) -> (u64, u64) {
+    world::unit_of(total, world, block, shuffled)
+}
+
+/// `works` as works of at most `unit` items.
+#[pyfunction]
+pub fn world_cut(works: Vec<WorkTuple>, lens: Vec<u64>, unit: u64) -> Vec<WorkTuple> {
+    let works: Vec<Work> = works.into_iter().map(work).collect();
+    world::cut(&works, &lens, unit)
         .into_iter()
         .map(tuple)
         .collect()
@@ -148,30 +167,39 @@ impl WorkSource for Unlocked {
         let source = &mut self.0;
         Python::attach(|py| py.detach(|| source.next_work()))
     }
+
+    fn work_at_hand(
+        &mut self,
+    ) -> Result<Option<Option<Work>>, crate::scheduler::shards::QueueError> {
+        // (no wait: the GIL may stay)
+        self.0.work_at_hand()
+    }
 }
 
 #[pymethods]
 impl WorldClaims {
     #[new]
-    #[pyo3(signature = (works, sizes, quota, ahead))]
+    #[pyo3(signature = (works, sizes, quota, most_ahead, horizon, lanes))]
     fn new(
         works: Vec<WorkTuple>,
         sizes: Vec<Option<u64>>,
         quota: Option<u64>,
-        ahead: usize,
+        most_ahead: usize,
+        horizon: f64,
+        lanes: usize,
     ) -> PyResult<Self> {
         if sizes.len() != works.len() {
             return Err(Class::Internal.err("WorldClaims: one size per work"));
         }
         let works = works.into_iter().map(work).collect();
         Ok(WorldClaims {
-            claims: Arc::new(Claims::new(works, sizes, quota, ahead)),
+            claims: Arc::new(Claims::new(works, sizes, quota, most_ahead, horizon, lanes)),
         })
     }
 
-    /// Waits, without the GIL, until a claim is wanted (`True`), or no more
-    /// will be this epoch (`False`).
-    fn wanted(&self, py: Python<'_>) -> bool {
+    /// Waits, without the GIL, until claims are wanted: how many to claim
+    /// at once; `0` once no more will be this epoch.
+    fn wanted(&self, py: Python<'_>) -> usize {
         let claims = self.claims.clone();
         py.detach(move || claims.wanted())
     }
@@ -207,5 +235,10 @@ impl WorldClaims {
     /// `(works claimed, their items, seconds on the store)`.
     fn counts(&self) -> (u64, u64, f64) {
         self.claims.counts()
+    }
+
+    /// `(unread works held, how many the horizon wants held)`.
+    fn ahead(&self) -> (usize, usize) {
+        self.claims.ahead()
     }
 }

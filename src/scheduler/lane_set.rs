@@ -89,7 +89,7 @@ impl<S: ShardSource> LaneSet<S> {
             if let Some(q) = self.queue.as_mut() {
                 // one shard queued behind the current one, to read ahead into
                 if self.lanes[l].wants_work() {
-                    if let Some(w) = q.assign(l) {
+                    if let Some(w) = q.assign_ahead(l) {
                         self.lanes[l].assign([w], false);
                     }
                 }

@@ -529,7 +529,7 @@ impl Loader {
                         // it can read ahead into it
                         let l = lane as usize;
                         if l < q.lanes() && q.given(l) <= pos.started {
-                            if let Some(w) = q.assign(l) {
+                            if let Some(w) = q.assign_ahead(l) {
                                 let msg = ToWorker::Assign {
                                     lane,
                                     works: vec![w],

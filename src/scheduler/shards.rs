@@ -322,6 +322,14 @@ pub enum RanOut {
 /// it ahead of need), `None` when no more will come this epoch.
 pub trait WorkSource: Send + Sync {
     fn next_work(&mut self) -> Result<Option<Work>, QueueError>;
+
+    /// A work to read ahead into, only if one is at hand now: `None` (not
+    /// now; the lane asks again later), `Some(None)` (no more), or the
+    /// work. A shared queue has one at hand only where its rank claims
+    /// ahead: a slow rank's lanes then hold no work they have not begun.
+    fn work_at_hand(&mut self) -> Result<Option<Option<Work>>, QueueError> {
+        self.next_work().map(Some)
+    }
 }
 
 /// The shared queue behind a [`WorkSource`] failed (its store went away).
@@ -409,15 +417,32 @@ impl ShardQueue {
 
     /// The next work for `lane`, recorded as its; `None` when all are out.
     pub fn assign(&mut self, lane: usize) -> Option<Work> {
+        self.assign_from(lane, false)
+    }
+
+    /// A work for `lane` to read ahead into: as [`ShardQueue::assign`], but
+    /// from a source only what it has at hand (`None` also when not now).
+    pub fn assign_ahead(&mut self, lane: usize) -> Option<Work> {
+        self.assign_from(lane, true)
+    }
+
+    fn assign_from(&mut self, lane: usize, ahead: bool) -> Option<Work> {
         if self.next == self.todo.len() {
-            match self.source.as_mut().map(|s| s.next_work()) {
-                Some(Ok(Some(w))) => self.todo.push(w),
-                Some(Ok(None)) => self.source = None,
-                Some(Err(e)) => {
-                    self.source = None;
-                    self.failed = Some(e);
+            if let Some(source) = self.source.as_mut() {
+                let got = if ahead {
+                    source.work_at_hand()
+                } else {
+                    source.next_work().map(Some)
+                };
+                match got {
+                    Ok(Some(Some(w))) => self.todo.push(w),
+                    Ok(Some(None)) => self.source = None,
+                    Ok(None) => return None,
+                    Err(e) => {
+                        self.source = None;
+                        self.failed = Some(e);
+                    }
                 }
-                None => {}
             }
         }
         let w = *self.todo.get(self.next)?;
@@ -432,9 +457,15 @@ impl ShardQueue {
     pub fn first_works(&mut self, per_lane: usize) -> Vec<(Vec<Work>, bool)> {
         let n = self.lanes();
         let mut out: Vec<Vec<Work>> = vec![Vec::new(); n];
-        for _ in 0..per_lane {
+        for k in 0..per_lane {
             for (lane, works) in out.iter_mut().enumerate() {
-                works.extend(self.assign(lane));
+                // (a lane's first work it waits for; those after it read
+                // ahead into, where the source has them at hand)
+                works.extend(if k == 0 {
+                    self.assign(lane)
+                } else {
+                    self.assign_ahead(lane)
+                });
             }
         }
         out.into_iter()

@@ -1,8 +1,10 @@
 """The job's shared shard queue against static sharding, 4 ranks on this
-machine (world_queue): one rank slow (3 ms of waiting per item, as a slow
-node would add), then all ranks equal. Each round starts a job of 4 forked
-rank processes per mode; the queue lives in a TCPStore the bench hosts.
-An epoch's time is from the first rank's start to the last rank's end."""
+machine (world_queue), ``even=False``: every rank waits 0.3 ms per item
+(a read), one rank ten times that (a slow node), then all ranks equal; on
+three shapes of data: 24 shards of 10-60 items, one shard per rank, 64
+shards of 100. Each round starts a job of 4 rank processes per mode and
+shape; the queue lives in a TCPStore the bench hosts. An epoch's time is
+from the first rank's start to the last rank's end."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import numpy as np
 from ..harness import Check, Settings
 
 RANKS = 4
-SLOW = 0.003  # seconds of waiting per item on the slow rank
+ITEM = 0.0003  # seconds of waiting per item on every rank
+SLOW = 10  # the slow rank waits this many times as long
 
 
 def _read_ints(path: str, start: int = 0) -> Any:
@@ -31,7 +34,7 @@ def _rank(rank: int, mode: str, paths: List[str], lens: List[int], slow: bool, p
     import ferroloader as fl
     import torch.distributed as dist
 
-    delay = SLOW if slow and rank == 0 else 0.0
+    delay = ITEM * (SLOW if slow and rank == 0 else 1)
 
     class Shards(fl.FileShards):
         def iter_shard(self, shard: Any, start: int = 0) -> Any:
@@ -50,12 +53,11 @@ def _rank(rank: int, mode: str, paths: List[str], lens: List[int], slow: bool, p
                            shuffle=True, seed=0, sharding=sharding)
     t0 = time.monotonic()
     n = sum(len(b) for b in loader)
-    shards = loader.stats().queue.shards if mode == "world" else None
-    out.put((rank, t0, time.monotonic(), n, shards))
+    out.put((rank, t0, time.monotonic(), n))
 
 
 def _job(mode: str, paths: List[str], lens: List[int], slow: bool, store: Any,
-         round_no: int) -> Tuple[float, List[Any]]:
+         round_no: str) -> Tuple[float, List[Any]]:
     """One epoch of the 4-rank job: its seconds, and each rank's report.
     Ranks come from the fork server (torch imported once): a fork of this
     process, whose store threads may hold the resolver's lock, could hang
@@ -76,40 +78,55 @@ def _job(mode: str, paths: List[str], lens: List[int], slow: bool, store: Any,
     return end - start, sorted(reports)
 
 
+def _shapes(quick: bool) -> List[Tuple[str, List[int], float]]:
+    """The data's shapes: (name, items per shard, the slow rank's target)."""
+    rng = np.random.default_rng(0)
+    few = [int(v) for v in rng.integers(10, 61, 24)]
+    if quick:
+        return [("24 shards of 10-60 items", few, 0.5)]
+    return [("24 shards of 10-60 items", few, 0.5),
+            ("one shard per rank (4 of 200 items)", [200] * RANKS, 0.6),
+            ("64 shards of 100 items", [100] * 64, 0.2)]
+
+
 def sc_world_queue(st: Settings, fl: Any) -> List[Check]:
-    """4 ranks, 64 shards of 100 items: static sharding against the shared
-    queue, with one slow rank and with equal ranks (ferroloader against
-    itself)."""
+    """4 ranks, ``even=False``, on three shapes of data: static sharding
+    against the shared queue, with one rank ten times slower per item and
+    with equal ranks (ferroloader against itself)."""
     import torch.distributed as dist
 
     multiprocessing.set_forkserver_preload(["torch", "numpy", "ferroloader"])
-    n_shards, per = (32, 50) if st.quick else (64, 100)
-    lens = [per] * n_shards
     folder = tempfile.mkdtemp(prefix="ferrobench-world-")
+    checks: List[Check] = []
     try:
-        paths = []
-        for s in range(n_shards):
-            p = os.path.join(folder, f"shard-{s:03d}.bin")
-            (1000 * s + np.arange(per, dtype=np.int64)).tofile(p)
-            paths.append(p)
         store = dist.TCPStore("127.0.0.1", 0, RANKS + 1, True, timeout=timedelta(seconds=60),
                               wait_for_workers=False)
-        slow = Check("epoch seconds, shared queue, one slow rank", "s", "static sharding",
-                     target=0.6, higher_is_better=False)
-        equal = Check("epoch seconds, shared queue, equal ranks", "s", "static sharding",
-                      target=1.1, higher_is_better=False)
-        slow_share: List[float] = []
-        for k in range(st.repeats):
-            for check, is_slow in ((slow, True), (equal, False)):
-                t_static, _ = _job("static", paths, lens, is_slow, store, k)
-                t_world, reports = _job("world", paths, lens, is_slow, store, k)
-                check.add(t_static, t_world)
-                if is_slow:
-                    slow_share.append(reports[0][4] / (n_shards / RANKS))
-        slow.note = (
-            f"the slow rank read {min(slow_share):.2f}-{max(slow_share):.2f} of the shards "
-            f"static sharding gives it ({n_shards // RANKS} of {n_shards})"
-        )
-        return [slow, equal]
+        for shape, lens, target in _shapes(st.quick):
+            sub = os.path.join(folder, str(len(checks)))
+            os.makedirs(sub)
+            paths = []
+            for s, n in enumerate(lens):
+                p = os.path.join(sub, f"shard-{s:03d}.bin")
+                (1000 * s + np.arange(n, dtype=np.int64)).tofile(p)
+                paths.append(p)
+            slow = Check(f"{shape}: epoch seconds, shared queue, one rank 10x slower", "s",
+                         "static sharding", target=target, higher_is_better=False)
+            equal = Check(f"{shape}: epoch seconds, shared queue, equal ranks", "s",
+                          "static sharding", target=1.1, higher_is_better=False)
+            share: List[float] = []
+            for k in range(st.repeats):
+                tag = f"{len(checks)}-{k}"
+                for check, is_slow in ((slow, True), (equal, False)):
+                    t_static, _ = _job("static", paths, lens, is_slow, store, tag)
+                    t_world, reports = _job("world", paths, lens, is_slow, store, tag)
+                    check.add(t_static, t_world)
+                    if is_slow:
+                        share.append(reports[0][3] / (sum(lens) / RANKS))
+            slow.note = (
+                f"the slow rank read {min(share):.2f}-{max(share):.2f} of a quarter of the "
+                f"items ({sum(lens)} in all); at most 1.0x on every shape"
+            )
+            checks += [slow, equal]
+        return checks
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 import ferroloader._core as _core
-from ferroloader.epoch.world import WorldEpoch
+from ferroloader.epoch.world import WorldEpoch, budget_ahead
 from ferroloader.errors import ConfigError
 from ferroloader.seeds import epoch_seed
 from ferroloader.sources.shards import Sharding
@@ -193,13 +193,15 @@ def sharded_len(loader: Any) -> int:
     epoch = rec.number if running else loader._epochs_started
     if loader.sharding.across == "world":
         world = rec.shards.world_epoch if running and rec.shards is not None else None
-        if world is None or world.budget is None:
+        budget = world.budget if world is not None else budget_ahead(loader)
+        if budget is None:
             raise TypeError(
                 "a loader whose shards come from the job's shared queue "
-                "(Sharding(across='world')) knows its len() once its epoch has begun, "
-                "with even=True (with even=False the ranks' batch counts are not fixed)"
+                "(Sharding(across='world')) has a len() with even=True on more than one rank "
+                "and every shard's length known (with even=False the ranks' batch counts are "
+                "not fixed)"
             )
-        return int(world.budget)
+        return int(budget)
     batches = ShardEpoch(loader, epoch, None).batches()
     if batches is None:
         raise TypeError(

@@ -3,12 +3,17 @@
 ``Sharding(mode="dynamic", across="world")``: each epoch's works (the
 shards in the epoch's seeded order, longest first where lengths are known,
 after what the previous epoch held back) form one list that every rank
-computes alike. A counter in the store hands out its positions: a rank
-claims the next position with one atomic ``add``, so every work is read
-by exactly one rank, and a rank that reads faster claims more. Claims are
-made ahead of need, on a thread of the training process, so the batch
-path never waits on a round trip to the store; within a rank the claimed
-works go to its lanes as in dynamic mode.
+computes alike. Where the lengths are known (and the dataset reaches an
+item without reading those before it), shards are cut into ranges of about
+a 64th of a rank's share, whole shuffle blocks, so balance does not hang
+on the number of shards. A counter in the store hands out its positions: a
+rank claims the next position with one atomic ``add``, so every work is
+read by exactly one rank, and a rank that reads faster claims more. Claims
+are made ahead of need, on a thread of the training process, so the batch
+path never waits on a round trip to the store: as many as the rank's lanes
+take within a short horizon at their own rate (a slow rank holds about
+one, a fast one more, several claimed in one ``add``); within a rank the
+claimed works go to its lanes as in dynamic mode.
 
 With ``even=True`` (and more than one rank) every rank yields the same
 number of batches, decided at ``iter()`` from the lengths alone: with
@@ -42,21 +47,31 @@ Work = tuple[int, int, int]
 OPEN = 2**64 - 1
 
 
+# the most unread claims a rank holds, however fast it reads
+MOST_AHEAD = 16
+# seconds of a rank's own reading it claims ahead (the engine adds four
+# round trips to the store); a claimed remote shard is downloaded first
+HORIZON, REMOTE_HORIZON = 0.1, 2.0
+
+
 class WorldQueue:
     """One epoch's claims by this rank, from the list ``works`` shared by
     every rank (``sizes``: items per work, or ``None`` each where unknown):
     the engine's ``WorldClaims`` keeps them and the lanes pull from it; a
     thread here makes the store's ``add`` calls ahead of need while the
-    claims want more (at most ``ahead`` unread; ``quota``: no more claims
-    once this many items are held)."""
+    claims want more (what ``lanes`` readers take within ``horizon``
+    seconds at their rate; ``quota``: no more claims once this many items
+    are held)."""
 
     def __init__(self, store: Any, prefix: str, works: Sequence[Work],
-                 sizes: Sequence[Optional[int]], quota: Optional[int], ahead: int,
-                 stats: QueueStats, on_claim: Optional[Callable[[int], Any]] = None) -> None:
+                 sizes: Sequence[Optional[int]], quota: Optional[int], lanes: int,
+                 stats: QueueStats, on_claim: Optional[Callable[[int], Any]] = None,
+                 horizon: float = HORIZON) -> None:
         self.store = store
         self.key = f"{prefix}/next"
         self.sizes = list(sizes)
-        self.claims = _core.WorldClaims(list(works), self.sizes, quota, ahead)
+        self.claims = _core.WorldClaims(list(works), self.sizes, quota, MOST_AHEAD, horizon,
+                                        lanes)
         self.stats = stats
         self.on_claim = on_claim
         self._fetches: list[Any] = []  # prefetches of claimed shards, kept alive
@@ -64,10 +79,14 @@ class WorldQueue:
 
     def _run(self) -> None:
         claims = self.claims
-        while claims.wanted():
+        while True:
+            n = claims.wanted()
+            if n == 0:
+                return
             t0 = time.perf_counter()
             try:
-                position = int(self.store.add(self.key, 1)) - 1
+                # (n positions in one round trip: the counter's n before it)
+                last = int(self.store.add(self.key, n))
             except Exception as e:  # the store is gone or refuses
                 claims.fail(
                     f"the job's shard queue lost its store ({describe(self.store)}, key "
@@ -77,15 +96,16 @@ class WorldQueue:
                 return
             took = time.perf_counter() - t0
             self.stats.waited += took
-            if not claims.record(position, took):
-                return  # the list is spent
-            self.stats.shards += 1
-            self.stats.items += self.sizes[position] or 0
-            if self.on_claim is not None:
-                try:
-                    self._fetches.append(self.on_claim(position))
-                except Exception:
-                    pass  # a prefetch is a hint: the reader fetches what is missing
+            for position in range(last - n, last):
+                if not claims.record(position, took / n):
+                    return  # the list is spent
+                self.stats.shards += 1
+                self.stats.items += self.sizes[position] or 0
+                if self.on_claim is not None:
+                    try:
+                        self._fetches.append(self.on_claim(position))
+                    except Exception:
+                        pass  # a prefetch is a hint: the reader fetches what is missing
 
     def account(self) -> tuple[list[int], list[Work]]:
         """The positions claimed so far, and the works among them not yet
@@ -147,7 +167,7 @@ class WorldEpoch:
         self.ns = f"{base}/g{loader._world_gen}"
         self.prefix = f"{self.ns}/e{epoch}"
         self.stats: QueueStats = loader._queue_stats
-        self.shuffle, self.block, self.root = ep.shuffle, sharding.shuffle_block, ep.root
+        self.shuffle, self.root = ep.shuffle, ep.root
         self.seed = loader.seed if loader.seed is not None else 0
         lens = ep.lens
         batch = ep.batch or 1
@@ -160,16 +180,28 @@ class WorldEpoch:
                 "counts"
             )
         handed = 0
+        # the range every rank cuts its shards into, and the shuffle block
+        # that goes with it (the same on every rank: from the lengths alone)
+        cut = lens is not None and dataset.seeks_to_start and \
+            dataset._remote(ep.descriptors) is None
+        self.unit: Optional[int] = None
+        self.block: int = sharding.shuffle_block
+        if cut and lens is not None:
+            self.unit, self.block = _core.world_unit(sum(lens), self.world,
+                                                     sharding.shuffle_block, self.shuffle)
         if resume is not None:
             accounts = (resume["accounts"] if resume.get("merged")
                         else self._exchange("resume", resume))
             works = remaining(accounts)
+            # (the saved positions count in the saved epoch's blocks)
+            self.block = int(accounts[0].get("block", sharding.shuffle_block))
             handed = min(int(a["handed"]) for a in accounts)
             prev_budget = resume.get("budget") if not resume.get("merged") else None
         else:
             works = self._carried(loader, even) + self._order(ep, sharding, lens)
             prev_budget = None
         loader._world_prev = self
+        self.first = handed
         self.list = works
         self.list_id = _core.world_list_id(works)
         sizes = [work_size(w, lens) for w in works]
@@ -194,10 +226,11 @@ class WorldEpoch:
                 # claimed; each claimed shard is fetched as it is claimed
                 self.lease = cache._native().claim_room(wanted, max(loader._workers, 1))
                 on_claim = _prefetcher(cache, pieces, works)
-        self.queue = WorldQueue(self.store, self.prefix, works, sizes, quota, ahead=1,
-                                stats=self.stats, on_claim=on_claim)
         lanes = max(loader._workers, 1)
-        ep.plan = _core_plan(ep, sharding, lanes, self.queue.claims, self.budget, handed)
+        self.queue = WorldQueue(self.store, self.prefix, works, sizes, quota, lanes,
+                                stats=self.stats, on_claim=on_claim,
+                                horizon=REMOTE_HORIZON if on_claim is not None else HORIZON)
+        ep.plan = _core_plan(ep, self.block, lanes, self.queue.claims, self.budget, handed)
         ep.short_of_room = dataset._short_of_room()
 
     def _call(self, fn: Callable[[], Any]) -> Any:
@@ -213,7 +246,8 @@ class WorldEpoch:
 
     def _order(self, ep: Any, sharding: Any, lens: Optional[list[int]]) -> list[Work]:
         """The epoch's shards in its seeded order, longest first where the
-        lengths are known (the order a one-rank dynamic queue hands out)."""
+        lengths are known (the order a one-rank dynamic queue hands out),
+        cut into ranges of ``self.unit`` items where it is set."""
 
         one = _core.shard_plan({
             "n_shards": len(ep.descriptors), "lens": lens, "block": sharding.shuffle_block,
@@ -221,7 +255,10 @@ class WorldEpoch:
             "lanes": 1, "batch": ep.batch, "drop_last": ep.drop_last, "even": False,
             "largest_first": sharding.largest_first, "resume": None, "shared": None,
         })
-        return [(int(s), 0, OPEN) for s in one.read_order]
+        whole = [(int(s), 0, OPEN) for s in one.read_order]
+        if self.unit is not None and lens is not None:
+            return list(_core.world_cut(whole, lens, self.unit))
+        return whole
 
     def _exchange(self, what: str, account: dict[str, Any]) -> list[dict[str, Any]]:
         """Every rank's ``account`` (``what``: of a resumed epoch, of the
@@ -263,8 +300,13 @@ class WorldEpoch:
         if self.shuffle:
             # positions in the last epoch's block orders, as this epoch's
             born = int(accounts[0].get("epoch", self.epoch - 1))
-            carried = _core.world_translate(carried, lens, self.block,
+            was = int(accounts[0].get("block", loader.sharding.shuffle_block))
+            carried = _core.world_translate(carried, lens, was, self.block,
                                             epoch_seed(self.seed, born), self.root)
+        if self.unit is not None:
+            # (no carried work longer than a range: the even budget, and
+            # len() before the epoch, count on the ranges' length)
+            carried = list(_core.world_cut(carried, lens, self.unit))
         self.stats.held_back += sum(work_size(w, lens) or 0 for w in carried)
         return carried
 
@@ -285,6 +327,10 @@ class WorldEpoch:
             + [list(w) for w in buffered],
             "handed": int(handed),
             "budget": self.budget,
+            # (the shuffle block its positions count in; the batches handed
+            # before this list began: a resumed epoch's)
+            "block": self.block,
+            "first": self.first,
         }
 
     def final_account(self) -> dict[str, Any]:
@@ -294,11 +340,57 @@ class WorldEpoch:
         shards = pos.get("shards")
         if shards is None:
             return {"list_id": self.list_id, "list": [list(w) for w in self.list],
-                    "claimed": [], "rest": [], "handed": 0, "ended": False}
+                    "claimed": [], "rest": [], "handed": 0, "ended": False,
+                    "block": self.block, "first": self.first}
         return dict(shards, ended=bool(pos["ended"]))
 
     def stop(self) -> None:
         self.queue.stop()
+
+
+def budget_ahead(loader: Any) -> Optional[int]:
+    """``len()`` of a loader over the shared queue before its epoch begins:
+    with even counts on several ranks, the batches each rank will yield,
+    computed as ``iter()`` will from the lengths, this rank's account of
+    the last epoch (what it held back is the list's items less the batches
+    every rank yielded) or the state loaded; ``None`` without even counts
+    or lengths."""
+    sharding = loader.sharding
+    _rank, world = sharding.ranks()
+    lens = loader._shard_info()[1]
+    if not (sharding.even and world > 1) or lens is None:
+        return None
+    batch = (loader.batch_size if loader._auto_collation else None) or 1
+    resume = loader._resume.get("shards") if loader._resume is not None else None
+    if resume is not None:
+        if not resume.get("merged"):
+            return None if resume.get("budget") is None else int(resume["budget"])
+        accounts = resume["accounts"]
+        check_ranks(accounts, "len()")
+        sizes = [work_size(w, lens) or 0 for w in remaining(accounts)]
+        handed = min(int(a["handed"]) for a in accounts)
+        return handed + int(_core.world_even_budget(sizes, world, batch))
+    dataset = loader.dataset
+    whole = [(s, 0, OPEN) for s in range(len(lens))]
+    works = whole
+    if dataset.seeks_to_start and dataset._remote(loader._shard_info()[0]) is None:
+        unit, _block = _core.world_unit(sum(lens), world, sharding.shuffle_block,
+                                        bool(loader._shard_shuffle))
+        works = list(_core.world_cut(whole, lens, unit))
+    longest = max((work_size(w, lens) or 0 for w in works), default=0)
+    held = 0
+    carry = loader._resume_extra.get("world_carry")
+    mine: Optional[dict[str, Any]] = None
+    if carry is not None:
+        mine = carry["accounts"][0] if carry.get("merged") else carry
+    elif loader._world_prev is not None and loader._world_prev.rec is not None:
+        mine = loader._world_prev.final_account()
+    if mine is not None and mine.get("ended") and mine.get("budget") is not None:
+        listed = sum(work_size(w, lens) or 0 for w in mine["list"])
+        made = int(mine["budget"]) - int(mine.get("first", 0))
+        held = max(0, listed - int(mine.get("world", world)) * made * batch)
+    n = sum(lens) + held
+    return max(0, n - (world - 1) * max(longest - 1, 0)) // (world * batch)
 
 
 _names = [0]
@@ -325,10 +417,11 @@ def _prefetcher(cache: Any, pieces: Sequence[Any], works: Sequence[Work]) -> Cal
     return fetch
 
 
-def _core_plan(ep: Any, sharding: Any, lanes: int, source: Any, budget: Optional[int],
+def _core_plan(ep: Any, block: int, lanes: int, source: Any, budget: Optional[int],
                handed: int) -> Any:
+    sharding = ep.sharding
     return _core.shard_plan({
-        "n_shards": len(ep.descriptors), "lens": ep.lens, "block": sharding.shuffle_block,
+        "n_shards": len(ep.descriptors), "lens": ep.lens, "block": block,
         "root": ep.root, "shuffle": ep.shuffle, "rank": ep.rank, "world": ep.world,
         "dynamic": True, "lanes": lanes, "batch": ep.batch, "drop_last": ep.drop_last,
         "even": False, "largest_first": sharding.largest_first, "resume": None,
@@ -336,6 +429,6 @@ def _core_plan(ep: Any, sharding: Any, lanes: int, source: Any, budget: Optional
     })
 
 
-__all__ = ["WorldEpoch", "WorldQueue", "check_ranks", "remaining"]
+__all__ = ["WorldEpoch", "WorldQueue", "budget_ahead", "check_ranks", "remaining"]
 
 

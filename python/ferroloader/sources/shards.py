@@ -97,6 +97,12 @@ class ShardedDataset(IterableDataset[_T_co]):
     (6, True)
     """
 
+    #: Whether ``iter_shard(shard, start)`` reaches item ``start`` without
+    #: reading the items before it. The job's shared queue
+    #: (``Sharding(across="world")``) then cuts shards of known length into
+    #: ranges; set it to ``False`` where a start costs a scan.
+    seeks_to_start: bool = True
+
     def shards(self) -> Sequence[Any]:
         raise NotImplementedError(f"{type(self).__name__} must define shards()")
 
@@ -194,7 +200,8 @@ class FileShards(ShardedDataset[_T_co]):
         self.lengths = lengths
         if lengths is not None and not callable(lengths) and len(lengths) != len(self.paths):
             raise ConfigError(f"FileShards: {len(lengths)} lengths for {len(self.paths)} paths")
-        self._seeks = _takes_start(reader)
+        # (a reader without ``start`` skips by reading: shards stay whole)
+        self.seeks_to_start = _takes_start(reader)
         self.cache = cache_for(self.paths, cache)
 
     def shards(self) -> list[str]:
@@ -206,7 +213,7 @@ class FileShards(ShardedDataset[_T_co]):
         return self._read(shard, start)
 
     def _read(self, path: str, start: int) -> Iterable[_T_co]:
-        if self._seeks:
+        if self.seeks_to_start:
             return self.reader(path, start=start)
         return itertools.islice(self.reader(path), start, None)
 
