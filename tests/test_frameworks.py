@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from typing import Any, Iterator
 
 import ferroloader as fl
@@ -145,14 +146,14 @@ def _reserved_port() -> Iterator[int]:
     raise RuntimeError("no free port below the ephemeral range")
 
 
-def _lightning_ddp(out: Any, mode: str) -> list[dict[str, Any]]:
-    """One 2-rank DDP fit (tests/scripts/lightning_ddp.py): each rank's record."""
+def _lightning_ddp(out: Any, mode: str, script: str = "lightning_ddp.py") -> list[dict[str, Any]]:
+    """One 2-rank DDP fit (tests/scripts/<script>): each rank's record."""
     out.mkdir()
     with _reserved_port() as port:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, *sys.path]),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         proc = subprocess.run(
-            [sys.executable, os.path.join(HERE, "scripts", "lightning_ddp.py"), str(out), mode],
+            [sys.executable, os.path.join(HERE, "scripts", script), str(out), mode],
             capture_output=True,
             text=True,
             timeout=200,
@@ -194,6 +195,37 @@ def test_lightning_ddp_on_two_cpu_ranks_keeps_ferroloader(tmp_path, mode, lightn
         ]
         assert not ranks[0] & ranks[1]
         assert ranks[0] | ranks[1] == set(range(40))
+
+
+@time_limit(240)
+@pytest.mark.parametrize("mode", ["shards", "sampler"])
+def test_lightning_ddp_keeps_the_shared_queue_and_shows_its_len(tmp_path, mode):
+    """strategy="ddp" on 2 CPU ranks over the job's shared queue (in the
+    process group Lightning starts), a ShardedDataset or a map-style dataset
+    with DynamicDistributedSampler: Lightning keeps the loader (its dataset
+    is iterable: no DistributedSampler goes in), reads len() before each
+    epoch (the progress bar's total) and it is what each rank yields; it
+    stops after that many batches without asking for the end, and what the
+    even counts held back is still read in the next epoch, whose len()
+    counts it: 150 items, batches of 4 on 2 ranks, ranges of 8: 17 batches
+    ((150 - 7) // 8), 14 items held back, then 19 ((164 - 7) // 8)."""
+    pytest.importorskip("lightning", reason="Lightning is a test extra")
+    ranks = _lightning_ddp(tmp_path / mode, mode, "lightning_world.py")
+    lens = [7, 30, 12, 3, 25, 18, 9, 21, 14, 11]  # (the script's)
+    every = ({1000 * s + o for s, n in enumerate(lens) for o in range(n)} if mode == "shards"
+             else set(range(sum(lens))))
+    read: Counter[int] = Counter()
+    for epoch, expected in enumerate([17, 19]):
+        for r in ranks:
+            assert r["epochs"][epoch]["total"] == r["epochs"][epoch]["batches"] == expected
+        read.update(i for r in ranks for i in r["epochs"][epoch]["items"])
+    for r in ranks:
+        assert r["loader"] == "ferroloader.dataloader.DataLoader" and r["across"] == "world"
+        assert r["held_back"] > 0
+    # the first epoch's 136 items, then its 14 held back and 138 of the
+    # second's 150: every item read, none more than once an epoch
+    assert sum(read.values()) == 17 * 8 + 19 * 8
+    assert set(read) == every and max(read.values()) <= 2
 
 
 @time_limit(120)

@@ -9,6 +9,7 @@ as gloo processes."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -324,6 +325,42 @@ def test_len_before_the_first_epoch_is_the_count_the_epoch_yields():
     uneven = loader(Counted(lens), dist.HashStore(), job_name(), 0, 2, even=False)
     with pytest.raises(TypeError, match="even=False the ranks' batch counts are not fixed"):
         len(uneven)
+
+
+@given(lens=lens_st, world=st.integers(2, 3), batch=st.integers(1, 3),
+       dropped=st.lists(st.booleans(), min_size=3, max_size=3))
+@settings(max_examples=max(8, settings.default.max_examples // 5))
+def test_a_trainer_that_reads_len_batches_and_drops_iterators_loses_nothing(
+        lens, world, batch, dropped):
+    """As Lightning runs an epoch: len() first, sometimes an iterator made
+    and dropped before its first batch, then exactly len() batches, never
+    asking for the end. Each epoch still yields len() batches on every
+    rank, and what was read plus what the last epoch holds back is every
+    item once per epoch."""
+    store, name = dist.HashStore(), job_name()
+    loaders = [loader(Counted(lens), store, name, r, world, even=True, batch=batch)
+               for r in range(world)]
+
+    def run(ld: fl.DataLoader) -> Any:
+        read = []
+        for drop in dropped:
+            n = len(ld)
+            if drop:
+                iter(ld)
+            it = iter(ld)
+            # (a loop over an epoch of no batches asks for one, and ends)
+            got = list(itertools.islice(it, n)) if n else list(it)
+            assert len(got) == n
+            read.append(items(got))
+        assert list(it) == []  # (the last epoch ended: its state holds what it held back)
+        return read, ld.state_dict()
+
+    got = side_by_side([lambda ld=ld: run(ld) for ld in loaders])
+    read = Counter(v for g in got for epoch in g[0] for v in epoch)
+    # (the state after the last epoch's len() batches: it holds what that
+    # epoch held back)
+    held = Counter(held_back([g[1] for g in got], lens))
+    assert read + held == Counter(all_items(lens) * len(dropped))
 
 
 def test_the_queue_needs_a_store_or_a_process_group():

@@ -193,6 +193,8 @@ def sharded_len(loader: Any) -> int:
     epoch = rec.number if running else loader._epochs_started
     if loader.sharding.across == "world":
         world = rec.shards.world_epoch if running and rec.shards is not None else None
+        if world is not None and world.whole():
+            world = None  # (its last batch is out: the next epoch's count)
         budget = world.budget if world is not None else budget_ahead(loader)
         if budget is None:
             raise TypeError(

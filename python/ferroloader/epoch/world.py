@@ -193,12 +193,15 @@ class WorldEpoch:
             accounts = (resume["accounts"] if resume.get("merged")
                         else self._exchange("resume", resume))
             works = remaining(accounts)
+            self.n_carried = 0
             # (the saved positions count in the saved epoch's blocks)
             self.block = int(accounts[0].get("block", sharding.shuffle_block))
             handed = min(int(a["handed"]) for a in accounts)
             prev_budget = resume.get("budget") if not resume.get("merged") else None
         else:
-            works = self._carried(loader, even) + self._order(ep, sharding, lens)
+            carried = self._carried(loader, even)
+            self.n_carried = len(carried)
+            works = carried + self._order(ep, sharding, lens)
             prev_budget = None
         loader._world_prev = self
         self.first = handed
@@ -264,12 +267,12 @@ class WorldEpoch:
         """Every rank's ``account`` (``what``: of a resumed epoch, of the
         last one), through the store under this generation."""
         key = f"{self.ns}/{what}"
-        self._call(lambda: publish(self.store, f"{key}/{self.rank}", account))
+        self._call(lambda: publish(self.store, f"{key}/{self.rank}", _without_list(account)))
         accounts = gather(self.store, [f"{key}/{r}" for r in range(self.world)], self.wait,
                           "the states it resumes from")
         if int(self._call(lambda: self.store.add(f"{key}/read", 1))) == self.world:
             forget(self.store, [f"{key}/{r}" for r in range(self.world)] + [f"{key}/read"])
-        return accounts
+        return _with_list(accounts, account["list"])
 
     def _carried(self, loader: Any, even: bool) -> list[Work]:
         """What the last epoch held back (even counts), read first in this
@@ -285,17 +288,25 @@ class WorldEpoch:
         elif prev is not None and prev.rec is not None:
             mine = prev.final_account()
             key = f"{prev.prefix}/account"
-            self._call(lambda: publish(self.store, f"{key}/{self.rank}", mine))
-            accounts = gather(self.store, [f"{key}/{r}" for r in range(self.world)],
-                              self.wait, f"its account of epoch {prev.epoch}")
+            self._call(lambda: publish(self.store, f"{key}/{self.rank}", _without_list(mine)))
+            accounts = _with_list(gather(self.store, [f"{key}/{r}" for r in range(self.world)],
+                                         self.wait, f"its account of epoch {prev.epoch}"),
+                                  mine["list"])
             if int(self._call(lambda: self.store.add(f"{prev.prefix}/read", 1))) == self.world:
                 forget(self.store, [f"{key}/{r}" for r in range(self.world)]
                        + [f"{prev.prefix}/read", f"{prev.prefix}/next"])
         else:
             return []
-        if not all(a.get("ended") for a in accounts):
+        if all(a.get("ended") for a in accounts):
+            carried = remaining(accounts)
+        elif _untouched(accounts):
+            # an iterator made and dropped before its first batch on every
+            # rank (Lightning makes one so, before each epoch's own): what
+            # it carried passes on, as the works its list began with
+            carried = [(int(w[0]), int(w[1]), int(w[2])) for w in
+                       accounts[0]["list"][: int(accounts[0]["carried"])]]
+        else:
             return []  # an epoch left early: what it did not read is not carried
-        carried = remaining(accounts)
         lens = loader._shard_info()[1]
         if self.shuffle:
             # positions in the last epoch's block orders, as this epoch's
@@ -331,6 +342,7 @@ class WorldEpoch:
             # before this list began: a resumed epoch's)
             "block": self.block,
             "first": self.first,
+            "carried": self.n_carried,
         }
 
     def final_account(self) -> dict[str, Any]:
@@ -341,11 +353,45 @@ class WorldEpoch:
         if shards is None:
             return {"list_id": self.list_id, "list": [list(w) for w in self.list],
                     "claimed": [], "rest": [], "handed": 0, "ended": False,
-                    "block": self.block, "first": self.first}
-        return dict(shards, ended=bool(pos["ended"]))
+                    "block": self.block, "first": self.first, "carried": self.n_carried}
+        return dict(shards, ended=bool(pos["ended"]) or self._whole(shards))
+
+    def _whole(self, shards: dict[str, Any]) -> bool:
+        """With even counts the epoch is whole once its budget is handed
+        over, one batch at least by this iterator: a trainer that counts
+        len() batches (Lightning) stops there without asking for the end.
+        (An epoch of no batches ends when it is asked for one.)"""
+        handed = int(shards.get("handed", 0))
+        return self.budget is not None and handed >= self.budget and handed > self.first
+
+    def whole(self) -> bool:
+        """Every batch of the epoch's budget was handed over (len() then
+        counts the next epoch: a trainer asks for it there)."""
+        shards = self.rec.position().get("shards") if self.rec is not None else None
+        return shards is not None and self._whole(shards)
 
     def stop(self) -> None:
         self.queue.stop()
+
+
+def _untouched(accounts: Sequence[dict[str, Any]]) -> bool:
+    """No rank handed over a batch of the epoch these accounts describe."""
+    return all("carried" in a and int(a.get("handed", 0)) == int(a.get("first", 0))
+               for a in accounts)
+
+
+def _without_list(account: dict[str, Any]) -> dict[str, Any]:
+    """An account as the store carries it: without the epoch's list, which
+    every rank holds alike (its digest, ``list_id``, says so). With ranges
+    the list has about 64 works per rank: each rank gathering every rank's
+    copy would move ``64 * W**2`` works per epoch."""
+    return {k: v for k, v in account.items() if k != "list"}
+
+
+def _with_list(accounts: list[dict[str, Any]], mine: Any) -> list[dict[str, Any]]:
+    """Accounts gathered from the store, each with this rank's list again
+    (checked against its digest with the rest)."""
+    return [dict(a, list=mine) if "list" not in a else a for a in accounts]
 
 
 def budget_ahead(loader: Any) -> Optional[int]:
@@ -389,6 +435,8 @@ def budget_ahead(loader: Any) -> Optional[int]:
         listed = sum(work_size(w, lens) or 0 for w in mine["list"])
         made = int(mine["budget"]) - int(mine.get("first", 0))
         held = max(0, listed - int(mine.get("world", world)) * made * batch)
+    elif mine is not None and _untouched([mine]):
+        held = sum(work_size(w, lens) or 0 for w in mine["list"][: int(mine["carried"])])
     n = sum(lens) + held
     return max(0, n - (world - 1) * max(longest - 1, 0)) // (world * batch)
 
