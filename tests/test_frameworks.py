@@ -273,6 +273,33 @@ def _acc_batches(loader: Any) -> list:
 
 
 @time_limit(120)
+@pytest.mark.parametrize("dispatch", [False, True], ids=["shard", "dispatch"])
+def test_accelerate_may_not_split_the_shared_queue_again(dispatch):
+    """accelerate's prepare_data_loader as each of 2 processes runs it: over
+    an iterable dataset it splits the batches across the processes itself
+    (IterableDatasetShard) or reads them on one and broadcasts them
+    (DataLoaderDispatcher). Over the job's shared queue, which already gives
+    each rank its own items, either loses most of them: refused, naming the
+    way around; a loader without the queue is still prepared."""
+    pytest.importorskip("accelerate", reason="accelerate is a test extra")
+    from accelerate.data_loader import prepare_data_loader
+    from shard_cases import Counted
+
+    sharding = fl.Sharding(mode="dynamic", across="world", store=torch.distributed.HashStore(),
+                           rank=0, world_size=2, even=False)
+    queue = fl.DataLoader(Counted([5, 6]), batch_size=2, sharding=sharding)
+    kw: dict[str, Any] = ({"put_on_device": True, "device": torch.device("cpu")} if dispatch
+                          else {"put_on_device": False})
+    with pytest.raises(fl.ConfigError, match=r"accelerate is rebuilding .* shared queue.*"
+                                             r"without accelerator.prepare"):
+        prepare_data_loader(queue, num_processes=2, process_index=0, **kw)
+    # (the loader itself is untouched: it reads its share)
+    assert sorted(int(v) for b in queue for v in b) == list(range(5)) + list(range(1000, 1006))
+    plain = fl.DataLoader(Counted([5, 6]), batch_size=2)
+    prepare_data_loader(plain, num_processes=2, process_index=0, put_on_device=False)
+
+
+@time_limit(120)
 def test_accelerate_prepares_every_loader_and_keeps_ferroloader(served):
     """accelerate's prepare() rebuilds a loader as torch's DataLoader. It
     prepares (wraps in DataLoaderShard) every loader, inside the patch and

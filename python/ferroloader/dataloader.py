@@ -256,7 +256,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         )
         if bounds is not None:
             check_autotune_args(self)
-        record_dataset(dataset)
+        record_dataset(dataset, shared_queue=sharding is not None and sharding.across == "world")
         # torchdata's StatefulDataLoader argument: how often its workers send
         # their state. ferroloader's state is exact after every batch, so it
         # changes nothing here (docs/guide/state.md); kept as an attribute.

@@ -49,7 +49,7 @@ from typing import Any, Optional
 
 import torch.utils.data.dataloader as _tdl
 
-from ferroloader.errors import RebuiltAsTorchWarning
+from ferroloader.errors import ConfigError, RebuiltAsTorchWarning
 
 _TORCH_DATALOADER = _tdl.DataLoader
 _lock = threading.Lock()
@@ -59,6 +59,9 @@ _active = 0
 # Datasets of ferroloader loaders, by id (weak: a dataset is not kept alive
 # for this; one that cannot be weakly referenced is not recorded).
 _ferro_datasets: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+# those of loaders over the job's shared queue (Sharding(across="world")),
+# which a framework must not rebuild
+_queue_datasets: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _warned: set[str] = set()
 
 # Packages that build loaders for their users; a torch loader one of them
@@ -77,6 +80,8 @@ def _new(cls: type, *args: Any, **kwargs: Any) -> Any:
     """``__new__`` of torch's ``DataLoader`` (and so of its subclasses).
     A call without arguments is an unpickling or a copy: left alone."""
     if (args or kwargs) and (_active or _ferro_datasets):
+        if _queue_datasets:
+            _refuse_queue_rebuild(cls, args, kwargs)
         ours = _ferro_class(cls)
         if _active and ours is not None:
             return _build(ours, cls, args, kwargs)
@@ -131,6 +136,32 @@ def _rebuilt_by_framework(cls: type, args: tuple[Any, ...], kwargs: dict[str, An
     return _calling_framework() is not None
 
 
+def _refuse_queue_rebuild(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A framework rebuilding a loader over the job's shared queue, or over
+    a wrapper of its dataset (accelerate's ``IterableDatasetShard``), would
+    split a rank's share of the queue again across the ranks (or read it
+    on one rank and broadcast it): items would be lost. Refused, with the
+    way around."""
+    dataset = args[0] if args else kwargs.get("dataset")
+    found = None
+    for d in (dataset, getattr(dataset, "dataset", None)):
+        if d is not None and _queue_datasets.get(id(d)) is d:
+            found = d
+    if found is None:
+        return
+    framework = _calling_framework()
+    if framework is None:
+        return
+    raise ConfigError(
+        f"{framework} is rebuilding a ferroloader DataLoader over the job's shared queue "
+        f"(Sharding(across='world')) as {cls.__qualname__}, to split its batches across the "
+        "ranks itself: the queue already gives each rank its own items, so that split would "
+        "lose most of them. Give the loader to the training loop as it is (accelerate: "
+        "iterate it without accelerator.prepare; transformers' Trainer: return it from an "
+        "overridden get_train_dataloader()); see the frameworks page of ferroloader's guide"
+    )
+
+
 def _warn_rebuilt(cls: type) -> None:
     framework = _calling_framework() or "a framework"
     if framework in _warned:
@@ -159,11 +190,15 @@ def _calling_framework() -> Optional[str]:
     return None
 
 
-def record_dataset(dataset: Any) -> None:
-    """Remembers a ferroloader loader's dataset (for the rebuild warning)."""
+def record_dataset(dataset: Any, shared_queue: bool = False) -> None:
+    """Remembers a ferroloader loader's dataset (for the rebuild warning),
+    and whether the loader reads it through the job's shared queue (a
+    rebuild is then refused)."""
     _install()
     try:
         _ferro_datasets[id(dataset)] = dataset
+        if shared_queue:
+            _queue_datasets[id(dataset)] = dataset
     except TypeError:
         pass  # not weakly referenceable (a list, a tuple)
 
