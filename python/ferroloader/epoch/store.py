@@ -9,7 +9,7 @@ import json
 import logging
 import time
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from ferroloader.errors import ConfigError, ShardQueueError
 
@@ -55,10 +55,13 @@ def publish(store: Any, key: str, value: Any) -> None:
     store.set(key, json.dumps(value))
 
 
-def gather(store: Any, keys: Sequence[str], wait: float, what: str) -> list[Any]:
-    """The values at ``keys`` (key ``r`` is rank ``r``'s), waiting up to
-    ``wait`` seconds for them: logged once after ``LOG_AFTER`` seconds,
-    then a ``ShardQueueError`` naming the ranks whose keys never came."""
+def gather(store: Any, keys: Sequence[str], wait: float, what: str,
+           ranks: Optional[tuple[list[int], int]] = None) -> list[Any]:
+    """The values at ``keys`` (key ``r`` is rank ``r``'s, or ``ranks[0][r]``'s
+    of ``ranks[1]``), waiting up to ``wait`` seconds for them: logged once
+    after ``LOG_AFTER`` seconds, then a ``ShardQueueError`` naming the ranks
+    whose keys never came."""
+    owners, of = ranks if ranks is not None else (list(range(len(keys))), len(keys))
     start = time.monotonic()
     logged = False
     while True:
@@ -69,15 +72,15 @@ def gather(store: Any, keys: Sequence[str], wait: float, what: str) -> list[Any]
             return [json.loads(store.get(k)) for k in keys]
         except Exception as e:
             failure = e  # a timeout, or a store that is gone: missing() tells
-        missing = _missing(store, keys, failure)
+        missing = [owners[i] for i in _missing(store, keys, failure)]
         if not missing:
             continue  # (they came between the wait and the check)
         waited = time.monotonic() - start
-        ranks = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
+        names = ", ".join(map(str, missing[:16])) + (", ..." if len(missing) > 16 else "")
         if waited >= wait:
             raise ShardQueueError(
                 f"the job's shared shard queue waited {waited:.0f} s for {what} from rank"
-                f"{'s' if len(missing) > 1 else ''} {ranks} (of {len(keys)}), at "
+                f"{'s' if len(missing) > 1 else ''} {names} (of {of}), at "
                 f"{describe(store)}: a rank that did not start this epoch (ranks given "
                 "different epoch counts, or one that ended early) or did not load its state. "
                 "Sharding(wait_for_ranks=...) sets the wait"
@@ -86,8 +89,8 @@ def gather(store: Any, keys: Sequence[str], wait: float, what: str) -> list[Any]
             logged = True
             log.warning(
                 "ferroloader: waiting for %s from rank%s %s of %d (%.0f s so far, up to %.0f s: "
-                "Sharding(wait_for_ranks=...))", what, "s" if len(missing) > 1 else "", ranks,
-                len(keys), waited, wait)
+                "Sharding(wait_for_ranks=...))", what, "s" if len(missing) > 1 else "", names,
+                of, waited, wait)
 
 
 def _missing(store: Any, keys: Sequence[str], failure: BaseException) -> list[int]:

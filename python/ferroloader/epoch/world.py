@@ -285,33 +285,14 @@ class WorldEpoch:
         if loaded is not None:
             accounts = (loaded["accounts"] if loaded.get("merged")
                         else self._exchange("carry", loaded))
+            carried, born, was = _carry_of(accounts, loader.sharding.shuffle_block)
         elif prev is not None and prev.rec is not None:
-            mine = prev.final_account()
-            key = f"{prev.prefix}/account"
-            self._call(lambda: publish(self.store, f"{key}/{self.rank}", _without_list(mine)))
-            accounts = _with_list(gather(self.store, [f"{key}/{r}" for r in range(self.world)],
-                                         self.wait, f"its account of epoch {prev.epoch}"),
-                                  mine["list"])
-            if int(self._call(lambda: self.store.add(f"{prev.prefix}/read", 1))) == self.world:
-                forget(self.store, [f"{key}/{r}" for r in range(self.world)]
-                       + [f"{prev.prefix}/read", f"{prev.prefix}/next"])
+            carried, born, was = self._merged_carry(prev)
         else:
             return []
-        if all(a.get("ended") for a in accounts):
-            carried = remaining(accounts)
-        elif _untouched(accounts):
-            # an iterator made and dropped before its first batch on every
-            # rank (Lightning makes one so, before each epoch's own): what
-            # it carried passes on, as the works its list began with
-            carried = [(int(w[0]), int(w[1]), int(w[2])) for w in
-                       accounts[0]["list"][: int(accounts[0]["carried"])]]
-        else:
-            return []  # an epoch left early: what it did not read is not carried
         lens = loader._shard_info()[1]
-        if self.shuffle:
+        if self.shuffle and carried:
             # positions in the last epoch's block orders, as this epoch's
-            born = int(accounts[0].get("epoch", self.epoch - 1))
-            was = int(accounts[0].get("block", loader.sharding.shuffle_block))
             carried = _core.world_translate(carried, lens, was, self.block,
                                             epoch_seed(self.seed, born), self.root)
         if self.unit is not None:
@@ -320,6 +301,38 @@ class WorldEpoch:
             carried = list(_core.world_cut(carried, lens, self.unit))
         self.stats.held_back += sum(work_size(w, lens) or 0 for w in carried)
         return carried
+
+    def _merged_carry(self, prev: WorldEpoch) -> tuple[list[Work], int, int]:
+        """What the last epoch (``prev``) held back, as ``(works, its epoch,
+        its block)``: every rank gives its account, rank 0 reads them all
+        and gives the result (or what was wrong with them), and every other
+        rank reads that one key: ``3 W`` calls on the store, not ``W**2``."""
+        mine = prev.final_account()
+        key = f"{prev.prefix}/account"
+        merged = f"{prev.prefix}/carried"
+        self._call(lambda: publish(self.store, f"{key}/{self.rank}", _without_list(mine)))
+        if self.rank == 0:
+            accounts = _with_list(gather(self.store, [f"{key}/{r}" for r in range(self.world)],
+                                         self.wait, f"its account of epoch {prev.epoch}"),
+                                  mine["list"])
+            try:
+                result: dict[str, Any] = dict(zip(
+                    ("works", "epoch", "block"),
+                    _carry_of(accounts, prev.block)))
+            except ConfigError as e:
+                result = {"error": str(e)}
+            self._call(lambda: publish(self.store, merged, result))
+        else:
+            result = gather(self.store, [merged], self.wait,
+                            f"the accounts of epoch {prev.epoch}, merged", ([0], self.world))[0]
+        done = [f"{key}/{r}" for r in range(self.world)] + [merged, f"{prev.prefix}/read",
+                                                              f"{prev.prefix}/next"]
+        if int(self._call(lambda: self.store.add(f"{prev.prefix}/read", 1))) == self.world:
+            forget(self.store, done)
+        if "error" in result:
+            raise ConfigError(result["error"])
+        return ([(int(w[0]), int(w[1]), int(w[2])) for w in result["works"]],
+                int(result["epoch"]), int(result["block"]))
 
     def account(self, it: Any) -> dict[str, Any]:
         """This rank's account of the epoch, read between batches: its
@@ -351,7 +364,8 @@ class WorldEpoch:
         pos = self.rec.position()
         shards = pos.get("shards")
         if shards is None:
-            return {"list_id": self.list_id, "list": [list(w) for w in self.list],
+            return {"epoch": self.epoch, "list_id": self.list_id,
+                    "list": [list(w) for w in self.list],
                     "claimed": [], "rest": [], "handed": 0, "ended": False,
                     "block": self.block, "first": self.first, "carried": self.n_carried}
         return dict(shards, ended=bool(pos["ended"]) or self._whole(shards))
@@ -372,6 +386,24 @@ class WorldEpoch:
 
     def stop(self) -> None:
         self.queue.stop()
+
+
+def _carry_of(accounts: list[dict[str, Any]], block: int) -> tuple[list[Work], int, int]:
+    """What an epoch held back, from every rank's account of it: ``(works,
+    the epoch, its block)``. The unread rest where every rank ended it; what
+    it carried itself where no rank read a batch of it; else nothing (an
+    epoch left early)."""
+    first = accounts[0]
+    born, was = int(first.get("epoch", 0)), int(first.get("block", block))
+    if all(a.get("ended") for a in accounts):
+        return [tuple(w) for w in remaining(accounts)], born, was  # type: ignore[misc]
+    if _untouched(accounts):
+        # an iterator made and dropped before its first batch on every rank
+        # (Lightning makes one so, before each epoch's own): what it carried
+        # passes on, as the works its list began with
+        return ([(int(w[0]), int(w[1]), int(w[2]))
+                 for w in first["list"][: int(first["carried"])]], born, was)
+    return [], born, was  # an epoch left early: what it did not read is not carried
 
 
 def _untouched(accounts: Sequence[dict[str, Any]]) -> bool:
