@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 from collections import Counter
 from typing import Any
 
@@ -171,3 +173,30 @@ def test_the_store_lost_with_its_rank_is_a_clear_error_not_a_hang(tmp_path):
     assert ranks[1] is not None
     assert ranks[1]["error"] is not None and "ShardQueueError" in ranks[1]["error"], ranks[1]
     assert "TCPStore" in ranks[1]["error"]
+
+
+@time_limit(240)
+def test_torchrun_restarts_every_rank_and_each_resumes_from_its_own_state(tmp_path):
+    """torchrun --max-restarts=1 with 3 ranks (tests/scripts/world_restart.py):
+    every rank saves only its own state after its 3rd batch; rank 1 dies
+    after its 5th, torchrun restarts the job, and each rank loads only its
+    own last state. What the ranks read up to their states, and after the
+    restart, is every item exactly once."""
+    script = os.path.join(os.path.dirname(__file__), "scripts", "world_restart.py")
+    out = tmp_path / "run"
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
+         "--max-restarts=1", script, str(out)],
+        capture_output=True, text=True, timeout=200, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lens = [17, 40, 9, 33, 25, 12, 30, 21, 8, 35]  # (the script's)
+
+    def read(name: str) -> list[int]:
+        return [v for r in range(3) for v in json.loads((out / name.format(r)).read_text())]
+
+    # (the restarted attempt wrote what each rank read)
+    before, after = read("before{}.json"), read("after{}-1.json")
+    assert sorted(before + after) == sorted(1000 * s + o for s, n in enumerate(lens)
+                                            for o in range(n))
