@@ -200,3 +200,36 @@ def test_torchrun_restarts_every_rank_and_each_resumes_from_its_own_state(tmp_pa
     before, after = read("before{}.json"), read("after{}-1.json")
     assert sorted(before + after) == sorted(1000 * s + o for s, n in enumerate(lens)
                                             for o in range(n))
+
+
+@time_limit(240)
+@pytest.mark.ray_cluster
+def test_ray_train_keeps_the_shared_queue_through_prepare_data_loader(tmp_path):
+    """Ray Train's TorchTrainer, 2 CPU workers (tests/scripts/ray_train_world.py):
+    prepare_data_loader leaves a loader over the shared queue as it is (its
+    dataset is iterable: no DistributedSampler goes in) and only wraps it;
+    len() before each epoch is what each worker reads, and what was read
+    over 2 epochs plus what the last held back is every item twice."""
+    pytest.importorskip("ray.train", reason="Ray Train is a test extra")
+    import ferroloader as fl
+    from ferroloader.epoch.world import remaining
+
+    script = os.path.join(os.path.dirname(__file__), "scripts", "ray_train_world.py")
+    out = tmp_path / "run"
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_ADDRESS="local")
+    done = subprocess.run([sys.executable, script, str(out)], capture_output=True, text=True,
+                          timeout=200, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    lens = [17, 40, 9, 33, 25, 12, 30, 21, 8, 35]  # (the script's)
+    for epoch in range(2):
+        counts = {(r["epochs"][epoch]["len"], len(r["epochs"][epoch]["items"]) // 4)
+                  for r in ranks}
+        assert len(counts) == 1 and len(set(counts.pop())) == 1
+    carry = fl.merge_states([r["state"] for r in ranks])["world_carry"]
+    held = [1000 * s + p for s, e, end in remaining(carry["accounts"])
+            for p in range(e, min(end, lens[s]))]
+    read = Counter(v for r in ranks for e in r["epochs"] for v in e["items"])
+    assert read + Counter(held) == Counter(
+        [1000 * s + o for s, n in enumerate(lens) for o in range(n)] * 2)
