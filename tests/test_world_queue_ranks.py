@@ -211,9 +211,6 @@ def test_ray_train_keeps_the_shared_queue_through_prepare_data_loader(tmp_path):
     len() before each epoch is what each worker reads, and what was read
     over 2 epochs plus what the last held back is every item twice."""
     pytest.importorskip("ray.train", reason="Ray Train is a test extra")
-    import ferroloader as fl
-    from ferroloader.epoch.world import remaining
-
     script = os.path.join(os.path.dirname(__file__), "scripts", "ray_train_world.py")
     out = tmp_path / "run"
     out.mkdir()
@@ -221,8 +218,19 @@ def test_ray_train_keeps_the_shared_queue_through_prepare_data_loader(tmp_path):
     done = subprocess.run([sys.executable, script, str(out)], capture_output=True, text=True,
                           timeout=200, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
-    lens = [17, 40, 9, 33, 25, 12, 30, 21, 8, 35]  # (the script's)
+    _two_even_epochs_read_every_item([json.loads((out / f"rank{r}.json").read_text())
+                                      for r in range(2)])
+
+
+def _two_even_epochs_read_every_item(ranks: list[dict[str, Any]]) -> None:
+    """Records of 2 ranks over 2 epochs of the scripts' 230 items in
+    batches of 4 (unshuffled, even counts): each epoch, len() before it is
+    the batches each rank read; what was read plus what the last epoch
+    held back (from the ranks' states) is every item twice."""
+    import ferroloader as fl
+    from ferroloader.epoch.world import remaining
+
+    lens = [17, 40, 9, 33, 25, 12, 30, 21, 8, 35]  # (the scripts')
     for epoch in range(2):
         counts = {(r["epochs"][epoch]["len"], len(r["epochs"][epoch]["items"]) // 4)
                   for r in ranks}
@@ -233,3 +241,26 @@ def test_ray_train_keeps_the_shared_queue_through_prepare_data_loader(tmp_path):
     read = Counter(v for r in ranks for e in r["epochs"] for v in e["items"])
     assert read + Counter(held) == Counter(
         [1000 * s + o for s, n in enumerate(lens) for o in range(n)] * 2)
+
+
+@time_limit(240)
+def test_accelerate_refuses_to_prepare_the_shared_queue_and_it_runs_unprepared(tmp_path):
+    """2 processes under torchrun with Accelerator(cpu=True)
+    (tests/scripts/accelerate_world.py): accelerator.prepare of a loader
+    over the shared queue is refused, naming the way around; the loader
+    iterated as it is, beside a prepared model, reads in the process group
+    accelerate started: len() before each epoch is each rank's count, and
+    every item is read."""
+    pytest.importorskip("accelerate", reason="accelerate is a test extra")
+    script = os.path.join(os.path.dirname(__file__), "scripts", "accelerate_world.py")
+    out = tmp_path / "run"
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         script, str(out)], capture_output=True, text=True, timeout=200, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in ranks:
+        assert "without accelerator.prepare" in (r["refused"] or ""), r["refused"]
+    _two_even_epochs_read_every_item(ranks)
