@@ -397,7 +397,7 @@ def _carry_of(accounts: list[dict[str, Any]], block: int) -> tuple[list[Work], i
     born, was = int(first.get("epoch", 0)), int(first.get("block", block))
     if all(a.get("ended") for a in accounts):
         return [tuple(w) for w in remaining(accounts)], born, was  # type: ignore[misc]
-    if _untouched(accounts):
+    if untouched(accounts):
         # an iterator made and dropped before its first batch on every rank
         # (Lightning makes one so, before each epoch's own): what it carried
         # passes on, as the works its list began with
@@ -406,7 +406,7 @@ def _carry_of(accounts: list[dict[str, Any]], block: int) -> tuple[list[Work], i
     return [], born, was  # an epoch left early: what it did not read is not carried
 
 
-def _untouched(accounts: Sequence[dict[str, Any]]) -> bool:
+def untouched(accounts: Sequence[dict[str, Any]]) -> bool:
     """No rank handed over a batch of the epoch these accounts describe."""
     return all("carried" in a and int(a.get("handed", 0)) == int(a.get("first", 0))
                for a in accounts)
@@ -424,53 +424,6 @@ def _with_list(accounts: list[dict[str, Any]], mine: Any) -> list[dict[str, Any]
     """Accounts gathered from the store, each with this rank's list again
     (checked against its digest with the rest)."""
     return [dict(a, list=mine) if "list" not in a else a for a in accounts]
-
-
-def budget_ahead(loader: Any) -> Optional[int]:
-    """``len()`` of a loader over the shared queue before its epoch begins:
-    with even counts on several ranks, the batches each rank will yield,
-    computed as ``iter()`` will from the lengths, this rank's account of
-    the last epoch (what it held back is the list's items less the batches
-    every rank yielded) or the state loaded; ``None`` without even counts
-    or lengths."""
-    sharding = loader.sharding
-    _rank, world = sharding.ranks()
-    lens = loader._shard_info()[1]
-    if not (sharding.even and world > 1) or lens is None:
-        return None
-    batch = (loader.batch_size if loader._auto_collation else None) or 1
-    resume = loader._resume.get("shards") if loader._resume is not None else None
-    if resume is not None:
-        if not resume.get("merged"):
-            return None if resume.get("budget") is None else int(resume["budget"])
-        accounts = resume["accounts"]
-        check_ranks(accounts, "len()")
-        sizes = [work_size(w, lens) or 0 for w in remaining(accounts)]
-        handed = min(int(a["handed"]) for a in accounts)
-        return handed + int(_core.world_even_budget(sizes, world, batch))
-    dataset = loader.dataset
-    whole = [(s, 0, OPEN) for s in range(len(lens))]
-    works = whole
-    if dataset.seeks_to_start and dataset._remote(loader._shard_info()[0]) is None:
-        unit, _block = _core.world_unit(sum(lens), world, sharding.shuffle_block,
-                                        bool(loader._shard_shuffle))
-        works = list(_core.world_cut(whole, lens, unit))
-    longest = max((work_size(w, lens) or 0 for w in works), default=0)
-    held = 0
-    carry = loader._resume_extra.get("world_carry")
-    mine: Optional[dict[str, Any]] = None
-    if carry is not None:
-        mine = carry["accounts"][0] if carry.get("merged") else carry
-    elif loader._world_prev is not None and loader._world_prev.rec is not None:
-        mine = loader._world_prev.final_account()
-    if mine is not None and mine.get("ended") and mine.get("budget") is not None:
-        listed = sum(work_size(w, lens) or 0 for w in mine["list"])
-        made = int(mine["budget"]) - int(mine.get("first", 0))
-        held = max(0, listed - int(mine.get("world", world)) * made * batch)
-    elif mine is not None and _untouched([mine]):
-        held = sum(work_size(w, lens) or 0 for w in mine["list"][: int(mine["carried"])])
-    n = sum(lens) + held
-    return max(0, n - (world - 1) * max(longest - 1, 0)) // (world * batch)
 
 
 _names = [0]
@@ -509,6 +462,7 @@ def _core_plan(ep: Any, block: int, lanes: int, source: Any, budget: Optional[in
     })
 
 
-__all__ = ["WorldEpoch", "WorldQueue", "budget_ahead", "check_ranks", "remaining"]
+__all__ = ["OPEN", "WorldEpoch", "WorldQueue", "check_ranks", "remaining", "untouched",
+           "work_size"]
 
 
