@@ -72,6 +72,7 @@ __all__ = [
     "world_check_ranks",
     "world_cut",
     "world_even_budget",
+    "world_even_count",
     "world_list_id",
     "world_remaining",
     "world_translate",
@@ -704,6 +705,9 @@ def world_remaining(accounts_: list[dict[str, Any]]) -> list[tuple[int, int, int
 def world_translate(works: list[tuple[int, int, int]], lens: list[int], size_from: int,
                     size_to: int, root_from: int, root_to: int) -> list[tuple[int, int, int]]:
     """Works of one shuffled epoch as works reading the same items in another."""
+
+def world_even_count(items: int, longest: int, world: int, batch: int) -> int:
+    """Batches each rank yields with even counts, from a list's items and its longest work."""
 
 def world_unit(total: int, world: int, block: int, shuffled: bool) -> tuple[int, int]:
     """``(items per range, shuffle block)`` of the shared queue's list."""

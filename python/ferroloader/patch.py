@@ -143,13 +143,9 @@ def _refuse_queue_rebuild(cls: type, args: tuple[Any, ...], kwargs: dict[str, An
     on one rank and broadcast it): items would be lost. Refused, with the
     way around."""
     dataset = args[0] if args else kwargs.get("dataset")
-    found = None
-    for d in (dataset, getattr(dataset, "dataset", None)):
-        if d is not None and _queue_datasets.get(id(d)) is d:
-            found = d
-    if found is None:
-        return
-    framework = _calling_framework()
+    ours = any(d is not None and _queue_datasets.get(id(d)) is d
+               for d in (dataset, getattr(dataset, "dataset", None)))
+    framework = _calling_framework() if ours else None
     if framework is None:
         return
     raise ConfigError(

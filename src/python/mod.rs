@@ -89,6 +89,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(world::world_translate, m)?)?;
     m.add_function(wrap_pyfunction!(world::world_list_id, m)?)?;
     m.add_function(wrap_pyfunction!(world::world_even_budget, m)?)?;
+    m.add_function(wrap_pyfunction!(world::world_even_count, m)?)?;
     m.add_function(wrap_pyfunction!(world::world_unit, m)?)?;
     m.add_function(wrap_pyfunction!(world::world_cut, m)?)?;
     m.add_function(wrap_pyfunction!(remote::store_option_known, m)?)?;

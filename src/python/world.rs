@@ -114,6 +114,13 @@ pub fn world_translate(
         .collect()
 }
 
+/// [`world_even_budget`] of a list of `items` whose longest work has
+/// `longest` (what `len()` predicts before the list exists).
+#[pyfunction]
+pub fn world_even_count(items: u64, longest: u64, world: u64, batch: u64) -> u64 {
+    world::even_count(items, longest, world, batch)
+}
+
 /// `(items per range, shuffle block)` of the list of a job of `world`
 /// ranks over `total` items (`crate::scheduler::world::unit_of`).
 #[pyfunction]

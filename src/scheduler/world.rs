@@ -65,7 +65,11 @@ pub fn even_budget(sizes: &[u64], world: u64, batch: u64) -> u64 {
     let Some(&m) = sizes.iter().max() else {
         return 0;
     };
-    let n: u64 = sizes.iter().sum();
+    even_count(sizes.iter().sum(), m, world, batch)
+}
+
+/// [`even_budget`] of a list of `n` items whose longest work has `m`.
+pub fn even_count(n: u64, m: u64, world: u64, batch: u64) -> u64 {
     let held = (world.saturating_sub(1)).saturating_mul(m.saturating_sub(1));
     n.saturating_sub(held) / (world.max(1) * batch.max(1))
 }

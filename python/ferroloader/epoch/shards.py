@@ -12,6 +12,8 @@ from ferroloader.epoch.world import (
     OPEN,
     WorldEpoch,
     check_ranks,
+    cut_list,
+    list_unit,
     remaining,
     untouched,
     work_size,
@@ -243,13 +245,9 @@ def budget_ahead(loader: Any) -> Optional[int]:
         sizes = [work_size(w, lens) or 0 for w in remaining(accounts)]
         handed = min(int(a["handed"]) for a in accounts)
         return handed + int(_core.world_even_budget(sizes, world, batch))
-    dataset = loader.dataset
-    whole = [(s, 0, OPEN) for s in range(len(lens))]
-    works = whole
-    if dataset.seeks_to_start and dataset._remote(loader._shard_info()[0]) is None:
-        unit, _block = _core.world_unit(sum(lens), world, sharding.shuffle_block,
-                                        bool(loader._shard_shuffle))
-        works = list(_core.world_cut(whole, lens, unit))
+    unit, _block = list_unit(loader.dataset, loader._shard_info()[0], lens, world, sharding,
+                             bool(loader._shard_shuffle))
+    works = cut_list([(s, 0, OPEN) for s in range(len(lens))], lens, unit)
     longest = max((work_size(w, lens) or 0 for w in works), default=0)
     held = 0
     carry = loader._resume_extra.get("world_carry")
@@ -264,5 +262,4 @@ def budget_ahead(loader: Any) -> Optional[int]:
         held = max(0, listed - int(mine.get("world", world)) * made * batch)
     elif mine is not None and untouched([mine]):
         held = sum(work_size(w, lens) or 0 for w in mine["list"][: int(mine["carried"])])
-    n = sum(lens) + held
-    return max(0, n - (world - 1) * max(longest - 1, 0)) // (world * batch)
+    return int(_core.world_even_count(sum(lens) + held, longest, world, batch))

@@ -180,15 +180,8 @@ class WorldEpoch:
                 "counts"
             )
         handed = 0
-        # the range every rank cuts its shards into, and the shuffle block
-        # that goes with it (the same on every rank: from the lengths alone)
-        cut = lens is not None and dataset.seeks_to_start and \
-            dataset._remote(ep.descriptors) is None
-        self.unit: Optional[int] = None
-        self.block: int = sharding.shuffle_block
-        if cut and lens is not None:
-            self.unit, self.block = _core.world_unit(sum(lens), self.world,
-                                                     sharding.shuffle_block, self.shuffle)
+        self.unit, self.block = list_unit(dataset, ep.descriptors, lens, self.world, sharding,
+                                          self.shuffle)
         if resume is not None:
             accounts = (resume["accounts"] if resume.get("merged")
                         else self._exchange("resume", resume))
@@ -258,10 +251,7 @@ class WorldEpoch:
             "lanes": 1, "batch": ep.batch, "drop_last": ep.drop_last, "even": False,
             "largest_first": sharding.largest_first, "resume": None, "shared": None,
         })
-        whole = [(int(s), 0, OPEN) for s in one.read_order]
-        if self.unit is not None and lens is not None:
-            return list(_core.world_cut(whole, lens, self.unit))
-        return whole
+        return cut_list([(int(s), 0, OPEN) for s in one.read_order], lens, self.unit)
 
     def _exchange(self, what: str, account: dict[str, Any]) -> list[dict[str, Any]]:
         """Every rank's ``account`` (``what``: of a resumed epoch, of the
@@ -295,10 +285,9 @@ class WorldEpoch:
             # positions in the last epoch's block orders, as this epoch's
             carried = _core.world_translate(carried, lens, was, self.block,
                                             epoch_seed(self.seed, born), self.root)
-        if self.unit is not None:
-            # (no carried work longer than a range: the even budget, and
-            # len() before the epoch, count on the ranges' length)
-            carried = list(_core.world_cut(carried, lens, self.unit))
+        # (no carried work longer than a range: the even budget, and len()
+        # before the epoch, count on the ranges' length)
+        carried = cut_list(carried, lens, self.unit)
         self.stats.held_back += sum(work_size(w, lens) or 0 for w in carried)
         return carried
 
@@ -388,6 +377,25 @@ class WorldEpoch:
         self.queue.stop()
 
 
+def list_unit(dataset: Any, descriptors: Sequence[Any], lens: Optional[list[int]], world: int,
+              sharding: Any, shuffle: bool) -> tuple[Optional[int], int]:
+    """The range every rank cuts its shards into (``None``: shards stay
+    whole) and the shuffle block that goes with it: the same on every rank,
+    from the lengths alone. Whole where a length is unknown, the shards are
+    remote, or a start costs a scan."""
+    if lens is None or not dataset.seeks_to_start or dataset._remote(descriptors) is not None:
+        return None, sharding.shuffle_block
+    unit, block = _core.world_unit(sum(lens), world, sharding.shuffle_block, shuffle)
+    return unit, block
+
+
+def cut_list(works: list[Work], lens: Optional[list[int]], unit: Optional[int]) -> list[Work]:
+    """``works`` as works of at most ``unit`` items (as they are, without one)."""
+    if unit is None or lens is None:
+        return works
+    return list(_core.world_cut(works, lens, unit))
+
+
 def _carry_of(accounts: list[dict[str, Any]], block: int) -> tuple[list[Work], int, int]:
     """What an epoch held back, from every rank's account of it: ``(works,
     the epoch, its block)``. The unread rest where every rank ended it; what
@@ -396,7 +404,7 @@ def _carry_of(accounts: list[dict[str, Any]], block: int) -> tuple[list[Work], i
     first = accounts[0]
     born, was = int(first.get("epoch", 0)), int(first.get("block", block))
     if all(a.get("ended") for a in accounts):
-        return [tuple(w) for w in remaining(accounts)], born, was  # type: ignore[misc]
+        return remaining(accounts), born, was
     if untouched(accounts):
         # an iterator made and dropped before its first batch on every rank
         # (Lightning makes one so, before each epoch's own): what it carried
@@ -462,7 +470,7 @@ def _core_plan(ep: Any, block: int, lanes: int, source: Any, budget: Optional[in
     })
 
 
-__all__ = ["OPEN", "WorldEpoch", "WorldQueue", "check_ranks", "remaining", "untouched",
-           "work_size"]
+__all__ = ["OPEN", "WorldEpoch", "WorldQueue", "check_ranks", "cut_list", "list_unit",
+           "remaining", "untouched", "work_size"]
 
 
