@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 from helpers import ferro_only, time_limit
@@ -182,15 +182,7 @@ def test_torchrun_restarts_every_rank_and_each_resumes_from_its_own_state(tmp_pa
     after its 5th, torchrun restarts the job, and each rank loads only its
     own last state. What the ranks read up to their states, and after the
     restart, is every item exactly once."""
-    script = os.path.join(os.path.dirname(__file__), "scripts", "world_restart.py")
-    out = tmp_path / "run"
-    out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
-         "--max-restarts=1", script, str(out)],
-        capture_output=True, text=True, timeout=200, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = _run_script(tmp_path, "world_restart.py", 3, "--max-restarts=1")
     lens = [17, 40, 9, 33, 25, 12, 30, 21, 8, 35]  # (the script's)
 
     def read(name: str) -> list[int]:
@@ -211,13 +203,7 @@ def test_ray_train_keeps_the_shared_queue_through_prepare_data_loader(tmp_path):
     len() before each epoch is what each worker reads, and what was read
     over 2 epochs plus what the last held back is every item twice."""
     pytest.importorskip("ray.train", reason="Ray Train is a test extra")
-    script = os.path.join(os.path.dirname(__file__), "scripts", "ray_train_world.py")
-    out = tmp_path / "run"
-    out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_ADDRESS="local")
-    done = subprocess.run([sys.executable, script, str(out)], capture_output=True, text=True,
-                          timeout=200, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = _run_script(tmp_path, "ray_train_world.py", None)
     _two_even_epochs_read_every_item([json.loads((out / f"rank{r}.json").read_text())
                                       for r in range(2)])
 
@@ -257,14 +243,7 @@ def test_accelerate_refuses_to_prepare_the_shared_queue_and_it_runs_unprepared(t
     accelerate started: len() before each epoch is each rank's count, and
     every item is read."""
     pytest.importorskip("accelerate", reason="accelerate is a test extra")
-    script = os.path.join(os.path.dirname(__file__), "scripts", "accelerate_world.py")
-    out = tmp_path / "run"
-    out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         script, str(out)], capture_output=True, text=True, timeout=200, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = _run_script(tmp_path, "accelerate_world.py", 2)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     for r in ranks:
         assert "without accelerator.prepare" in (r["refused"] or ""), r["refused"]
@@ -281,14 +260,23 @@ def test_transformers_trainer_reads_the_shared_queue_from_get_train_dataloader(t
     in the ranks' states. Nothing of the run is lost (in a third epoch what
     was left of the second would be: the guide says so)."""
     pytest.importorskip("transformers", reason="transformers is a test extra")
-    script = os.path.join(os.path.dirname(__file__), "scripts", "hf_trainer_world.py")
-    out = tmp_path / "run"
-    out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         script, str(out)], capture_output=True, text=True, timeout=200, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = _run_script(tmp_path, "hf_trainer_world.py", 2)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     assert [e["len"] for e in ranks[0]["epochs"]] == [27, 29]
     _two_even_epochs_read_every_item(ranks, read_short=2)
+
+
+def _run_script(tmp_path: Any, name: str, ranks: Optional[int], *flags: str) -> Any:
+    """Runs tests/scripts/``name`` with an output folder (under torchrun
+    with ``ranks`` processes and ``flags``, or alone with ``ranks=None``,
+    on a local Ray cluster of its own if it starts one); the folder."""
+    script = os.path.join(os.path.dirname(__file__), "scripts", name)
+    out = tmp_path / "run"
+    out.mkdir()
+    launch = ([] if ranks is None else
+              ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *flags])
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_ADDRESS="local")
+    done = subprocess.run([sys.executable, *launch, script, str(out)], capture_output=True,
+                          text=True, timeout=200, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
