@@ -1,12 +1,13 @@
 """One shard queue for the whole job under torchrun, with the checkpoint
-pattern that resumes it exactly: every rank's loader state gathered, saved
-together, and given back as a list on restart (on the same or another
-number of ranks).
+pattern that resumes it exactly: each rank saves its own loader state, and
+on restart (on the same or another number of ranks) each rank loads its
+own, or rank 0's where it has none. A state saved on several ranks holds
+every rank's account of the queue, so any one of them resumes the job.
 
     torchrun --standalone --nproc-per-node=2 examples/world_queue_torchrun.py \
         --out run --stop-after 3          # reads 3 batches a rank, saves, stops
     torchrun --standalone --nproc-per-node=3 examples/world_queue_torchrun.py \
-        --out run --resume run/checkpoint.json   # reads exactly the rest
+        --out run --resume run             # reads exactly the rest
 
 Each rank writes the items it read to ``OUT/rank<r>-<phase>.json``, so the
 two runs together can be checked: every item once. The shards are small
@@ -36,7 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--stop-after", type=int, default=None, help="batches, then save")
-    parser.add_argument("--resume", default=None, help="a checkpoint saved by a run before")
+    parser.add_argument("--resume", default=None, help="the folder of a run's checkpoints")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")  # the queue lives in this group's store
@@ -57,19 +58,20 @@ def main() -> None:
         sharding=fl.Sharding(mode="dynamic", across="world", even=False),
     )
     if args.resume:
-        with open(args.resume) as f:
-            loader.load_state_dict(json.load(f))  # every rank's state, as a list
+        mine = os.path.join(args.resume, f"checkpoint-rank{rank}.json")
+        if not os.path.exists(mine):  # (more ranks than saved: any rank's state serves)
+            mine = os.path.join(args.resume, "checkpoint-rank0.json")
+        with open(mine) as f:
+            loader.load_state_dict(json.load(f))
 
     read: list[str] = []
     for step, batch in enumerate(loader):
         read.extend(batch)  # (a training step would go here)
         if args.stop_after is not None and step + 1 == args.stop_after:
-            # the checkpoint: every rank's state, gathered and saved together
-            states: list = [None] * world
-            dist.all_gather_object(states, loader.state_dict())
-            if rank == 0:
-                with open(os.path.join(args.out, "checkpoint.json"), "w") as f:
-                    json.dump(states, f)
+            # the checkpoint: every rank saves its own state, at the same
+            # step (state_dict() meets the other ranks through the store)
+            with open(os.path.join(args.out, f"checkpoint-rank{rank}.json"), "w") as f:
+                json.dump(loader.state_dict(), f)
             break
     phase = "resumed" if args.resume else "first"
     with open(os.path.join(args.out, f"rank{rank}-{phase}.json"), "w") as f:

@@ -44,8 +44,9 @@ def test_train_cnn_example_runs_fast_with_ferroloader_and_with_torch(monkeypatch
 def test_world_queue_torchrun_example_resumes_its_checkpoint_on_another_number_of_ranks(
         tmp_path):
     """The sharding guide's torchrun example, run as its docstring says: 2
-    ranks read 3 batches each, gather and save every rank's state, stop;
-    3 ranks resume from the saved list. Every item is read exactly once."""
+    ranks read 3 batches each, each saves its own state, stop; 3 ranks
+    resume, each from its own state (rank 2 from rank 0's). Every item is
+    read exactly once."""
     import json
     import subprocess
 
@@ -64,15 +65,19 @@ def test_world_queue_torchrun_example_resumes_its_checkpoint_on_another_number_o
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     torchrun(2, "--stop-after", "3")
-    with open(os.path.join(out, "checkpoint.json")) as f:
-        states = json.load(f)
-    assert [s["epoch"]["shards"]["rank"] for s in states] == [0, 1]
-    torchrun(3, "--resume", os.path.join(out, "checkpoint.json"))
+    states = []
+    for r in range(2):
+        with open(os.path.join(out, f"checkpoint-rank{r}.json")) as f:
+            states.append(json.load(f))
+    # (each holds both ranks' accounts, alike)
+    assert [[a["rank"] for a in s["epoch"]["shards"]["accounts"]] for s in states] == [[0, 1]] * 2
+    assert states[0]["epoch"]["shards"] == states[1]["epoch"]["shards"]
+    torchrun(3, "--resume", out)
     read = []
     for name in os.listdir(out):
         if name.startswith("rank"):
             with open(os.path.join(out, name)) as f:
                 read += json.load(f)
     first = [n for n in os.listdir(out) if n.endswith("-first.json")]
-    assert len(first) == 2 and len(os.listdir(out)) == 2 + 3 + 2  # (data, checkpoint)
+    assert len(first) == 2 and len(os.listdir(out)) == 2 + 3 + 3  # (data, 2 checkpoints)
     assert sorted(read) == sorted(f"{s}-{i}" for s in range(12) for i in range(20))

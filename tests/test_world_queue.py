@@ -21,7 +21,7 @@ import helpers
 import pytest
 import torch
 import torch.distributed as dist
-from ferroloader.epoch.world import remaining
+from ferroloader.epoch.accounts import job_accounts, remaining
 from helpers import ferro_only, time_limit
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -91,8 +91,9 @@ def held_back(states: list[dict[str, Any]], lens: list[int]) -> list[int]:
     carry = fl.merge_states(states).get("world_carry")
     if carry is None:
         return []
-    first = carry["accounts"][0]
-    return expand(remaining(carry["accounts"]), lens, first["epoch"], first["block"])
+    accounts = job_accounts(carry)
+    first = accounts[0]
+    return expand(remaining(accounts), lens, first["epoch"], first["block"])
 
 
 lens_st = st.lists(st.integers(0, 14), min_size=1, max_size=9)
@@ -265,9 +266,10 @@ def test_shards_are_cut_in_whole_blocks_or_the_block_shrinks_and_a_resume_keeps_
     heads = side_by_side([lambda ld=ld: head(ld) for ld in lds])
     states = [h[1] for h in heads]
     for st_ in states:
-        shards = st_["epoch"]["shards"]
-        assert shards["block"] == 38
-        assert {min(w[2], lens[w[0]]) - w[1] for w in shards["list"]} <= set(range(1, 39))
+        # (each rank's state holds the whole job's accounts)
+        accounts = job_accounts(st_["epoch"]["shards"])
+        assert len(accounts) == 2 and {a["block"] for a in accounts} == {38}
+        assert {min(w[2], lens[w[0]]) - w[1] for w in accounts[0]["list"]} <= set(range(1, 39))
     store2, name2 = dist.HashStore(), job_name()
     again = [make(store2, name2, r, 3) for r in range(3)]
     for ld in again:
@@ -280,7 +282,7 @@ def test_shards_are_cut_in_whole_blocks_or_the_block_shrinks_and_a_resume_keeps_
         return this, nxt, ld.state_dict(), between
 
     tails = side_by_side([lambda ld=ld: rest(ld) for ld in again])
-    assert tails[0][2]["world_carry"]["block"] == 25
+    assert {a["block"] for a in job_accounts(tails[0][2]["world_carry"])} == {25}
     before = [v for h in heads for v in h[0]]
     held_this = held_back([t[3] for t in tails], lens)
     held_next = held_back([t[2] for t in tails], lens)
@@ -374,15 +376,63 @@ def test_the_queue_needs_a_store_or_a_process_group():
         fl.Sharding(mode="dynamic", across="everywhere")
 
 
-def test_a_state_of_one_rank_on_another_number_of_ranks_needs_every_rank():
+@given(lens=st.lists(st.integers(0, 14), min_size=4, max_size=12),
+       before=st.integers(2, 4), after=st.integers(1, 4), even=st.booleans(),
+       steps=st.integers(1, 3))
+@settings(max_examples=max(6, settings.default.max_examples // 8), deadline=None)
+def test_each_rank_resumes_from_one_state_of_its_own_on_any_number_of_ranks(
+        lens, before, after, even, steps):
+    """A relaunch on another number of ranks where each rank loads only one
+    state: its own, or (a rank that had none) rank 0's. Every rank's state
+    holds the whole job's accounts (state_dict() meets the others), so the
+    ranks read exactly the rest of the epoch, and, with even counts, what
+    it holds back is read in the next."""
     store, name = dist.HashStore(), job_name()
-    # (enough shards that each rank has one: a rank claims two per lane ahead)
-    lds = [loader(Counted([5, 6] * 4), store, name, r, 2, even=False) for r in range(2)]
-    its = side_by_side([lambda ld=ld: (next(iter(ld)), ld.state_dict())[1] for ld in lds])
-    one = loader(Counted([5, 6] * 4), dist.HashStore(), job_name(), 0, 3, even=False)
-    one.load_state_dict(its[0])
-    with pytest.raises(fl.ConfigError, match="merge_states"):
-        iter(one)
+    lds = [loader(Counted(lens), store, name, r, before, even=even) for r in range(before)]
+
+    def head(ld: fl.DataLoader) -> Any:
+        it = iter(ld)
+        seen = list(itertools.islice(it, steps))
+        return items(seen), ld.state_dict()
+
+    heads = side_by_side([lambda ld=ld: head(ld) for ld in lds])
+    # (every rank's state is the same job's position)
+    assert len({json.dumps(h[1]["epoch"]["shards"], sort_keys=True) for h in heads if h[1]["epoch"]
+                is not None}) <= 1
+    store2, name2 = dist.HashStore(), job_name()
+    again = [loader(Counted(lens), store2, name2, r, after, even=even) for r in range(after)]
+    for r, ld in enumerate(again):
+        ld.load_state_dict(json.loads(json.dumps(heads[r if r < before else 0][1])))
+    tails = side_by_side([lambda ld=ld: (items(list(ld)), ld.state_dict()) for ld in again])
+    got = [v for t in tails for v in t[0]]
+    want = all_items(lens)
+    if heads[0][1]["epoch"] is None:
+        # (the saved epoch had ended: the relaunch reads the next, what the
+        # saved one held back first)
+        want += held_back([heads[0][1]], lens)
+    else:
+        got += [v for h in heads for v in h[0]]
+    if even and after > 1:
+        assert len({len(t[0]) for t in tails}) == 1
+        got += held_back([t[1] for t in tails], lens)
+    assert Counter(got) == Counter(want)
+
+
+def test_ranks_that_begin_an_epoch_from_different_states_are_refused():
+    """A rank that did not load a state beside ranks that did would claim
+    positions of another list (items read twice): its first claim names
+    the mismatch instead."""
+    lens = [5, 6] * 4
+    store, name = dist.HashStore(), job_name()
+    lds = [loader(Counted(lens), store, name, r, 2, even=False) for r in range(2)]
+    states = side_by_side([lambda ld=ld: (next(iter(ld)), ld.state_dict())[1] for ld in lds])
+    store2, name2 = dist.HashStore(), job_name()
+    again = [loader(Counted(lens), store2, name2, r, 2, even=False) for r in range(2)]
+    again[0].load_state_dict(states[0])  # rank 1 loads nothing
+    first = items(list(again[0]))
+    with pytest.raises(fl.ShardQueueError, match="different states"):
+        list(again[1])
+    assert len(first) < sum(lens)
 
 
 class _Dead:
@@ -454,12 +504,12 @@ def test_each_rank_resuming_its_own_state_on_the_same_ranks(even):
     assert sorted(got) == all_items(lens)
 
 
-def test_a_list_of_states_missing_or_repeating_a_rank_is_refused_before_anything_is_read():
-    """Three ranks read 3 batches of 4 each; the epoch resumes on one rank
-    from a list of their states. Every rank's state gives the 960 items of
-    960; a list that misses a rank or repeats one is refused, naming the
-    ranks, by load_state_dict() and merge_states() alike (it gave 252 and
-    360 items of 240: claims read twice)."""
+def test_states_of_different_steps_or_missing_a_rank_are_refused_before_anything_is_read():
+    """Three ranks read 3 batches of 4 each; the epoch resumes on one rank.
+    Any rank's state, or a list of them, gives the 960 items of 960; states
+    of two steps, or a merged state that lost a rank's account, are refused
+    naming it (a rank missing gave 252 and a rank repeated 360 items of
+    240: claims read twice)."""
     lens = [20] * 48
     store, name = dist.HashStore(), job_name()
     lds = [loader(Counted(lens), store, name, r, 3, even=False, batch=4) for r in range(3)]
@@ -467,30 +517,32 @@ def test_a_list_of_states_missing_or_repeating_a_rank_is_refused_before_anything
     def head(ld: fl.DataLoader) -> Any:
         it = iter(ld)
         seen = [next(it) for _ in range(3)]
-        return items(seen), ld.state_dict()
+        early = json.loads(json.dumps(ld.state_dict()))
+        seen.append(next(it))
+        return items(seen), early, ld.state_dict()
 
     heads = side_by_side([lambda ld=ld: head(ld) for ld in lds])
-    states = [h[1] for h in heads]
-    for bad, says in (([states[0], states[1]], r"rank 2 is missing"),
-                      ([states[0]] * 3, r"rank 0's state is given 3 times"),
-                      ([states[0], states[0], states[2]], r"rank 1 is missing.*rank 0's state is "
-                                                          r"given 2 times")):
+    read = [v for h in heads for v in h[0]]
+    late = [h[2] for h in heads]
+    for states in ([late[1]], [late[0], late[1]], late, fl.merge_states(late)):
         one = loader(Counted(lens), dist.HashStore(), job_name(), 0, 1, even=False, batch=4)
-        with pytest.raises(fl.ConfigError, match=says):
-            one.load_state_dict(bad)
-        with pytest.raises(fl.ConfigError, match=says):
-            fl.merge_states(bad)
-        # a merged state built otherwise is checked again before a read
-        merged = fl.merge_states(states)
-        merged["epoch"]["shards"]["accounts"] = [
-            merged["epoch"]["shards"]["accounts"][states.index(s)] for s in bad]
-        one.load_state_dict(merged)
+        one.load_state_dict(states)
+        assert sorted(read + items(list(one))) == all_items(lens)
+    mixed = [heads[0][1], late[1], late[2]]
+    one = loader(Counted(lens), dist.HashStore(), job_name(), 0, 1, even=False, batch=4)
+    with pytest.raises(fl.ConfigError, match=r"two accounts of rank \d of 3: .*different steps"):
+        one.load_state_dict(mixed)
+    with pytest.raises(fl.ConfigError, match="different steps"):
+        fl.merge_states(mixed)
+    for keep, says in (([0, 1], r"rank 2 is missing"),
+                       ([0, 0, 2], r"rank 1 is missing.*rank 0's state is given 2 times")):
+        bad = fl.merge_states(late)
+        accounts = bad["epoch"]["shards"]["accounts"]
+        bad["epoch"]["shards"]["accounts"] = [accounts[i] for i in keep]
+        one = loader(Counted(lens), dist.HashStore(), job_name(), 0, 1, even=False, batch=4)
+        one.load_state_dict(bad)  # (the format holds: the ranks are checked before a read)
         with pytest.raises(fl.ConfigError, match=says):
             iter(one)
-    one = loader(Counted(lens), dist.HashStore(), job_name(), 0, 1, even=False, batch=4)
-    one.load_state_dict(states)
-    rest = items(list(one))
-    assert sorted([v for h in heads for v in h[0]] + rest) == all_items(lens)
 
 
 def test_states_of_two_jobs_are_refused():

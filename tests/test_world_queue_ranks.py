@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import pytest
 from helpers import ferro_only, time_limit
@@ -195,6 +195,30 @@ def test_torchrun_restarts_every_rank_and_each_resumes_from_its_own_state(tmp_pa
 
 
 @time_limit(240)
+@pytest.mark.parametrize("first,then", [(3, 2), (2, 3)])
+def test_a_job_relaunched_on_another_number_of_ranks_resumes_from_each_ranks_own_state(
+        tmp_path, first, then):
+    """The job of tests/scripts/world_restart.py launched on ``first`` ranks
+    with no restarts: every rank saves only its own state after its 3rd
+    batch, rank 1 dies after its 5th and the job fails. Launched again by
+    hand on ``then`` ranks, each rank loads only its own state (a rank that
+    has none, rank 0's). What the ranks read up to their states and after
+    the relaunch is every item exactly once."""
+    with pytest.raises(AssertionError):
+        _run_script(tmp_path, "world_restart.py", first, "--max-restarts=0")
+    out = tmp_path / "run"
+    assert sorted(p.name for p in out.glob("state*.json")) == [
+        f"state{r}.json" for r in range(first)]
+    _run_script(tmp_path, "world_restart.py", then, "--max-restarts=0", args=["--relaunch"])
+    lens = [17, 40, 9, 33, 25, 12, 30, 21, 8, 35]  # (the script's)
+    before = [v for r in range(first) for v in json.loads((out / f"before{r}.json").read_text())]
+    after = [v for r in range(then)
+             for v in json.loads((out / f"after{r}-relaunch.json").read_text())]
+    assert sorted(before + after) == sorted(1000 * s + o for s, n in enumerate(lens)
+                                            for o in range(n))
+
+
+@time_limit(240)
 @pytest.mark.ray_cluster
 def test_ray_train_keeps_the_shared_queue_through_prepare_data_loader(tmp_path):
     """Ray Train's TorchTrainer, 2 CPU workers (tests/scripts/ray_train_world.py):
@@ -216,7 +240,7 @@ def _two_even_epochs_read_every_item(ranks: list[dict[str, Any]],
     was read plus what is left (from the ranks' states: what the last
     epoch held back, or what is left of it) is every item twice."""
     import ferroloader as fl
-    from ferroloader.epoch.world import remaining
+    from ferroloader.epoch.accounts import job_accounts, remaining
 
     lens = [17, 40, 9, 33, 25, 12, 30, 21, 8, 35]  # (the scripts')
     for epoch in range(2):
@@ -227,7 +251,7 @@ def _two_even_epochs_read_every_item(ranks: list[dict[str, Any]],
         assert n - got == (read_short if epoch else 0), (epoch, n, got)
     merged = fl.merge_states([r["state"] for r in ranks])
     left = merged["world_carry"] if merged["epoch"] is None else merged["epoch"]["shards"]
-    held = [1000 * s + p for s, e, end in remaining(left["accounts"])
+    held = [1000 * s + p for s, e, end in remaining(job_accounts(left))
             for p in range(e, min(end, lens[s]))]
     read = Counter(v for r in ranks for e in r["epochs"] for v in e["items"])
     assert read + Counter(held) == Counter(
@@ -266,17 +290,19 @@ def test_transformers_trainer_reads_the_shared_queue_from_get_train_dataloader(t
     _two_even_epochs_read_every_item(ranks, read_short=2)
 
 
-def _run_script(tmp_path: Any, name: str, ranks: Optional[int], *flags: str) -> Any:
-    """Runs tests/scripts/``name`` with an output folder (under torchrun
-    with ``ranks`` processes and ``flags``, or alone with ``ranks=None``,
-    on a local Ray cluster of its own if it starts one); the folder."""
+def _run_script(tmp_path: Any, name: str, ranks: Optional[int], *flags: str,
+                args: Sequence[str] = ()) -> Any:
+    """Runs tests/scripts/``name`` with an output folder and ``args`` (under
+    torchrun with ``ranks`` processes and ``flags``, or alone with
+    ``ranks=None``, on a local Ray cluster of its own if it starts one);
+    the folder (kept between runs in one test)."""
     script = os.path.join(os.path.dirname(__file__), "scripts", name)
     out = tmp_path / "run"
-    out.mkdir()
+    out.mkdir(exist_ok=True)
     launch = ([] if ranks is None else
               ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *flags])
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_ADDRESS="local")
-    done = subprocess.run([sys.executable, *launch, script, str(out)], capture_output=True,
+    done = subprocess.run([sys.executable, *launch, script, str(out), *args], capture_output=True,
                           text=True, timeout=200, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 from ferroloader._moved import forward
 
 if TYPE_CHECKING:  # (what type checkers see at the old path)
+    from ferroloader.epoch.accounts import *  # noqa: F403
     from ferroloader.epoch.state import *  # noqa: F403
     from ferroloader.epoch.store import *  # noqa: F403
     from ferroloader.epoch.world import *  # noqa: F403

@@ -137,11 +137,22 @@ fn works(v: Option<&Bound<'_, PyAny>>, n_shards: u64, what: &str) -> Check {
     Ok(())
 }
 
-/// One rank's account of an epoch of the job's shared queue.
-fn account(a: &Bound<'_, PyAny>, n_shards: u64, what: &str) -> Check {
+/// One rank's account of an epoch of the job's shared queue (`shared`:
+/// the epoch's list, where the state holds it once for every account).
+fn account(
+    a: &Bound<'_, PyAny>,
+    shared: Option<&Bound<'_, PyAny>>,
+    n_shards: u64,
+    what: &str,
+) -> Check {
     let a = mapping(Some(a.clone()), what)?;
-    let list = field(&a, "list");
-    works(list.as_ref(), n_shards, &format!("{what}.list"))?;
+    let list = match (field(&a, "list"), shared) {
+        (None, Some(l)) => Some(l.clone()),
+        (own, _) => {
+            works(own.as_ref(), n_shards, &format!("{what}.list"))?;
+            own
+        }
+    };
     need(
         field(&a, "list_id").is_some_and(|v| v.is_instance_of::<PyString>()),
         || format!("{what}.list_id is not text"),
@@ -170,7 +181,8 @@ fn account(a: &Bound<'_, PyAny>, n_shards: u64, what: &str) -> Check {
     need(flag(&a, "ended"), || format!("{what}.ended is not a bool"))
 }
 
-/// A rank's account, or every rank's (`merged`: `merge_states`).
+/// A rank's account, or every rank's (`merged`: a state saved on several
+/// ranks, or `merge_states`; the epoch's list held once, or in each).
 fn world(sh: &Bound<'_, PyAny>, n_shards: u64, what: &str) -> Check {
     let d = mapping(Some(sh.clone()), what)?;
     if is_true(&d, "merged") {
@@ -178,12 +190,21 @@ fn world(sh: &Bound<'_, PyAny>, n_shards: u64, what: &str) -> Check {
             .and_then(|a| a.cast_into::<PyList>().ok())
             .filter(|a| !a.is_empty())
             .ok_or_else(|| format!("{what}.accounts is not a list"))?;
+        let list = field(&d, "list");
+        if list.is_some() {
+            works(list.as_ref(), n_shards, &format!("{what}.list"))?;
+        }
         for (i, a) in accounts.iter().enumerate() {
-            account(&a, n_shards, &format!("{what}.accounts[{i}]"))?;
+            account(
+                &a,
+                list.as_ref(),
+                n_shards,
+                &format!("{what}.accounts[{i}]"),
+            )?;
         }
         return Ok(());
     }
-    account(sh, n_shards, what)
+    account(sh, None, n_shards, what)
 }
 
 fn shards(sh: &Bound<'_, PyAny>, n_shards: u64) -> Check {

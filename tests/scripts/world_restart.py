@@ -4,7 +4,11 @@ world_restart.py OUT_DIR``. Every rank saves its own state after its 3rd
 batch (all at the same step) and nothing else; on the first attempt rank 1
 dies after its 5th batch, so torchrun restarts every rank, and each loads
 only its own last state and reads on. Each rank writes what it read up to
-its state (first attempt) and on the attempt that finished."""
+its state (first attempt) and on the attempt that finished.
+
+``world_restart.py OUT_DIR --relaunch`` is the job launched again by hand,
+on any number of ranks, after the first launch lost its rank 1: each rank
+loads its own last state, or rank 0's where it has none."""
 
 import json
 import os
@@ -46,23 +50,27 @@ def main():
                             rank=rank, world_size=world)
     loader = fl.DataLoader(Shards(), batch_size=4, shuffle=True, seed=0,
                            sharding=fl.Sharding(mode="dynamic", across="world", even=False))
+    relaunch = "--relaunch" in sys.argv
+    resume = attempt > 0 or relaunch
     mine = os.path.join(out, f"state{rank}.json")
-    if attempt > 0:
-        with open(mine) as f:
-            loader.load_state_dict(json.load(f))  # its own state only
+    if resume:
+        # its own state only (any rank's holds the whole job's position)
+        with open(mine if os.path.exists(mine) else os.path.join(out, "state0.json")) as f:
+            loader.load_state_dict(json.load(f))
     seen = []
     for step, batch in enumerate(loader):
         seen += [int(v) for v in batch]
-        if attempt == 0 and step == 2:
+        if not resume and step == 2:
             dist.barrier()  # every rank at the same step, as a checkpoint is
             with open(mine, "w") as f:
                 json.dump(loader.state_dict(), f)
             with open(os.path.join(out, f"before{rank}.json"), "w") as f:
                 json.dump(seen, f)
             dist.barrier()
-        if attempt == 0 and rank == 1 and step == 4:
+        if not resume and rank == 1 and step == 4:
             os._exit(3)  # the rank is lost: torchrun restarts the job
-    with open(os.path.join(out, f"after{rank}-{attempt}.json"), "w") as f:
+    name = f"after{rank}-relaunch.json" if relaunch else f"after{rank}-{attempt}.json"
+    with open(os.path.join(out, name), "w") as f:
         json.dump(seen, f)
     dist.barrier()
     dist.destroy_process_group()

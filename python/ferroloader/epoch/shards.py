@@ -8,16 +8,18 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 import ferroloader._core as _core
-from ferroloader.epoch.world import (
+from ferroloader.epoch.accounts import (
     OPEN,
-    WorldEpoch,
     check_ranks,
     cut_list,
+    even_count,
+    job_accounts,
     list_unit,
     remaining,
     untouched,
     work_size,
 )
+from ferroloader.epoch.world import WorldEpoch
 from ferroloader.errors import ConfigError
 from ferroloader.seeds import epoch_seed
 from ferroloader.sources.shards import Sharding
@@ -240,11 +242,9 @@ def budget_ahead(loader: Any) -> Optional[int]:
     if resume is not None:
         if not resume.get("merged"):
             return None if resume.get("budget") is None else int(resume["budget"])
-        accounts = resume["accounts"]
+        accounts = job_accounts(resume)
         check_ranks(accounts, "len()")
-        sizes = [work_size(w, lens) or 0 for w in remaining(accounts)]
-        handed = min(int(a["handed"]) for a in accounts)
-        return handed + int(_core.world_even_budget(sizes, world, batch))
+        return even_count(remaining(accounts), lens, world, batch, accounts)
     unit, _block = list_unit(loader.dataset, loader._shard_info()[0], lens, world, sharding,
                              bool(loader._shard_shuffle))
     works = cut_list([(s, 0, OPEN) for s in range(len(lens))], lens, unit)
@@ -253,7 +253,7 @@ def budget_ahead(loader: Any) -> Optional[int]:
     carry = loader._resume_extra.get("world_carry")
     mine: Optional[dict[str, Any]] = None
     if carry is not None:
-        mine = carry["accounts"][0] if carry.get("merged") else carry
+        mine = job_accounts(carry)[0] if carry.get("merged") else carry
     elif loader._world_prev is not None and loader._world_prev.rec is not None:
         mine = loader._world_prev.final_account()
     if mine is not None and mine.get("ended") and mine.get("budget") is not None:

@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 from typing import Any, Optional, Sequence
 
 import torch
 
+from ferroloader.epoch.accounts import check_ranks, job_accounts
 from ferroloader.epoch.check import _KEY, FORMAT, _fingerprint, validate
 from ferroloader.epoch.mixture import MixtureBatchSampler
 from ferroloader.epoch.plan import (
@@ -42,7 +44,6 @@ from ferroloader.epoch.plan import (
     _tensor,
     stateful,
 )
-from ferroloader.epoch.world import check_ranks
 from ferroloader.errors import ConfigError
 from ferroloader.sampler import ElasticBatchSampler
 
@@ -96,14 +97,26 @@ def snapshot(loader: Any) -> dict[str, Any]:
     pos = rec.position()
     if pos["ended"]:
         _between_epochs(loader, rec, pos, state)
-        if rec.shards is not None and rec.shards.world_epoch is not None and "shards" in pos:
-            # what the ended epoch of the shared queue held back, for the next
-            state["world_carry"] = dict(pos["shards"], ended=True)
+        world = rec.shards.world_epoch if rec.shards is not None else None
+        if world is not None and "shards" in pos:
+            job = world.meet(dict(pos["shards"], ended=True))
+            if all(a.get("ended") for a in job.get("accounts", [job])):
+                # what the ended epoch of the shared queue held back, for
+                # the next (the whole job's account of it)
+                state["world_carry"] = job
+            else:
+                # another rank reads on: the job is mid-epoch, and so is
+                # its state on every rank
+                state["epoch"] = {"shards": job,
+                                  "generators_at_start": [_encode(s) for s in rec.start]}
+                _persistent_seed(rec, state["epoch"])
         return state
     if "shards" in pos:
-        # the lanes' positions (or the elastic sequence's) say it all
+        # the lanes' positions (or the elastic sequence's) say it all; the
+        # shared queue's, every rank's
+        world = rec.shards.world_epoch if rec.shards is not None else None
         state["epoch"] = {
-            "shards": pos["shards"],
+            "shards": world.meet(pos["shards"]) if world is not None else pos["shards"],
             "generators_at_start": [_encode(s) for s in rec.start],
         }
         _persistent_seed(rec, state["epoch"])
@@ -233,7 +246,9 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     state that any number of ranks resumes from: each rank loads it, and
     together they read exactly what the saved ranks had not (the unread
     part of every work they had claimed, then the works nobody had).
-    ``DataLoader.load_state_dict`` also takes the list itself.
+    ``DataLoader.load_state_dict`` also takes the list itself. (A state
+    saved on several ranks already holds every rank's account: one serves
+    alone, and an account several states hold alike counts once.)
 
     >>> import ferroloader
     >>> ferroloader.merge_states([])
@@ -258,14 +273,30 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         )
     out = copy.deepcopy(states[0])
 
-    def accounts_of(parts: list[Any], what: str) -> list[Any]:
+    def accounts_of(parts: list[Any], what: str) -> dict[str, Any]:
+        """The job's accounts in ``parts``, checked, as one merged part. A
+        state saved on several ranks holds every rank's: an account that
+        several states hold alike counts once."""
         found: list[Any] = []
+        seen: dict[Any, str] = {}
         for p in parts:
             if not isinstance(p, dict) or p.get("across", "world") != "world":
                 raise ConfigError(f"merge_states(): a state's {what} is not of the job's "
                                   "shared queue (Sharding(across='world'))")
-            found.extend(p["accounts"] if p.get("merged") else [p])
-        return found
+            for a in job_accounts(p) if p.get("merged") else [p]:
+                key = json.dumps({k: v for k, v in a.items() if k != "list"}, sort_keys=True)
+                rank = (a.get("rank"), a.get("world"))
+                if rank[0] is not None and rank in seen and seen[rank] != key:
+                    raise ConfigError(
+                        f"merge_states(): the states hold two accounts of rank {rank[0]} of "
+                        f"{rank[1]}: they were saved at different steps; give the states of "
+                        "one checkpoint (any one of them holds every rank's)")
+                if rank[0] is None or rank not in seen:
+                    seen[rank] = key
+                    found.append(a)
+        check_ranks(found, "merge_states()")
+        return {"mode": "dynamic", "across": "world", "merged": True, "list": found[0]["list"],
+                "accounts": [{k: v for k, v in a.items() if k != "list"} for a in found]}
 
     if all(s["epoch"] is None for s in states):
         carries = [s.get("world_carry") for s in states]
@@ -274,9 +305,7 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 return out  # before any epoch: nothing to merge
             raise ConfigError("merge_states(): some states hold what their last epoch held "
                               "back and some do not; save every rank's state at the same step")
-        accounts = accounts_of(carries, "last epoch")
-        check_ranks(accounts, "merge_states()")
-        out["world_carry"] = {"merged": True, "accounts": accounts}
+        out["world_carry"] = accounts_of(carries, "last epoch")
         return out
     # mid-epoch: a rank that had finished the epoch gives its account of
     # it (its claims, nothing left of them)
@@ -293,10 +322,7 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     base = next(s for s in states if s["epoch"] is not None)
     out = copy.deepcopy(base)
     out.pop("world_carry", None)
-    accounts = accounts_of(parts, "epoch")
-    check_ranks(accounts, "merge_states()")
-    out["epoch"]["shards"] = {"mode": "dynamic", "across": "world", "merged": True,
-                              "accounts": accounts}
+    out["epoch"]["shards"] = accounts_of(parts, "epoch")
     return out
 
 

@@ -9,7 +9,7 @@ import json
 import logging
 import time
 from datetime import timedelta
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ferroloader.errors import ConfigError, ShardQueueError
 
@@ -55,12 +55,17 @@ def publish(store: Any, key: str, value: Any) -> None:
     store.set(key, json.dumps(value))
 
 
+# why a rank may not come, where the wait does not say
+NOT_STARTED = ("a rank that did not start this epoch (ranks given different epoch counts, or one "
+               "that ended early) or did not load its state")
+
+
 def gather(store: Any, keys: Sequence[str], wait: float, what: str,
-           ranks: Optional[tuple[list[int], int]] = None) -> list[Any]:
+           ranks: Optional[tuple[list[int], int]] = None, hint: str = NOT_STARTED) -> list[Any]:
     """The values at ``keys`` (key ``r`` is rank ``r``'s, or ``ranks[0][r]``'s
     of ``ranks[1]``), waiting up to ``wait`` seconds for them: logged once
     after ``LOG_AFTER`` seconds, then a ``ShardQueueError`` naming the ranks
-    whose keys never came."""
+    whose keys never came (and ``hint``: why they may not have)."""
     owners, of = ranks if ranks is not None else (list(range(len(keys))), len(keys))
     start = time.monotonic()
     logged = False
@@ -81,9 +86,7 @@ def gather(store: Any, keys: Sequence[str], wait: float, what: str,
             raise ShardQueueError(
                 f"the job's shared shard queue waited {waited:.0f} s for {what} from rank"
                 f"{'s' if len(missing) > 1 else ''} {names} (of {of}), at "
-                f"{describe(store)}: a rank that did not start this epoch (ranks given "
-                "different epoch counts, or one that ended early) or did not load its state. "
-                "Sharding(wait_for_ranks=...) sets the wait"
+                f"{describe(store)}: {hint}. Sharding(wait_for_ranks=...) sets the wait"
             ) from None
         if not logged and waited >= LOG_AFTER:
             logged = True
@@ -91,6 +94,30 @@ def gather(store: Any, keys: Sequence[str], wait: float, what: str,
                 "ferroloader: waiting for %s from rank%s %s of %d (%.0f s so far, up to %.0f s: "
                 "Sharding(wait_for_ranks=...))", what, "s" if len(missing) > 1 else "", names,
                 of, waited, wait)
+
+
+def via_rank0(store: Any, key: str, rank: int, world: int, wait: float, mine: Any, what: str,
+              call: Callable[[Callable[[], Any]], Any],
+              combine: Optional[Callable[[list[Any]], Any]] = None,
+              forget_too: Sequence[str] = (), hint: str = NOT_STARTED) -> Any:
+    """Every rank's ``mine``, through the store: each rank sets its own at
+    ``key/<rank>``, rank 0 gathers them all and sets ``combine`` of them
+    (the list itself without one) at ``key/all``, and every other rank
+    reads that one key: ``3 W`` calls on the store, not ``W**2``. The last
+    rank to read removes the keys, and ``forget_too``. ``call`` runs each
+    store call (naming a store that fails)."""
+    call(lambda: publish(store, f"{key}/{rank}", mine))
+    if rank == 0:
+        got = gather(store, [f"{key}/{r}" for r in range(world)], wait, what, hint=hint)
+        result = combine(got) if combine is not None else got
+        call(lambda: publish(store, f"{key}/all", result))
+    else:
+        result = gather(store, [f"{key}/all"], wait, f"every rank's {what.split(' ', 1)[-1]}, "
+                        "gathered", ([0], world), hint=hint)[0]
+    if int(call(lambda: store.add(f"{key}/read", 1))) == world:
+        forget(store, [f"{key}/{r}" for r in range(world)] + [f"{key}/all", f"{key}/read",
+                                                               *forget_too])
+    return result
 
 
 def _missing(store: Any, keys: Sequence[str], failure: BaseException) -> list[int]:
@@ -114,4 +141,4 @@ def forget(store: Any, keys: Sequence[str]) -> None:
             pass  # best effort: an epoch's keys are a few bytes
 
 
-__all__ = ["default_store", "describe", "forget", "gather", "publish"]
+__all__ = ["default_store", "describe", "forget", "gather", "publish", "via_rank0"]

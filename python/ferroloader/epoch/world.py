@@ -32,20 +32,30 @@ removed once every rank has read them. No collective is joined.
 
 from __future__ import annotations
 
+import copy
+import json
 import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
 import ferroloader._core as _core
-from ferroloader.epoch.store import default_store, describe, forget, gather, publish
+from ferroloader.epoch.accounts import (
+    OPEN,
+    Work,
+    _carry_of,
+    _with_list,
+    _without_list,
+    cut_list,
+    even_count,
+    job_accounts,
+    list_unit,
+    remaining,
+    work_size,
+)
+from ferroloader.epoch.store import default_store, describe, forget, gather, publish, via_rank0
 from ferroloader.errors import ConfigError, ShardQueueError
 from ferroloader.seeds import epoch_seed
 from ferroloader.sources.worldqueue import QueueStats
-
-# a work: (shard, first item, end) in the shard's order; end OPEN: its end
-Work = tuple[int, int, int]
-OPEN = 2**64 - 1
-
 
 # the most unread claims a rank holds, however fast it reads
 MOST_AHEAD = 16
@@ -66,9 +76,10 @@ class WorldQueue:
     def __init__(self, store: Any, prefix: str, works: Sequence[Work],
                  sizes: Sequence[Optional[int]], quota: Optional[int], lanes: int,
                  stats: QueueStats, on_claim: Optional[Callable[[int], Any]] = None,
-                 horizon: float = HORIZON) -> None:
+                 horizon: float = HORIZON, agree: Sequence[tuple[str, str]] = ()) -> None:
         self.store = store
         self.key = f"{prefix}/next"
+        self.agree = list(agree)
         self.sizes = list(sizes)
         self.claims = _core.WorldClaims(list(works), self.sizes, quota, MOST_AHEAD, horizon,
                                         lanes)
@@ -79,6 +90,8 @@ class WorldQueue:
 
     def _run(self) -> None:
         claims = self.claims
+        if not all(self._agrees(key, mine) for key, mine in self.agree):
+            return
         while True:
             n = claims.wanted()
             if n == 0:
@@ -107,6 +120,28 @@ class WorldQueue:
                     except Exception:
                         pass  # a prefetch is a hint: the reader fetches what is missing
 
+    def _agrees(self, key: str, mine: str) -> bool:
+        """Whether this rank's ``mine`` (its epoch and list) is what the
+        first rank set at ``key`` (one ``compare_set``): a rank that began
+        afresh beside ranks that resumed would claim positions of another
+        list, or of another epoch's, and read items twice."""
+        try:
+            first = self.store.compare_set(key, "", mine)
+        except Exception as e:
+            self.claims.fail(f"the job's shard queue lost its store ({describe(self.store)}, key "
+                             f"{key!r}): {type(e).__name__}: {e}")
+            return False
+        first = first.decode() if isinstance(first, bytes) else str(first)
+        if first != mine:
+            self.claims.fail(
+                f"this rank's epoch and list ({mine}) are not those other ranks claim from "
+                f"({first}): the ranks began from different states (one "
+                "loaded a state and another did not, or states of different steps). Every "
+                "rank loads a state of the same checkpoint; any rank's serves a rank that "
+                "has none of its own")
+            return False
+        return True
+
     def account(self) -> tuple[list[int], list[Work]]:
         """The positions claimed so far, and the works among them not yet
         handed to the engine, read together."""
@@ -114,30 +149,6 @@ class WorldQueue:
 
     def stop(self) -> None:
         self.claims.stop()
-
-
-def work_size(work: Sequence[int], lens: Optional[Sequence[int]]) -> Optional[int]:
-    if lens is None:
-        return None
-    shard, emitted, end = work
-    return max(0, min(end, lens[shard]) - emitted)
-
-
-def remaining(accounts: Sequence[dict[str, Any]]) -> list[Work]:
-    """What an epoch has left, from every rank's account of it (checked
-    first): the unread parts of the works the ranks claimed, by shard and
-    position, then the works nobody claimed, in the list's order."""
-    check_ranks(accounts, "iter()")
-    return _core.world_remaining(list(accounts))
-
-
-def check_ranks(accounts: Sequence[dict[str, Any]], what: str) -> None:
-    """Every rank of the saved job exactly once, all of one epoch of one
-    job (a ``ConfigError`` naming the ranks missing or repeated)."""
-    try:
-        _core.world_check_ranks(list(accounts), what)
-    except (KeyError, TypeError) as e:
-        raise ConfigError(f"{what}: not a state of the job's shared queue ({e})") from None
 
 
 class WorldEpoch:
@@ -182,33 +193,34 @@ class WorldEpoch:
         handed = 0
         self.unit, self.block = list_unit(dataset, ep.descriptors, lens, self.world, sharding,
                                           self.shuffle)
+        # (the generation's first epoch: every rank began from the same state)
+        agree = [(f"{self.prefix}/list", "")] + (
+            [(f"{self.ns}/began", "")] if loader._world_prev is None else [])
+        self._meetings = 0  # state_dict()'s meetings of the ranks, this epoch
+        self._met: Optional[tuple[str, dict[str, Any]]] = None
+        accounts: Optional[list[dict[str, Any]]] = None
         if resume is not None:
-            accounts = (resume["accounts"] if resume.get("merged")
+            accounts = (job_accounts(resume) if resume.get("merged")
                         else self._exchange("resume", resume))
             works = remaining(accounts)
             self.n_carried = 0
             # (the saved positions count in the saved epoch's blocks)
             self.block = int(accounts[0].get("block", sharding.shuffle_block))
             handed = min(int(a["handed"]) for a in accounts)
-            prev_budget = resume.get("budget") if not resume.get("merged") else None
         else:
             carried = self._carried(loader, even)
             self.n_carried = len(carried)
             works = carried + self._order(ep, sharding, lens)
-            prev_budget = None
         loader._world_prev = self
         self.first = handed
         self.list = works
         self.list_id = _core.world_list_id(works)
+        agree = [(key, f"e{epoch}:{self.list_id}") for key, _ in agree]
         sizes = [work_size(w, lens) for w in works]
         self.held = 0
         if even:
-            k = _core.world_even_budget([s or 0 for s in sizes], self.world, batch)
-            if prev_budget is not None and resume is not None:
-                # the same job resumed: no more batches than it would have made
-                k = min(k, max(0, int(prev_budget) - handed))
-            self.budget: Optional[int] = handed + k
-            quota: Optional[int] = k * batch
+            self.budget: Optional[int] = even_count(works, lens, self.world, batch, accounts)
+            quota: Optional[int] = (self.budget - handed) * batch
         else:
             self.budget, quota = None, None
         remote = dataset._remote(ep.descriptors)
@@ -225,7 +237,8 @@ class WorldEpoch:
         lanes = max(loader._workers, 1)
         self.queue = WorldQueue(self.store, self.prefix, works, sizes, quota, lanes,
                                 stats=self.stats, on_claim=on_claim,
-                                horizon=REMOTE_HORIZON if on_claim is not None else HORIZON)
+                                horizon=REMOTE_HORIZON if on_claim is not None else HORIZON,
+                                agree=agree)
         ep.plan = _core_plan(ep, self.block, lanes, self.queue.claims, self.budget, handed)
         ep.short_of_room = dataset._short_of_room()
 
@@ -270,10 +283,12 @@ class WorldEpoch:
         loaded = getattr(loader, "_next_world_carry", None)
         loader._next_world_carry = None
         prev = loader._world_prev
-        if not even:
+        if not even and (loaded is None or self.world > 1):
+            # (nothing is held back without even counts; a state saved with
+            # them on several ranks and loaded on one still carries it)
             return []
         if loaded is not None:
-            accounts = (loaded["accounts"] if loaded.get("merged")
+            accounts = (job_accounts(loaded) if loaded.get("merged")
                         else self._exchange("carry", loaded))
             carried, born, was = _carry_of(accounts, loader.sharding.shuffle_block)
         elif prev is not None and prev.rec is not None:
@@ -293,35 +308,45 @@ class WorldEpoch:
 
     def _merged_carry(self, prev: WorldEpoch) -> tuple[list[Work], int, int]:
         """What the last epoch (``prev``) held back, as ``(works, its epoch,
-        its block)``: every rank gives its account, rank 0 reads them all
-        and gives the result (or what was wrong with them), and every other
-        rank reads that one key: ``3 W`` calls on the store, not ``W**2``."""
+        its block)``: rank 0 reads every rank's account and gives the
+        result (or what was wrong with them)."""
         mine = prev.final_account()
-        key = f"{prev.prefix}/account"
-        merged = f"{prev.prefix}/carried"
-        self._call(lambda: publish(self.store, f"{key}/{self.rank}", _without_list(mine)))
-        if self.rank == 0:
-            accounts = _with_list(gather(self.store, [f"{key}/{r}" for r in range(self.world)],
-                                         self.wait, f"its account of epoch {prev.epoch}"),
-                                  mine["list"])
+
+        def carry(accounts: list[dict[str, Any]]) -> dict[str, Any]:
             try:
-                result: dict[str, Any] = dict(zip(
-                    ("works", "epoch", "block"),
-                    _carry_of(accounts, prev.block)))
+                return dict(zip(("works", "epoch", "block"),
+                                _carry_of(_with_list(accounts, mine["list"]), prev.block)))
             except ConfigError as e:
-                result = {"error": str(e)}
-            self._call(lambda: publish(self.store, merged, result))
-        else:
-            result = gather(self.store, [merged], self.wait,
-                            f"the accounts of epoch {prev.epoch}, merged", ([0], self.world))[0]
-        done = [f"{key}/{r}" for r in range(self.world)] + [merged, f"{prev.prefix}/read",
-                                                              f"{prev.prefix}/next"]
-        if int(self._call(lambda: self.store.add(f"{prev.prefix}/read", 1))) == self.world:
-            forget(self.store, done)
+                return {"error": str(e)}
+
+        result = via_rank0(self.store, f"{prev.prefix}/account", self.rank, self.world,
+                           self.wait, _without_list(mine), f"its account of epoch {prev.epoch}",
+                           self._call, carry, [f"{prev.prefix}/next", f"{prev.prefix}/list"])
         if "error" in result:
             raise ConfigError(result["error"])
         return ([(int(w[0]), int(w[1]), int(w[2])) for w in result["works"]],
                 int(result["epoch"]), int(result["block"]))
+
+    def meet(self, account: dict[str, Any]) -> dict[str, Any]:
+        """The whole job's position for ``state_dict()``: every rank gives
+        its ``account`` at its n-th saved position of the epoch and gets
+        every rank's back, so each rank's state resumes the job alone, on
+        any number of ranks. A rank saving again where it stands meets no
+        one again. One rank: its own account."""
+        if self.world == 1:
+            return account
+        mine = _without_list(account)
+        here = json.dumps(mine, sort_keys=True)
+        if self._met is None or self._met[0] != here:
+            self._meetings += 1
+            accounts = via_rank0(
+                self.store, f"{self.prefix}/saved{self._meetings}", self.rank, self.world,
+                self.wait, mine, "its state", self._call,
+                hint="every rank calls state_dict() at the same step (as torch.distributed."
+                     "checkpoint's save does): each rank's state then holds the whole job's")
+            self._met = (here, {"mode": "dynamic", "across": "world", "merged": True,
+                                "list": account["list"], "accounts": accounts})
+        return copy.deepcopy(self._met[1])
 
     def account(self, it: Any) -> dict[str, Any]:
         """This rank's account of the epoch, read between batches: its
@@ -377,63 +402,6 @@ class WorldEpoch:
         self.queue.stop()
 
 
-def list_unit(dataset: Any, descriptors: Sequence[Any], lens: Optional[list[int]], world: int,
-              sharding: Any, shuffle: bool) -> tuple[Optional[int], int]:
-    """The range every rank cuts its shards into (``None``: shards stay
-    whole) and the shuffle block that goes with it: the same on every rank,
-    from the lengths alone. Whole where a length is unknown, the shards are
-    remote, or a start costs a scan."""
-    if lens is None or not dataset.seeks_to_start or dataset._remote(descriptors) is not None:
-        return None, sharding.shuffle_block
-    unit, block = _core.world_unit(sum(lens), world, sharding.shuffle_block, shuffle)
-    return unit, block
-
-
-def cut_list(works: list[Work], lens: Optional[list[int]], unit: Optional[int]) -> list[Work]:
-    """``works`` as works of at most ``unit`` items (as they are, without one)."""
-    if unit is None or lens is None:
-        return works
-    return list(_core.world_cut(works, lens, unit))
-
-
-def _carry_of(accounts: list[dict[str, Any]], block: int) -> tuple[list[Work], int, int]:
-    """What an epoch held back, from every rank's account of it: ``(works,
-    the epoch, its block)``. The unread rest where every rank ended it; what
-    it carried itself where no rank read a batch of it; else nothing (an
-    epoch left early)."""
-    first = accounts[0]
-    born, was = int(first.get("epoch", 0)), int(first.get("block", block))
-    if all(a.get("ended") for a in accounts):
-        return remaining(accounts), born, was
-    if untouched(accounts):
-        # an iterator made and dropped before its first batch on every rank
-        # (Lightning makes one so, before each epoch's own): what it carried
-        # passes on, as the works its list began with
-        return ([(int(w[0]), int(w[1]), int(w[2]))
-                 for w in first["list"][: int(first["carried"])]], born, was)
-    return [], born, was  # an epoch left early: what it did not read is not carried
-
-
-def untouched(accounts: Sequence[dict[str, Any]]) -> bool:
-    """No rank handed over a batch of the epoch these accounts describe."""
-    return all("carried" in a and int(a.get("handed", 0)) == int(a.get("first", 0))
-               for a in accounts)
-
-
-def _without_list(account: dict[str, Any]) -> dict[str, Any]:
-    """An account as the store carries it: without the epoch's list, which
-    every rank holds alike (its digest, ``list_id``, says so). With ranges
-    the list has about 64 works per rank: each rank gathering every rank's
-    copy would move ``64 * W**2`` works per epoch."""
-    return {k: v for k, v in account.items() if k != "list"}
-
-
-def _with_list(accounts: list[dict[str, Any]], mine: Any) -> list[dict[str, Any]]:
-    """Accounts gathered from the store, each with this rank's list again
-    (checked against its digest with the rest)."""
-    return [dict(a, list=mine) if "list" not in a else a for a in accounts]
-
-
 _names = [0]
 _names_lock = threading.Lock()
 
@@ -470,7 +438,6 @@ def _core_plan(ep: Any, block: int, lanes: int, source: Any, budget: Optional[in
     })
 
 
-__all__ = ["OPEN", "WorldEpoch", "WorldQueue", "check_ranks", "cut_list", "list_unit",
-           "remaining", "untouched", "work_size"]
+__all__ = ["WorldEpoch", "WorldQueue"]
 
 
