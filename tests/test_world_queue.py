@@ -365,6 +365,41 @@ def test_a_trainer_that_reads_len_batches_and_drops_iterators_loses_nothing(
     assert read + held == Counter(all_items(lens) * len(dropped))
 
 
+def test_a_trainer_that_counts_every_epoch_as_the_first_is_told_what_it_skips(caplog):
+    """transformers' Trainer reads len() once and takes that many batches
+    from every epoch. The second epoch is longer by what the first held
+    back; what the Trainer leaves of it is not carried (a new iter() begins
+    a fresh epoch), and rank 0 logs a warning that counts it when the third
+    begins: what was read, what the warning counts and what the last epoch
+    has left are every item three times."""
+    import logging
+
+    lens = [7, 13, 5, 11, 9, 6, 12, 8] * 2
+    store, name = dist.HashStore(), job_name()
+    loaders = [loader(Counted(lens), store, name, r, 2, even=True, batch=4) for r in range(2)]
+    first = len(loaders[0])
+
+    def run(ld: fl.DataLoader) -> Any:
+        read = []
+        for _ in range(3):
+            read += items(list(itertools.islice(iter(ld), first)))
+        return read, len(ld), ld.state_dict()
+
+    with caplog.at_level(logging.WARNING, logger="ferroloader.worldqueue"):
+        got = side_by_side([lambda ld=ld: run(ld) for ld in loaders])
+    said = [r.getMessage() for r in caplog.records if "was left after" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("ferroloader: epoch 1 of the shared queue was "
+                                                 f"left after {first} of its "), said
+    skipped = int(said[0].split("; the ")[1].split(" items")[0])
+    assert skipped > 0
+    read = Counter(v for g in got for v in g[0])
+    assert max(read.values()) <= 3
+    # (the third epoch, left as the Trainer leaves it: its state holds the rest)
+    rest = remaining(job_accounts(got[0][2]["epoch"]["shards"]))
+    assert sum(read.values()) + skipped + sum(min(end, lens[s]) - e for s, e, end in rest) == (
+        3 * sum(lens))
+
+
 def test_the_queue_needs_a_store_or_a_process_group():
     assert not dist.is_initialized()
     ld = fl.DataLoader(Counted([3, 4]), sharding=fl.Sharding(mode="dynamic", across="world"))

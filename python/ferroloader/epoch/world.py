@@ -50,9 +50,18 @@ from ferroloader.epoch.accounts import (
     job_accounts,
     list_unit,
     remaining,
+    untouched,
     work_size,
 )
-from ferroloader.epoch.store import default_store, describe, forget, gather, publish, via_rank0
+from ferroloader.epoch.store import (
+    default_store,
+    describe,
+    forget,
+    gather,
+    log,
+    publish,
+    via_rank0,
+)
 from ferroloader.errors import ConfigError, ShardQueueError
 from ferroloader.seeds import epoch_seed
 from ferroloader.sources.worldqueue import QueueStats
@@ -179,6 +188,7 @@ class WorldEpoch:
         self.prefix = f"{self.ns}/e{epoch}"
         self.stats: QueueStats = loader._queue_stats
         self.shuffle, self.root = ep.shuffle, ep.root
+        self.lens = ep.lens
         self.seed = loader.seed if loader.seed is not None else 0
         lens = ep.lens
         batch = ep.batch or 1
@@ -314,8 +324,10 @@ class WorldEpoch:
 
         def carry(accounts: list[dict[str, Any]]) -> dict[str, Any]:
             try:
-                return dict(zip(("works", "epoch", "block"),
-                                _carry_of(_with_list(accounts, mine["list"]), prev.block)))
+                accounts = _with_list(accounts, mine["list"])
+                result = dict(zip(("works", "epoch", "block"), _carry_of(accounts, prev.block)))
+                _say_left(prev, accounts)
+                return result
             except ConfigError as e:
                 return {"error": str(e)}
 
@@ -400,6 +412,23 @@ class WorldEpoch:
 
     def stop(self) -> None:
         self.queue.stop()
+
+
+def _say_left(prev: WorldEpoch, accounts: list[dict[str, Any]]) -> None:
+    """Logs (rank 0, once an epoch) an epoch of even counts that every rank
+    left before its budget: what it had not read is not carried (a new
+    ``iter()`` begins a fresh epoch, as torch's does), so a trainer that
+    counts every epoch as the first's ``len()`` skips it."""
+    if all(a.get("ended") for a in accounts) or untouched(accounts) or prev.budget is None:
+        return
+    handed = sorted({int(a.get("handed", 0)) for a in accounts})
+    left = sum(work_size(w, prev.lens) or 0 for w in remaining(accounts))
+    log.warning(
+        "ferroloader: epoch %d of the shared queue was left after %s of its %d batches on every "
+        "rank; the %d items it had not read are not carried into the next epoch (a new iter() "
+        "begins a fresh one). A trainer that counts every epoch as the first's len() "
+        "(transformers' Trainer) skips them so: see the frameworks guide", prev.epoch,
+        "/".join(map(str, handed)), prev.budget, left)
 
 
 _names = [0]
