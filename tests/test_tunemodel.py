@@ -242,3 +242,27 @@ def test_telling_the_fewest_from_one_under_the_mark_takes_longer_the_more_worker
     (f_few, t_few), (f_many, t_many) = told
     assert f_few < 8 < 64 < f_many
     assert t_few <= 60 < 10 * 60 < t_many
+
+
+def test_the_policy_is_judged_on_a_family_of_machines_not_by_its_own_formula():
+    """The same pairs on a machine of each shape (a sharper and a softer
+    knee, a convoying GIL, hard contention, heavy-tailed noise, a neighbour
+    arriving mid-run): each member's best layout is its own, the policy
+    stays within the RAM budget on every one, and the members judge it
+    differently (a machine shaped otherwise than the model is where it
+    misses: docs/performance.md has the 240-pair table)."""
+    pairs = tm.draw(24, seed=11)
+    outs = tm.family(pairs)
+    assert set(outs) == set(tm.SHAPES)
+    for shape, got in outs.items():
+        assert len(got) == 24 and all(o.machine.shape == shape for o in got)
+        assert all(o.run.peak_memory <= o.machine.ram for o in got), shape
+    tops = {shape: [o.best_rate for o in got] for shape, got in outs.items()}
+    for shape in ("sharp", "soft", "convoy", "shift"):
+        assert tops[shape] != tops["model"], shape
+    assert all(s >= m * (1 - 1e-9) for s, m in zip(tops["sharp"], tops["model"]))
+    assert all(s <= m * (1 + 1e-9) for s, m in zip(tops["soft"], tops["model"]))
+    # (the shift halves the cores: the best it ends with is slower)
+    assert sum(tops["shift"]) < sum(tops["model"])
+    with pytest.raises(ValueError, match="not a machine shape; the shapes are model, sharp"):
+        tm.rate(pairs[0][1], tm.Machine(8, shape="bumpy"), Layout(2))

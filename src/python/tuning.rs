@@ -372,15 +372,31 @@ pub struct MachineArgs {
     cores: u32,
     ram: f64,
     max_workers: u32,
+    shape: String,
 }
 
-impl From<MachineArgs> for Machine {
-    fn from(m: MachineArgs) -> Machine {
-        Machine {
+impl TryFrom<MachineArgs> for Machine {
+    type Error = PyErr;
+
+    fn try_from(m: MachineArgs) -> PyResult<Machine> {
+        let shape = sim::SHAPES
+            .iter()
+            .find(|(name, _)| *name == m.shape)
+            .map(|(_, shape)| *shape)
+            .ok_or_else(|| {
+                let names: Vec<&str> = sim::SHAPES.iter().map(|(n, _)| *n).collect();
+                PyValueError::new_err(format!(
+                    "Machine(shape={:?}): not a machine shape; the shapes are {}",
+                    m.shape,
+                    names.join(", ")
+                ))
+            })?;
+        Ok(Machine {
             cores: m.cores,
             ram: m.ram,
             max_workers: m.max_workers,
-        }
+            shape,
+        })
     }
 }
 
@@ -523,5 +539,5 @@ fn job_of(obj: &Bound<'_, PyAny>) -> PyResult<Job> {
 }
 
 fn machine_of(obj: &Bound<'_, PyAny>) -> PyResult<Machine> {
-    Ok(obj.extract::<MachineArgs>()?.into())
+    obj.extract::<MachineArgs>()?.try_into()
 }

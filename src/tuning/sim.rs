@@ -99,12 +99,51 @@ impl Job {
     }
 }
 
-/// Cores, the RAM the loader may use, and the workers it may start.
+/// How a simulated machine's truth differs from the soft minimum the
+/// policy plans with: the policy is judged on machines its model does not
+/// know, not by its own formula.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Shape {
+    /// The policy's own model.
+    #[default]
+    Model,
+    /// A sharper knee: rates reach their tightest bound sooner.
+    Sharp,
+    /// A softer knee: more workers keep adding past where the model stops.
+    Soft,
+    /// Threads of one process convoy on the GIL: each thread past the first
+    /// costs the process's Python a share of its rate.
+    Convoy,
+    /// Processes past the cores contend hard (caches, switching).
+    Contend,
+    /// Log-normal noise with a slow interval (3x) one time in twenty.
+    Heavy,
+    /// A neighbour arrives after `SHIFT_AT` seconds and takes half the cores.
+    Shift,
+}
+
+/// The shapes by name (`tuning.model.SHAPES`).
+pub const SHAPES: [(&str, Shape); 7] = [
+    ("model", Shape::Model),
+    ("sharp", Shape::Sharp),
+    ("soft", Shape::Soft),
+    ("convoy", Shape::Convoy),
+    ("contend", Shape::Contend),
+    ("heavy", Shape::Heavy),
+    ("shift", Shape::Shift),
+];
+
+/// When the neighbour of `Shape::Shift` arrives (simulated seconds).
+pub const SHIFT_AT: f64 = 20.0;
+
+/// Cores, the RAM the loader may use, the workers it may start, and how
+/// its truth is shaped.
 #[derive(Clone, Copy, Debug)]
 pub struct Machine {
     pub cores: u32,
     pub ram: f64,
     pub max_workers: u32,
+    pub shape: Shape,
 }
 
 impl Machine {
@@ -113,6 +152,20 @@ impl Machine {
             self.max_workers
         } else {
             32.max(4 * self.cores)
+        }
+    }
+
+    /// The machine as it is at `now` (a `Shift` machine has lost half its
+    /// cores from `SHIFT_AT` on); the worker cap stays the one it began with.
+    pub fn at(&self, now: f64) -> Machine {
+        if self.shape == Shape::Shift && now >= SHIFT_AT {
+            Machine {
+                cores: (self.cores / 2).max(1),
+                max_workers: self.worker_cap(),
+                ..*self
+            }
+        } else {
+            *self
         }
     }
 }
@@ -127,11 +180,33 @@ fn contention(job: &Job, machine: &Machine, layout: &Layout) -> f64 {
     };
     let demand = f64::from(layout.workers()) * busy;
     let over = py_max(0.0, demand / f64::from(machine.cores) - 1.0);
-    let loss = if layout.processes() > 0 { 0.04 } else { 0.01 };
+    let loss = match (machine.shape, layout.processes() > 0) {
+        (Shape::Contend, true) => 0.25,
+        (Shape::Contend, false) => 0.05,
+        (_, true) => 0.04,
+        (_, false) => 0.01,
+    };
     1.0 / (1.0 + loss * over)
 }
 
-/// The model's samples per second for `layout`, without noise.
+/// What a GIL that convoys leaves of a process's rate: each thread past
+/// the first that shares it costs 4 % of the share of its time in Python.
+fn convoy(job: &Job, machine: &Machine, layout: &Layout) -> f64 {
+    if machine.shape != Shape::Convoy || layout.num_workers == 0 {
+        return 1.0;
+    }
+    let threads = if layout.thread {
+        layout.num_workers * layout.worker_threads.max(1)
+    } else {
+        layout.worker_threads.max(1)
+    };
+    1.0 / (1.0 + 0.04 * job.gil * f64::from(threads.saturating_sub(1)))
+}
+
+/// The machine's samples per second for `layout`, without noise: the
+/// model's soft minimum of the bounds (its knee sharper or softer by the
+/// machine's shape), less what processes past the cores lose and what a
+/// convoying GIL costs.
 pub fn rate(job: &Job, machine: &Machine, layout: &Layout) -> f64 {
     let costs = Costs {
         cpu: job.cpu,
@@ -142,7 +217,14 @@ pub fn rate(job: &Job, machine: &Machine, layout: &Layout) -> f64 {
         batch: f64::from(job.batch),
         cores: f64::from(machine.cores),
     };
-    soft_min(&bounds(&costs, layout), SHARPNESS) * contention(job, machine, layout)
+    let sharpness = match machine.shape {
+        Shape::Sharp => 4.0 * SHARPNESS,
+        Shape::Soft => SHARPNESS / 2.5,
+        _ => SHARPNESS,
+    };
+    soft_min(&bounds(&costs, layout), sharpness)
+        * contention(job, machine, layout)
+        * convoy(job, machine, layout)
 }
 
 /// The layout's RAM at its worst: each process's copy, each worker's arena.
@@ -213,7 +295,7 @@ pub fn simulate<E>(
     };
     let samples_per = f64::from(job.batch);
     while now < t.seconds && now - last_change < t.stop_after {
-        let truth = rate(job, machine, &layout);
+        let truth = rate(job, &machine.at(now), &layout);
         // two rounds of the workers' batches, which come in bursts; the
         // main process's come one by one
         let rounds = if layout.workers() > 0 {
@@ -233,7 +315,14 @@ pub fn simulate<E>(
         let n = samples as f64;
         // the rate carries the job's noise; a worker's or the loop's time
         // per sample 5 %
-        let mut wall = n / truth * py_max(0.5, rng.gauss(1.0, job.noise));
+        let mut wall = n / truth
+            * if machine.shape == Shape::Heavy {
+                // (log-normal, and one interval in twenty 3x slow)
+                let slow = if rng.random() < 0.05 { 3.0 } else { 1.0 };
+                slow * rng.gauss(0.0, job.noise).exp()
+            } else {
+                py_max(0.5, rng.gauss(1.0, job.noise))
+            };
         let mut steady = || py_max(0.5, rng.gauss(1.0, 0.05));
         // the loop: its step outside next(), in next() what it waits and
         // its CPU there (loading, or taking the batches from the workers)
@@ -255,7 +344,7 @@ pub fn simulate<E>(
             cpu = n * job.cpu * busy;
             // a worker's time in the fetch: its CPU (longer where the
             // cores are taken) and its waiting, at most the whole interval
-            let taken = py_max(1.0, cpu / wall / f64::from(machine.cores));
+            let taken = py_max(1.0, cpu / wall / f64::from(machine.at(now).cores));
             let worked = job.cpu * taken * busy;
             fetch = py_min(
                 f64::from(layout.workers()) * wall,
@@ -409,6 +498,7 @@ pub fn draw(n: usize, seed: u32) -> Vec<(&'static str, Job, Machine)> {
             cores,
             ram,
             max_workers: 0,
+            shape: Shape::Model,
         };
         if rng.random() < 0.5 {
             // a step that hides the loading: the loop wants 20-80 % of the
@@ -430,6 +520,8 @@ pub fn draw(n: usize, seed: u32) -> Vec<(&'static str, Job, Machine)> {
 /// intervals of that layout's length). Near the knee of many workers the
 /// gap is a fraction of a percent, and this runs to hours.
 pub fn outcome(job: &Job, machine: &Machine, last: &Layout) -> (Layout, f64, f64, u32, f64) {
+    // (judged on the machine as it ended: after a neighbour arrived)
+    let machine = &machine.at(f64::INFINITY);
     let opts: Vec<Layout> = candidates(machine.worker_cap(), true, true, true)
         .into_iter()
         .filter(|lay| memory(job, lay, ARENA) <= machine.ram)
@@ -506,8 +598,96 @@ mod tests {
             cores: 8,
             ram: 1e12,
             max_workers: 0,
+            shape: Shape::Model,
         };
         let got = rate(&job, &m, &Layout::processes_of(0));
         assert!((got - 10.0 / (10.0 * 0.003 + 0.05)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn each_shape_bends_the_truth_its_own_way() {
+        // every drawn pair, every layout: a sharper knee never loads slower
+        // than the model's and a softer one never faster (a soft minimum
+        // rises with its sharpness); a convoying GIL costs only layouts
+        // with threads that share a process; hard contention costs only
+        // past the cores; a shift halves the cores from SHIFT_AT on
+        let with = |m: &Machine, shape| Machine { shape, ..*m };
+        for (_, job, m) in draw(40, 3) {
+            for lay in candidates(m.worker_cap(), true, true, true) {
+                let model = rate(&job, &m, &lay);
+                let of = |shape| rate(&job, &with(&m, shape), &lay);
+                assert!(of(Shape::Sharp) >= model * (1.0 - 1e-12));
+                assert!(of(Shape::Soft) <= model * (1.0 + 1e-12));
+                let shared = (lay.thread && lay.num_workers > 1) || lay.worker_threads > 1;
+                if shared && job.gil > 0.0 {
+                    assert!(of(Shape::Convoy) < model);
+                } else {
+                    assert_eq!(of(Shape::Convoy), model);
+                }
+                assert!(of(Shape::Contend) <= model);
+                assert_eq!(of(Shape::Heavy), model);
+            }
+            let shift = with(&m, Shape::Shift);
+            assert_eq!(shift.at(SHIFT_AT - 1.0).cores, m.cores);
+            assert_eq!(shift.at(SHIFT_AT).cores, (m.cores / 2).max(1));
+            assert_eq!(shift.at(SHIFT_AT).worker_cap(), m.worker_cap());
+        }
+    }
+
+    #[test]
+    fn heavy_noise_has_slow_intervals_and_a_shift_slows_a_run_down() {
+        // a fixed layout kept for 200 s: the heavy machine's intervals
+        // include some 3x the median; the shifted machine delivers less
+        // after 20 s than the same machine unshifted
+        // (a CPU-bound job on 8 cores, 8 worker processes)
+        let job = Job {
+            cpu: 0.004,
+            wait: 0.0,
+            bytes: 1e3,
+            gil: 1.0,
+            mem: 64.0 * MIB,
+            start: 0.5,
+            per_byte: 1e-10,
+            step: 0.0,
+            batch: 32,
+            noise: 0.1,
+        };
+        let m = Machine {
+            cores: 8,
+            ram: 1e12,
+            max_workers: 0,
+            shape: Shape::Model,
+        };
+        let lay = Layout::processes_of(8);
+        let t = Timing {
+            seconds: 200.0,
+            arena: ARENA,
+            interval: 0.4,
+            stop_after: 1e9,
+        };
+        let walls = |shape| {
+            let mut out = Vec::new();
+            let machine = Machine { shape, ..m };
+            let run = simulate(
+                |ms: Measurement| {
+                    out.push(ms.wall / ms.samples as f64);
+                    Ok::<_, ()>(None)
+                },
+                lay,
+                &job,
+                &machine,
+                9,
+                t,
+            )
+            .unwrap();
+            (out, run.samples / run.seconds)
+        };
+        let (mut heavy, _) = walls(Shape::Heavy);
+        heavy.sort_by(f64::total_cmp);
+        let median = heavy[heavy.len() / 2];
+        assert!(heavy.iter().filter(|&&w| w > 2.0 * median).count() >= heavy.len() / 50);
+        let (_, model) = walls(Shape::Model);
+        let (_, shifted) = walls(Shape::Shift);
+        assert!(shifted < 0.9 * model, "{shifted} {model}");
     }
 }

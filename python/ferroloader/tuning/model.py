@@ -79,13 +79,24 @@ class Job:
         return self.per_byte * self.bytes if layout.processes else 0.0
 
 
+# How a machine's truth differs from the soft minimum the policy plans
+# with (``Machine.shape``): its own model; a sharper or softer knee; a GIL
+# that convoys (each thread past the first costs its process 4 % of its
+# Python share); processes past the cores contending hard; log-normal noise
+# with one interval in twenty 3x slow; half the cores taken by a neighbour
+# after 20 s (the policy is judged on the machine as it ended).
+SHAPES = ("model", "sharp", "soft", "convoy", "contend", "heavy", "shift")
+
+
 @dataclass(frozen=True)
 class Machine:
-    """Cores, the RAM the loader may use, and the workers it may start."""
+    """Cores, the RAM the loader may use, the workers it may start, and how
+    its truth is shaped (one of ``SHAPES``)."""
 
     cores: int
     ram: float = float(1 << 40)
     max_workers: int = 0
+    shape: str = "model"
 
     @property
     def worker_cap(self) -> int:
@@ -274,18 +285,40 @@ def summary(outs: list[Outcome]) -> dict[str, float]:
 SHARES = ("at least 0.95 of the best", "settled within 60 s")
 
 
+def family(pairs: list[tuple[str, Job, Machine]], shapes: tuple[str, ...] = SHAPES,
+           runner: Callable[[Job, Machine, int], Run] = run_policy) -> dict[str, list[Outcome]]:
+    """``runner`` on the same pairs, on a machine of each shape: each judged
+    against that machine's own best layout."""
+    from dataclasses import replace
+
+    return {shape: evaluate([(kind, job, replace(m, shape=shape)) for kind, job, m in pairs],
+                            runner) for shape in shapes}
+
+
 def main(argv: Optional[list[str]] = None) -> None:
-    """``python -m ferroloader.tuning.model [PAIRS] [SEED]``: the model-based
-    policy and the climbing one side by side on drawn pairs."""
+    """``python -m ferroloader.tuning.model [--family] [PAIRS] [SEED]``: the
+    model-based policy and the climbing one side by side on drawn pairs, or
+    (``--family``) the model-based policy on machines of every shape."""
     import sys
     import time
 
     args = sys.argv[1:] if argv is None else argv
+    by_shape = "--family" in args
+    args = [a for a in args if a != "--family"]
     n = int(args[0]) if args else 240
     seed = int(args[1]) if len(args) > 1 else 1
     pairs = draw(n, seed)
     rows = {}
-    for name, runner in (("model-based Policy", run_policy), ("climbing Tuner", run_climbing)):
+    if by_shape:
+        # (with --family: the model-based policy on a machine of each shape)
+        t = time.perf_counter()
+        for shape, outs in family(pairs).items():
+            rows[shape] = summary(outs)
+        rows[SHAPES[0]]["simulation seconds"] = time.perf_counter() - t
+        for shape in SHAPES[1:]:
+            rows[shape]["simulation seconds"] = 0.0
+    for name, runner in (() if by_shape else (("model-based Policy", run_policy),
+                                              ("climbing Tuner", run_climbing))):
         t = time.perf_counter()
         rows[name] = summary(evaluate(pairs, runner))
         rows[name]["simulation seconds"] = time.perf_counter() - t
@@ -305,5 +338,5 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["Job", "Machine", "Outcome", "Run", "best", "draw", "evaluate", "layouts", "memory",
-           "rate", "run_climbing", "run_policy", "simulate", "summary"]
+__all__ = ["SHAPES", "Job", "Machine", "Outcome", "Run", "best", "draw", "evaluate", "family",
+           "layouts", "memory", "rate", "run_climbing", "run_policy", "simulate", "summary"]
