@@ -41,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
 
     dist.init_process_group("gloo")  # the queue lives in this group's store
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     data = os.path.join(args.out, "data")
     if rank == 0 and not os.path.isdir(data):
         os.makedirs(data)
