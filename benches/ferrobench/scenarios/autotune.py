@@ -279,6 +279,18 @@ def _long(fl: Any, job: Job, n: int, workers: Any) -> Tuple[float, float, Any, i
 _POLICY = "FERROLOADER_AUTOTUNE_POLICY"
 
 
+def _predictions(loader: Any, grid: Dict[Any, float]) -> Dict[Any, float]:
+    """The model-based policy's prediction of each grid layout, as it
+    stands after ``loader``'s epoch (corrected by what it measured); none
+    where another policy ran."""
+    from ferroloader.tuning.bounds import Layout
+
+    policy = getattr(getattr(loader, "_tuner", None), "policy", None)
+    if policy is None:
+        return {}
+    return {lay: float(policy.predict(Layout(*lay))) for lay in grid}
+
+
 def bounds_of(fl: Any, job: Job) -> Any:
     return fl.Autotune(ram=job.ram) if job.ram else "auto"
 
@@ -326,6 +338,7 @@ def sc_autotune(st: Settings, fl: Any) -> List[Check]:
             cw = Check(f"{job.name}: auto, a whole epoch from nothing", "samples/s",
                        "auto with the climbing policy", 0.95)
             settled, peak = [], 0
+            knee: List[Dict[Any, float]] = []  # the model's prediction of each grid layout
             # rounds interleaved, which goes first rotating (the machine drifts)
             kinds = ["fixed", "auto", "climb"]
             for r in range(max(1, min(st.repeats, 3))):
@@ -347,6 +360,7 @@ def sc_autotune(st: Settings, fl: Any) -> List[Check]:
                         stats = loader.stats().autotune
                         settled.append(f"{stats.layout} after {len(stats.changes)} changes")
                         peak = max(peak, p)
+                        knee.append(_predictions(loader, grid))
                     del loader
                 c.add(got["fixed"][1], got["auto"][1])
                 w.add(got["fixed"][0], got["auto"][0])
@@ -374,5 +388,10 @@ def sc_autotune(st: Settings, fl: Any) -> List[Check]:
                 checks.append(u)
             print(f"  {job.name}: {note}")
             print("    grid: " + ", ".join(f"{k}: {v:.0f}" for k, v in grid.items()))
+            # the knee against this machine: each grid layout measured, and
+            # the model's prediction of it after auto's epoch (its last round)
+            if knee and knee[-1]:
+                print("    model / measured: " + ", ".join(
+                    f"{k}: {knee[-1][k] / grid[k]:.2f}" for k in grid if k in knee[-1]))
             print("    " + str(stats).replace("\n", "\n    "))
     return checks
