@@ -109,6 +109,13 @@ def job_accounts(merged: dict[str, Any]) -> list[dict[str, Any]]:
     return _with_list(accounts, merged["list"]) if "list" in merged else accounts
 
 
+def merged_part(works: Any, accounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A state's part that holds the whole job's position: the epoch's list
+    once, and every rank's account without it."""
+    return {"mode": "dynamic", "across": "world", "merged": True, "list": works,
+            "accounts": [_without_list(a) for a in accounts]}
+
+
 def _without_list(account: dict[str, Any]) -> dict[str, Any]:
     """An account as the store carries it: without the epoch's list, which
     every rank holds alike (its digest, ``list_id``, says so). With ranges
@@ -124,4 +131,4 @@ def _with_list(accounts: list[dict[str, Any]], mine: Any) -> list[dict[str, Any]
 
 
 __all__ = ["OPEN", "Work", "check_ranks", "cut_list", "even_count", "job_accounts", "list_unit",
-           "remaining", "untouched", "work_size"]
+           "merged_part", "remaining", "untouched", "work_size"]

@@ -33,7 +33,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ferroloader.epoch.accounts import check_ranks, job_accounts
+from ferroloader.epoch.accounts import check_ranks, job_accounts, merged_part
 from ferroloader.epoch.check import _KEY, FORMAT, _fingerprint, validate
 from ferroloader.epoch.mixture import MixtureBatchSampler
 from ferroloader.epoch.plan import (
@@ -95,9 +95,10 @@ def snapshot(loader: Any) -> dict[str, Any]:
     if rec is None:
         return state
     pos = rec.position()
+    # (a shared queue's epoch: the whole job's position, met with the ranks)
+    world = rec.shards.world_epoch if rec.shards is not None else None
     if pos["ended"]:
         _between_epochs(loader, rec, pos, state)
-        world = rec.shards.world_epoch if rec.shards is not None else None
         if world is not None and "shards" in pos:
             job = world.meet(dict(pos["shards"], ended=True))
             if all(a.get("ended") for a in job.get("accounts", [job])):
@@ -114,7 +115,6 @@ def snapshot(loader: Any) -> dict[str, Any]:
     if "shards" in pos:
         # the lanes' positions (or the elastic sequence's) say it all; the
         # shared queue's, every rank's
-        world = rec.shards.world_epoch if rec.shards is not None else None
         state["epoch"] = {
             "shards": world.meet(pos["shards"]) if world is not None else pos["shards"],
             "generators_at_start": [_encode(s) for s in rec.start],
@@ -295,8 +295,7 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     seen[rank] = key
                     found.append(a)
         check_ranks(found, "merge_states()")
-        return {"mode": "dynamic", "across": "world", "merged": True, "list": found[0]["list"],
-                "accounts": [{k: v for k, v in a.items() if k != "list"} for a in found]}
+        return merged_part(found[0]["list"], found)
 
     if all(s["epoch"] is None for s in states):
         carries = [s.get("world_carry") for s in states]

@@ -112,8 +112,8 @@ def via_rank0(store: Any, key: str, rank: int, world: int, wait: float, mine: An
         result = combine(got) if combine is not None else got
         call(lambda: publish(store, f"{key}/all", result))
     else:
-        result = gather(store, [f"{key}/all"], wait, f"every rank's {what.split(' ', 1)[-1]}, "
-                        "gathered", ([0], world), hint=hint)[0]
+        result = gather(store, [f"{key}/all"], wait, "every rank's, as rank 0 gathered them",
+                        ([0], world), hint=hint)[0]
     if int(call(lambda: store.add(f"{key}/read", 1))) == world:
         forget(store, [f"{key}/{r}" for r in range(world)] + [f"{key}/all", f"{key}/read",
                                                                *forget_too])

@@ -49,6 +49,7 @@ from ferroloader.epoch.accounts import (
     even_count,
     job_accounts,
     list_unit,
+    merged_part,
     remaining,
     untouched,
     work_size,
@@ -56,10 +57,7 @@ from ferroloader.epoch.accounts import (
 from ferroloader.epoch.store import (
     default_store,
     describe,
-    forget,
-    gather,
     log,
-    publish,
     via_rank0,
 )
 from ferroloader.errors import ConfigError, ShardQueueError
@@ -85,10 +83,11 @@ class WorldQueue:
     def __init__(self, store: Any, prefix: str, works: Sequence[Work],
                  sizes: Sequence[Optional[int]], quota: Optional[int], lanes: int,
                  stats: QueueStats, on_claim: Optional[Callable[[int], Any]] = None,
-                 horizon: float = HORIZON, agree: Sequence[tuple[str, str]] = ()) -> None:
+                 horizon: float = HORIZON,
+                 agree: tuple[Sequence[str], str] = ((), "")) -> None:
         self.store = store
         self.key = f"{prefix}/next"
-        self.agree = list(agree)
+        self.agree = agree  # (keys, this rank's epoch and list)
         self.sizes = list(sizes)
         self.claims = _core.WorldClaims(list(works), self.sizes, quota, MOST_AHEAD, horizon,
                                         lanes)
@@ -99,7 +98,8 @@ class WorldQueue:
 
     def _run(self) -> None:
         claims = self.claims
-        if not all(self._agrees(key, mine) for key, mine in self.agree):
+        keys, mine = self.agree
+        if not all(self._agrees(key, mine) for key in keys):
             return
         while True:
             n = claims.wanted()
@@ -203,9 +203,10 @@ class WorldEpoch:
         handed = 0
         self.unit, self.block = list_unit(dataset, ep.descriptors, lens, self.world, sharding,
                                           self.shuffle)
-        # (the generation's first epoch: every rank began from the same state)
-        agree = [(f"{self.prefix}/list", "")] + (
-            [(f"{self.ns}/began", "")] if loader._world_prev is None else [])
+        # the keys where every rank's epoch and list must agree (and, in the
+        # generation's first epoch, that every rank began from one state)
+        agree = [f"{self.prefix}/list"] + ([f"{self.ns}/began"] if loader._world_prev is None
+                                           else [])
         self._meetings = 0  # state_dict()'s meetings of the ranks, this epoch
         self._met: Optional[tuple[str, dict[str, Any]]] = None
         accounts: Optional[list[dict[str, Any]]] = None
@@ -225,7 +226,6 @@ class WorldEpoch:
         self.first = handed
         self.list = works
         self.list_id = _core.world_list_id(works)
-        agree = [(key, f"e{epoch}:{self.list_id}") for key, _ in agree]
         sizes = [work_size(w, lens) for w in works]
         self.held = 0
         if even:
@@ -248,7 +248,7 @@ class WorldEpoch:
         self.queue = WorldQueue(self.store, self.prefix, works, sizes, quota, lanes,
                                 stats=self.stats, on_claim=on_claim,
                                 horizon=REMOTE_HORIZON if on_claim is not None else HORIZON,
-                                agree=agree)
+                                agree=(agree, f"e{epoch}:{self.list_id}"))
         ep.plan = _core_plan(ep, self.block, lanes, self.queue.claims, self.budget, handed)
         ep.short_of_room = dataset._short_of_room()
 
@@ -279,12 +279,8 @@ class WorldEpoch:
     def _exchange(self, what: str, account: dict[str, Any]) -> list[dict[str, Any]]:
         """Every rank's ``account`` (``what``: of a resumed epoch, of the
         last one), through the store under this generation."""
-        key = f"{self.ns}/{what}"
-        self._call(lambda: publish(self.store, f"{key}/{self.rank}", _without_list(account)))
-        accounts = gather(self.store, [f"{key}/{r}" for r in range(self.world)], self.wait,
-                          "the states it resumes from")
-        if int(self._call(lambda: self.store.add(f"{key}/read", 1))) == self.world:
-            forget(self.store, [f"{key}/{r}" for r in range(self.world)] + [f"{key}/read"])
+        accounts = via_rank0(self.store, f"{self.ns}/{what}", self.rank, self.world, self.wait,
+                             _without_list(account), "the state it resumes from", self._call)
         return _with_list(accounts, account["list"])
 
     def _carried(self, loader: Any, even: bool) -> list[Work]:
@@ -356,8 +352,7 @@ class WorldEpoch:
                 self.wait, mine, "its state", self._call,
                 hint="every rank calls state_dict() at the same step (as torch.distributed."
                      "checkpoint's save does): each rank's state then holds the whole job's")
-            self._met = (here, {"mode": "dynamic", "across": "world", "merged": True,
-                                "list": account["list"], "accounts": accounts})
+            self._met = (here, merged_part(account["list"], accounts))
         return copy.deepcopy(self._met[1])
 
     def account(self, it: Any) -> dict[str, Any]:
