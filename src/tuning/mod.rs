@@ -242,6 +242,11 @@ pub fn candidates(cap: u32, processes: bool, threads: bool, inner: bool) -> Vec<
 /// standard error (an unknown spread, with one ratio, is
 /// [`NOISE_PRIOR`]), within 0.5 and 1.5.
 pub fn past_noise(ratios: &[(f64, f64)]) -> f64 {
+    past_noise_within(ratios, 0.5, 1.5)
+}
+
+/// [`past_noise`] within `lo` and `hi`.
+pub fn past_noise_within(ratios: &[(f64, f64)], lo: f64, hi: f64) -> f64 {
     if ratios.is_empty() {
         return 1.0;
     }
@@ -259,7 +264,7 @@ pub fn past_noise(ratios: &[(f64, f64)]) -> f64 {
     // (a few intervals that happen to agree do not make the noise small)
     let spread = py_max(spread, NOISE_FLOOR);
     let off = py_max(0.0, (mean - 1.0).abs() - 2.0 * spread / n.sqrt());
-    py_min(1.5, py_max(0.5, 1.0 + off.copysign(mean - 1.0)))
+    py_min(hi, py_max(lo, 1.0 + off.copysign(mean - 1.0)))
 }
 
 /// A mean weighted by samples (`None` until a value comes).

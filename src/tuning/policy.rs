@@ -16,8 +16,8 @@
 //! it over; the workers' memory over what was counted for them plans again.
 
 use super::{
-    bounds, candidates, past_noise, py_max, py_min, soft_min, Avg, Costs, Kind, Layout, PerKind,
-    SHARPNESS,
+    bounds, candidates, past_noise, past_noise_within, py_max, py_min, soft_min, Avg, Costs, Kind,
+    Layout, PerKind, SHARPNESS,
 };
 
 const MEASURE: u32 = 2; // intervals on a layout before a decision
@@ -27,11 +27,16 @@ const GAIN: f64 = 1.05; // a move to more workers must promise this much
 const FEWER: f64 = 0.95; // where the loop is fed, a move to fewer workers must leave out 5 %
 const SETTLED_GAIN: f64 = 1.1; // and once settled, any move
 const MAX_CHANGES: u32 = 8;
+const SETTLE_AFTER: u32 = 6; // intervals on a layout kept before it is settled on
 const DECIDE_AFTER: f64 = 10.0; // seconds on a layout: a decision, however few intervals
 const EXPLORE: f64 = 45.0; // seconds of tuning, after which a settled layout is kept
 const LATE_GAIN: f64 = 1.25; // unless a move promises this much
 /// The GIL's share of the CPU before threads ran.
 pub const GIL_PRIOR: f64 = 0.25;
+/// An interval under this share of its layout's median rate is a stall.
+const SLOW: f64 = 0.5;
+/// The knees `fit_knee` may fit, softest first.
+const KNEES: [f64; 9] = [1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 8.0, 12.0, 24.0];
 /// The most workers the first worker layout starts (see `decide`).
 const PROBE: u32 = 4;
 
@@ -98,6 +103,21 @@ fn measured(ms: &[Measurement]) -> f64 {
     samples as f64 / ms.iter().fold(0.0, |acc, m| acc + m.wall)
 }
 
+/// Leaves out of a layout's intervals those slower than `SLOW` of their
+/// median (a stall: a collection, a page-in, a neighbour's burst), which
+/// say nothing of the layout and, kept, would move its rate and noise by
+/// more than all the others.
+fn prune(ms: &mut Vec<Measurement>) {
+    if ms.len() < 2 {
+        return;
+    }
+    let mut rates: Vec<f64> = ms.iter().map(Measurement::rate).collect();
+    rates.sort_by(f64::total_cmp);
+    // (of two, the faster: a stall is slow)
+    let median = rates[rates.len() / 2];
+    ms.retain(|m| m.rate() >= SLOW * median);
+}
+
 /// A decision: the layout to go to, and why.
 pub type Decision = Option<(Layout, String)>;
 
@@ -128,6 +148,11 @@ pub struct Policy {
     settled_gil: f64,
     low: u32,
     elapsed: f64, // seconds measured and changing since
+    /// The knee's sharpness, fitted to what was measured (see `fit_knee`).
+    pub sharp: f64,
+    /// The cores the loading got when its rate fell (see `watch`): fewer
+    /// than the machine's where a neighbour took some.
+    cores_seen: Option<f64>,
 }
 
 impl Policy {
@@ -155,6 +180,8 @@ impl Policy {
             settled_gil: GIL_PRIOR,
             low: 0,
             elapsed: 0.0,
+            sharp: SHARPNESS,
+            cores_seen: None,
         };
         p.forget();
         p
@@ -175,6 +202,7 @@ impl Policy {
         self.settled_gil = GIL_PRIOR;
         self.low = 0;
         self.elapsed = 0.0;
+        self.sharp = SHARPNESS;
     }
 
     fn seen_of(&self, lay: &Layout) -> Option<&Vec<Measurement>> {
@@ -196,7 +224,10 @@ impl Policy {
             return None;
         }
         match self.seen.iter_mut().find(|(k, _)| *k == m.layout) {
-            Some((_, ms)) => ms.push(m),
+            Some((_, ms)) => {
+                ms.push(m);
+                prune(ms);
+            }
             None => self.seen.push((m.layout, vec![m])),
         }
         self.corrections = [None; 3];
@@ -294,14 +325,15 @@ impl Policy {
             } else {
                 1
             });
-            let free = soft_min(&self.bounds_of(lay, Some(0.0)), SHARPNESS);
+            let free = soft_min(&self.bounds_of(lay, Some(0.0)), self.sharp);
             let waited =
                 ms.iter().fold(0.0, |a, m| a + m.wait) / ms.iter().fold(0.0, |a, m| a + m.wall);
             // (only a shortfall past the noise of its intervals: near
             // another bound the inversion would turn noise into a share)
             let ratios: Vec<(f64, f64)> = ms.iter().map(|m| (m.rate() / free, m.wall)).collect();
             if waited > 0.1 && past_noise(&ratios) < 1.0 {
-                let held = (rate.powf(-SHARPNESS) - free.powf(-SHARPNESS)).powf(-1.0 / SHARPNESS);
+                let held =
+                    (rate.powf(-self.sharp) - free.powf(-self.sharp)).powf(-1.0 / self.sharp);
                 let share = procs / (held * cpu);
                 // (a share well over 1, all of the CPU holding the GIL and
                 // more, cannot explain it: not the GIL's shortfall)
@@ -348,10 +380,11 @@ impl Policy {
     }
 
     fn cores(&self) -> f64 {
-        match self.ctx.cpu {
+        let known = match self.ctx.cpu {
             Some(c) if c != 0.0 => c,
             _ => self.ctx.cores,
-        }
+        };
+        self.cores_seen.map_or(known, |c| py_min(c, known))
     }
 
     fn bounds_of(&self, lay: &Layout, gil: Option<f64>) -> Vec<f64> {
@@ -392,7 +425,7 @@ impl Policy {
     /// kind measured against their predictions, unless its kind is one of
     /// `uncorrected`.
     pub fn predict(&mut self, lay: &Layout, uncorrected: &[Kind]) -> f64 {
-        let model = soft_min(&self.bounds_of(lay, None), SHARPNESS);
+        let model = soft_min(&self.bounds_of(lay, None), self.sharp);
         if lay.num_workers == 0 {
             return match self.seen_of(lay) {
                 Some(ms) => measured(ms),
@@ -401,9 +434,19 @@ impl Policy {
         }
         let kind = lay.kind();
         if uncorrected.contains(&kind) {
-            model
-        } else {
-            model * self.correction(kind)
+            return model;
+        }
+        let predicted = model * self.correction(kind);
+        // (a layout measured: what it measured, where that misses the
+        // prediction of its kind past the noise; the model proposes, what
+        // was measured decides)
+        match self.seen_of(lay) {
+            Some(ms) if ms.len() >= MEASURE as usize && predicted > 0.0 => {
+                let ratios: Vec<(f64, f64)> =
+                    ms.iter().map(|m| (m.rate() / predicted, m.wall)).collect();
+                predicted * past_noise_within(&ratios, 0.05, 20.0)
+            }
+            _ => predicted,
         }
     }
 
@@ -418,7 +461,7 @@ impl Policy {
         let mut ratios = Vec::new();
         for (k, ms) in &self.seen {
             if k.num_workers > 0 && k.kind() == kind {
-                let expected = soft_min(&self.bounds_of(k, None), SHARPNESS);
+                let expected = soft_min(&self.bounds_of(k, None), self.sharp);
                 if expected > 0.0 && expected.is_finite() {
                     ratios.extend(ms.iter().map(|m| (m.rate() / expected, m.wall)));
                 }
@@ -530,10 +573,50 @@ impl Policy {
         (pick, why, fed)
     }
 
+    /// The knee's sharpness that best explains the rates measured of worker
+    /// layouts, where at the model's they miss their predictions past the
+    /// noise: a machine's queues (its caches, SMT, other tenants) bend the
+    /// rate near the tightest bound more or less than the model's soft
+    /// minimum, and a softer knee wants more workers for the same share.
+    fn fit_knee(&mut self) {
+        let of = |p: &Self, s: f64| -> Vec<(f64, f64)> {
+            let mut ratios = Vec::new();
+            for (lay, ms) in &p.seen {
+                if lay.num_workers == 0 {
+                    continue;
+                }
+                let expected = soft_min(&p.bounds_of(lay, None), s);
+                if expected > 0.0 && expected.is_finite() {
+                    ratios.extend(ms.iter().map(|m| (m.rate() / expected, m.wall)));
+                }
+            }
+            ratios
+        };
+        let at_model = of(self, SHARPNESS);
+        if at_model.is_empty() || past_noise(&at_model) == 1.0 {
+            self.sharp = SHARPNESS;
+            return;
+        }
+        let error = |ratios: &[(f64, f64)]| {
+            ratios
+                .iter()
+                .fold(0.0, |acc, (r, w)| acc + w * r.ln().powi(2))
+        };
+        let mut best = (error(&at_model), SHARPNESS);
+        for s in KNEES {
+            let e = error(&of(self, s));
+            if e < best.0 {
+                best = (e, s);
+            }
+        }
+        self.sharp = best.1;
+    }
+
     /// The plan, where it is worth a change: more workers must promise
     /// `GAIN`; fewer are taken unless the layout in force is within `FEW`
     /// of the best already.
     fn decide(&mut self) -> Decision {
+        self.fit_knee();
         if self.changes >= MAX_CHANGES {
             return self.settle_on_the_best_measured();
         }
@@ -545,32 +628,40 @@ impl Policy {
         let top = predicted.into_iter().reduce(py_max).unwrap_or(here);
         let in_opts = opts.contains(&layout);
         let gain_of_pick = self.predict(&pick, &[]);
-        let keep = if self.settled {
-            // (settled: only a clear gain moves it; noise moves the
-            // estimates, and a start costs; or, where the step hides the
-            // loading, fewer workers that still feed it; after EXPLORE
-            // seconds of tuning, only a large gain, unless the GIL's share
-            // turned out far from what it settled on)
-            let late = self.elapsed >= EXPLORE && !self.relearned();
-            let gain = if late { LATE_GAIN } else { SETTLED_GAIN };
-            in_opts
-                && gain_of_pick < gain * here
-                && !(self.fed && !late && pick.workers() < layout.workers())
-        } else {
-            let (pw, lw) = (pick.workers(), layout.workers());
-            in_opts
-                && (pick == layout
-                    || (pw > lw && gain_of_pick < GAIN * here)
-                    || (pw <= lw && here >= FEW * top)
-                    || (self.fed
-                        && FEWER * f64::from(lw) < f64::from(pw)
-                        && pw < lw
-                        && gain_of_pick < GAIN * here))
-        };
+        // (back to a layout measured before only where it measured `GAIN`
+        // better than the one in force: else two alike trade places on
+        // each other's noise)
+        let back = pick != layout
+            && self.since >= MEASURE
+            && self.seen_of(&pick).is_some()
+            && self.measured_of(&pick) < GAIN * self.measured_of(&layout);
+        let keep = back
+            || if self.settled {
+                // (settled: only a clear gain moves it; noise moves the
+                // estimates, and a start costs; or, where the step hides the
+                // loading, fewer workers that still feed it; after EXPLORE
+                // seconds of tuning, only a large gain, unless the GIL's share
+                // turned out far from what it settled on)
+                let late = self.elapsed >= EXPLORE && !self.relearned();
+                let gain = if late { LATE_GAIN } else { SETTLED_GAIN };
+                in_opts
+                    && gain_of_pick < gain * here
+                    && !(self.fed && !late && pick.workers() < layout.workers())
+            } else {
+                let (pw, lw) = (pick.workers(), layout.workers());
+                in_opts
+                    && (pick == layout
+                        || (pw > lw && gain_of_pick < GAIN * here)
+                        || (pw <= lw && here >= FEW * top)
+                        || (self.fed
+                            && FEWER * f64::from(lw) < f64::from(pw)
+                            && pw < lw
+                            && gain_of_pick < GAIN * here))
+            };
         if keep {
             // (settled on MEASURE intervals at least: one long interval
             // moves, but is not enough to stay)
-            if !self.settled && self.since >= MEASURE {
+            if !self.settled && self.since >= SETTLE_AFTER {
                 // (one trial at most: each costs a change, and a start;
                 // past EXPLORE seconds, only of threads inside processes)
                 let trial = if self.tried {
@@ -683,7 +774,7 @@ impl Policy {
         {
             return None;
         }
-        let free = soft_min(&self.bounds_of(&trial, Some(0.0)), SHARPNESS);
+        let free = soft_min(&self.bounds_of(&trial, Some(0.0)), self.sharp);
         if free < GAIN * self.measured_of(&lay) {
             return None; // (not even without the GIL)
         }
@@ -718,7 +809,7 @@ impl Policy {
             {
                 continue;
             }
-            let free = soft_min(&self.bounds_of(lay, Some(0.0)), SHARPNESS);
+            let free = soft_min(&self.bounds_of(lay, Some(0.0)), self.sharp);
             let rate = measured(ms);
             if free >= GAIN * here
                 && rate >= py_max(here, 0.8 * free)
@@ -793,6 +884,18 @@ impl Policy {
             0
         };
         if self.low >= 3 && self.ctx.mid_epoch {
+            // (the CPU the workers and the loop used: where the layout
+            // asked for more than that and got it no longer, the cores it
+            // can have now)
+            let used = (m.cpu + m.loop_cpu) / m.wall;
+            let busy = self.cpu_w.get(m.layout.kind()).and_then(Avg::value);
+            let asks = busy.map_or(0.0, |c| {
+                let wait = self.wait.value().unwrap_or(0.0).max(0.0);
+                f64::from(m.layout.workers()) * c / (c + wait)
+            });
+            if m.layout.num_workers > 0 && used < 0.8 * self.cores() && asks >= self.cores() {
+                self.cores_seen = Some(py_max(1.0, (used * 1.05).ceil()));
+            }
             self.settled = false;
             self.low = 0;
             self.changes = 0;
