@@ -149,10 +149,8 @@ def test_a_gil_share_learnt_after_settling_is_acted_on_at_once():
     to processes of threads on the next interval, not after the settled
     cadence and the late gain, and within the minute. (A pair drawn by
     ``tm.draw(240, 3)``, where it stayed on 378 threads at 0.85 of the best.)"""
-    job = tm.Job(cpu=1.7903e-4, wait=0.042224, bytes=120.7, gil=0.87928, mem=123.84e6,
-                 start=2.2844, step=0.0092936, batch=64, noise=0.14952)
-    machine = tm.Machine(cores=128, ram=float(1 << 40))
-    out = tm.outcome("wait", job, machine, tm.run_policy(job, machine, seed=77))
+    kind, job, machine = tm.draw(240, 3)[33]
+    out = tm.outcome(kind, job, machine, tm.run_policy(job, machine, seed=33))
     threads = [lay for _, lay in out.run.layouts if lay.worker_method == "thread"]
     assert any(lay.workers > 100 for lay in threads), "the pair no longer shows the case"
     assert out.run.final.processes and out.ratio >= 0.9

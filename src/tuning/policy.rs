@@ -22,12 +22,15 @@ use super::{
 
 const MEASURE: u32 = 2; // intervals on a layout before a decision
 const FEW: f64 = 0.975; // the fewest workers within this share of the best
-const FED: f64 = 0.965; // where the step hides the loading: of the loop's rate
+const FED: f64 = 0.985; // where the step hides the loading: of the loop's rate
 const GAIN: f64 = 1.05; // a move to more workers must promise this much
 const FEWER: f64 = 0.95; // where the loop is fed, a move to fewer workers must leave out 5 %
 const SETTLED_GAIN: f64 = 1.1; // and once settled, any move
 const MAX_CHANGES: u32 = 8;
-const SETTLE_AFTER: u32 = 6; // intervals on a layout kept before it is settled on
+const SETTLE_AFTER: u32 = 6;
+const LONG: f64 = 8.0; // or seconds on a layout (slow batches make long intervals)
+const CLIMB: u32 = 4; // climbs past the model's plan (see start_climb)
+const CLIMB_INTERVALS: u32 = 6; // intervals a climb is measured on // intervals on a layout kept before it is settled on
 const DECIDE_AFTER: f64 = 10.0; // seconds on a layout: a decision, however few intervals
 const EXPLORE: f64 = 45.0; // seconds of tuning, after which a settled layout is kept
 const LATE_GAIN: f64 = 1.25; // unless a move promises this much
@@ -133,6 +136,7 @@ pub struct Policy {
     pub per_process: f64,
     since: u32,     // intervals on the layout in force
     here: f64,      // seconds measured since the last decision
+    in_force: f64,  // seconds measured on the layout in force
     fed: bool,      // the last plan: the step hides the loading
     tried: bool,    // the one trial before settling (see decide)
     gil_read: bool, // the GIL's share read from a shortfall, not assumed
@@ -153,6 +157,13 @@ pub struct Policy {
     /// The cores the loading got when its rate fell (see `watch`): fewer
     /// than the machine's where a neighbour took some.
     cores_seen: Option<f64>,
+    /// Climbing: the layout the one in force was climbed from (see
+    /// `start_climb`), and the climbs made since the costs were learnt.
+    climb_from: Option<Layout>,
+    climbs: u32,
+    tried_up: bool,
+    tried_down: bool,
+    tried_other: bool,
 }
 
 impl Policy {
@@ -166,6 +177,7 @@ impl Policy {
             per_process: ctx.per_process,
             since: 0,
             here: 0.0,
+            in_force: 0.0,
             fed: false,
             tried: false,
             gil_read: false,
@@ -182,6 +194,11 @@ impl Policy {
             elapsed: 0.0,
             sharp: SHARPNESS,
             cores_seen: None,
+            climb_from: None,
+            climbs: 0,
+            tried_up: false,
+            tried_down: false,
+            tried_other: false,
         };
         p.forget();
         p
@@ -203,6 +220,11 @@ impl Policy {
         self.low = 0;
         self.elapsed = 0.0;
         self.sharp = SHARPNESS;
+        self.climb_from = None;
+        self.climbs = 0;
+        self.tried_up = false;
+        self.tried_down = false;
+        self.tried_other = false;
     }
 
     fn seen_of(&self, lay: &Layout) -> Option<&Vec<Measurement>> {
@@ -218,6 +240,7 @@ impl Policy {
         if m.layout != self.layout {
             self.since = 0; // (the change asked for took effect)
             self.here = 0.0;
+            self.in_force = 0.0;
         }
         self.layout = m.layout;
         if m.wall <= 0.0 || m.samples == 0 || m.batches == 0 {
@@ -233,6 +256,7 @@ impl Policy {
         self.corrections = [None; 3];
         self.since += 1;
         self.here += m.wall;
+        self.in_force += m.wall;
         self.elapsed += m.wall + m.start;
         self.learn(&m);
         if let Some(over) = self.memory(&m) {
@@ -616,7 +640,13 @@ impl Policy {
     /// `GAIN`; fewer are taken unless the layout in force is within `FEW`
     /// of the best already.
     fn decide(&mut self) -> Decision {
-        self.fit_knee();
+        // (settled, a fall is the data's or the machine's: `watch`)
+        if !self.settled || self.low == 0 {
+            self.fit_knee();
+        }
+        if let Some(from) = self.climb_from {
+            return self.climbed(from);
+        }
         if self.changes >= MAX_CHANGES {
             return self.settle_on_the_best_measured();
         }
@@ -661,7 +691,7 @@ impl Policy {
         if keep {
             // (settled on MEASURE intervals at least: one long interval
             // moves, but is not enough to stay)
-            if !self.settled && self.since >= SETTLE_AFTER {
+            if !self.settled && (self.since >= SETTLE_AFTER || self.long()) {
                 // (one trial at most: each costs a change, and a start;
                 // past EXPLORE seconds, only of threads inside processes)
                 let trial = if self.tried {
@@ -679,9 +709,19 @@ impl Policy {
                     self.changes += 1;
                     return trial;
                 }
-                self.settled = true;
-                self.settled_gil = self.gil;
-                self.settled_rate = self.measured_of(&layout);
+                // (where the GIL's share was read from threads' shortfall,
+                // fewer first: a GIL that convoys costs more the more
+                // threads share it)
+                let next = if layout.threaded() && self.gil_read {
+                    self.start_down(pick).or_else(|| self.start_climb())
+                } else {
+                    self.start_climb().or_else(|| self.start_down(pick))
+                }
+                .or_else(|| self.start_other());
+                if next.is_some() {
+                    return next;
+                }
+                self.settle();
             }
             return None;
         }
@@ -708,6 +748,179 @@ impl Policy {
         }
         self.changes += 1;
         Some((pick, why))
+    }
+
+    /// `LONG` seconds measured on the layout in force, in two intervals
+    /// at least (one may be a stall).
+    fn long(&self) -> bool {
+        self.in_force >= LONG && self.since >= MEASURE
+    }
+
+    fn settle(&mut self) {
+        self.settled = true;
+        self.settled_gil = self.gil;
+        self.settled_rate = self.measured_of(&self.layout);
+    }
+
+    /// Before settling, where the layout in force measured short of what
+    /// the model predicted before it was bent to it (its knee fitted, the
+    /// GIL's share read from the shortfall, its kind corrected): the
+    /// model's account of the neighbours is then an extrapolation from one
+    /// miss, so the next layout of its kind with more workers is measured,
+    /// not predicted (`climbed` decides).
+    fn start_climb(&mut self) -> Decision {
+        let lay = self.layout;
+        let (got, prior) = self.missed()?;
+        // (once from the plan; on from a climb that measured more)
+        if self.tried_up && self.climb_from.is_none() {
+            return None;
+        }
+        let up = self.up_of(&lay)?;
+        let promised = soft_min(&self.bounds_of(&up, Some(GIL_PRIOR)), SHARPNESS);
+        if promised < GAIN * got {
+            return None; // (not even by the model as it was)
+        }
+        self.tried_up = true;
+        self.climb_from = Some(lay);
+        self.climbs += 1;
+        Some((
+            up,
+            format!("a climb to {up}: {lay} measured {got:.0} samples/s, short of the model's {prior:.0}"),
+        ))
+    }
+
+    /// Whether the layout in force measured short of what the model
+    /// predicted before it was bent to it, past the noise, with a climb
+    /// left to make: what it measured and what was predicted.
+    fn missed(&self) -> Option<(f64, f64)> {
+        let lay = self.layout;
+        if self.climbs >= CLIMB || lay.num_workers == 0 || self.elapsed >= EXPLORE {
+            return None;
+        }
+        let ms = self
+            .seen_of(&lay)
+            .filter(|ms| ms.len() >= MEASURE as usize)?;
+        let prior = soft_min(&self.bounds_of(&lay, Some(GIL_PRIOR)), SHARPNESS);
+        if prior.is_nan() || prior <= 0.0 {
+            return None;
+        }
+        let ratios: Vec<(f64, f64)> = ms.iter().map(|m| (m.rate() / prior, m.wall)).collect();
+        // (measured as the model said, or better: it holds)
+        (past_noise(&ratios) < 1.0).then(|| (measured(ms), prior))
+    }
+
+    /// Before settling on a layout kept because it is predicted near the
+    /// best, where the plan has fewer workers of its kind predicted as
+    /// near and the layout in force missed the model: the plan, measured
+    /// (more workers can cost more than they give: a GIL that convoys,
+    /// processes that contend).
+    fn start_down(&mut self, pick: Layout) -> Decision {
+        let lay = self.layout;
+        if pick.workers() >= lay.workers()
+            || !(lay.threaded() && self.gil_read)
+            || pick.num_workers == 0
+            || pick.kind() != lay.kind()
+            || self.seen_of(&pick).is_some()
+        {
+            return None;
+        }
+        if self.tried_down {
+            return None;
+        }
+        let (got, prior) = self.missed()?;
+        self.tried_down = true;
+        self.climb_from = Some(lay);
+        self.climbs += 1;
+        Some((
+            pick,
+            format!("a trial of {pick}: {lay} measured {got:.0} samples/s, short of the model's {prior:.0}"),
+        ))
+    }
+
+    /// Before settling, where the layout in force missed the model: as
+    /// many workers of the other kind (processes for threads, or threads
+    /// inside processes; threads for processes), measured, once.
+    fn start_other(&mut self) -> Decision {
+        let lay = self.layout;
+        if self.tried_other {
+            return None;
+        }
+        let (got, prior) = self.missed()?;
+        let of = |l: Layout| Layout {
+            prefetch_factor: lay.prefetch_factor,
+            ..l
+        };
+        let other = match lay.kind() {
+            Kind::Processes => vec![of(Layout::threads_of(lay.workers()))],
+            Kind::Threads | Kind::ProcessThreads => vec![
+                of(Layout::processes_of(lay.workers())),
+                of(Layout::threads_of(lay.workers())),
+            ],
+        };
+        let opts = self.options();
+        let pick = other
+            .into_iter()
+            .find(|l| *l != lay && opts.contains(l) && self.seen_of(l).is_none())?;
+        self.tried_other = true;
+        self.climb_from = Some(lay);
+        self.climbs += 1;
+        Some((
+            pick,
+            format!("a trial of {pick}: {lay} measured {got:.0} samples/s, short of the model's {prior:.0}"),
+        ))
+    }
+
+    /// The next option of `lay`'s kind with about 1.5x its workers (threads
+    /// inside processes: as many processes, more threads), not measured.
+    fn up_of(&self, lay: &Layout) -> Option<Layout> {
+        let want = (lay.workers() * 3).div_ceil(2).max(lay.workers() + 1);
+        self.options()
+            .into_iter()
+            .filter(|l| {
+                l.kind() == lay.kind()
+                    && l.workers() > lay.workers()
+                    && (lay.kind() != Kind::ProcessThreads || l.num_workers == lay.num_workers)
+                    && self.seen_of(l).is_none()
+            })
+            .min_by_key(|l| (l.workers().abs_diff(want), l.workers()))
+    }
+
+    /// A climb from `from` measured on `CLIMB_INTERVALS` (fewer where it
+    /// is far worse): better past the noise, on up; not worse, kept; worse,
+    /// back to `from`, and settled.
+    fn climbed(&mut self, from: Layout) -> Decision {
+        let lay = self.layout;
+        let before = self.measured_of(&from);
+        let now = self.measured_of(&lay);
+        let long = self.long();
+        if self.since < CLIMB_INTERVALS && now >= 0.8 * before && !long {
+            return None;
+        }
+        let ratios: Vec<(f64, f64)> = self
+            .seen_of(&lay)
+            .map(|ms| ms.iter().map(|m| (m.rate() / before, m.wall)).collect())
+            .unwrap_or_default();
+        let told = past_noise(&ratios);
+        if told == 1.0 && self.since < 2 * CLIMB_INTERVALS && !long {
+            return None; // (not told apart yet: more intervals)
+        }
+        let down = lay.workers() < from.workers();
+        if told > 1.0 && !down {
+            if let Some(up) = self.start_climb() {
+                return Some(up);
+            }
+        }
+        self.climb_from = None;
+        // (not told apart: the one that measured more)
+        if told > 1.0 || (told == 1.0 && now >= before) {
+            self.settle();
+            return None;
+        }
+        // (back: the other way is measured next, if not yet)
+        Some((
+            from,
+            format!("back to {from}: {lay} measured {now:.0} samples/s, no more"),
+        ))
     }
 
     /// `MAX_CHANGES` made: the best layout measured, for good (where the
@@ -888,11 +1101,7 @@ impl Policy {
             // asked for more than that and got it no longer, the cores it
             // can have now)
             let used = (m.cpu + m.loop_cpu) / m.wall;
-            let busy = self.cpu_w.get(m.layout.kind()).and_then(Avg::value);
-            let asks = busy.map_or(0.0, |c| {
-                let wait = self.wait.value().unwrap_or(0.0).max(0.0);
-                f64::from(m.layout.workers()) * c / (c + wait)
-            });
+            let asks = f64::from(m.layout.workers());
             if m.layout.num_workers > 0 && used < 0.8 * self.cores() && asks >= self.cores() {
                 self.cores_seen = Some(py_max(1.0, (used * 1.05).ceil()));
             }
