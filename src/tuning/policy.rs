@@ -17,7 +17,7 @@
 
 use super::{
     bounds, candidates, past_noise, past_noise_within, py_max, py_min, soft_min, Avg, Costs, Kind,
-    Layout, PerKind, SHARPNESS,
+    Layout, PerKind, NOISE_FLOOR, NOISE_PRIOR, SHARPNESS,
 };
 
 const MEASURE: u32 = 2; // intervals on a layout before a decision
@@ -119,6 +119,34 @@ fn prune(ms: &mut Vec<Measurement>) {
     // (of two, the faster: a stall is slow)
     let median = rates[rates.len() / 2];
     ms.retain(|m| m.rate() >= SLOW * median);
+}
+
+/// How `a`'s rate compares with `b`'s, past the noise of both: their
+/// ratio moved towards 1 by twice the standard error of their difference
+/// (each interval's spread relative to its layout's rate, at least
+/// `NOISE_FLOOR`; `NOISE_PRIOR` with one interval).
+fn compared(a: &[Measurement], b: &[Measurement]) -> f64 {
+    let (ra, rb) = (measured(a), measured(b));
+    if a.is_empty() || b.is_empty() || ra.is_nan() || rb.is_nan() || rb <= 0.0 {
+        return 1.0;
+    }
+    let var = |ms: &[Measurement], rate: f64| {
+        let n = ms.len() as f64;
+        let spread = if ms.len() > 1 {
+            let w = ms.iter().fold(0.0, |acc, m| acc + m.wall);
+            let v = ms
+                .iter()
+                .fold(0.0, |acc, m| acc + m.wall * (m.rate() / rate - 1.0).powi(2));
+            (v / w * n / (n - 1.0)).sqrt()
+        } else {
+            NOISE_PRIOR
+        };
+        py_max(spread, NOISE_FLOOR).powi(2) / n
+    };
+    let ratio = ra / rb;
+    let se = ratio * (var(a, ra) + var(b, rb)).sqrt();
+    let off = py_max(0.0, (ratio - 1.0).abs() - 2.0 * se);
+    1.0 + off.copysign(ratio - 1.0)
 }
 
 /// A decision: the layout to go to, and why.
@@ -647,6 +675,24 @@ impl Policy {
         if let Some(from) = self.climb_from {
             return self.climbed(from);
         }
+        if self.settled && self.low == 0 {
+            // (settled on a layout another measured more than, past the
+            // noise of what it has measured since: that one)
+            let better = self
+                .better_measured()
+                .filter(|(_, rate)| *rate >= SETTLED_GAIN * self.measured_of(&self.layout));
+            if let Some((to, rate)) = better {
+                self.settled_rate = rate;
+                self.changes += 1;
+                return Some((
+                    to,
+                    format!(
+                        "{to}: it measured {rate:.0} samples/s, more than {} past the noise",
+                        self.layout
+                    ),
+                ));
+            }
+        }
         if self.changes >= MAX_CHANGES {
             return self.settle_on_the_best_measured();
         }
@@ -721,7 +767,7 @@ impl Policy {
                 if next.is_some() {
                     return next;
                 }
-                self.settle();
+                return self.settle_measured();
             }
             return None;
         }
@@ -754,6 +800,38 @@ impl Policy {
     /// at least (one may be a stall).
     fn long(&self) -> bool {
         self.in_force >= LONG && self.since >= MEASURE
+    }
+
+    /// Settles on the layout in force, unless another measured better
+    /// past the noise of its intervals: then on that one.
+    fn settle_measured(&mut self) -> Decision {
+        let lay = self.layout;
+        self.settle();
+        let (to, rate) = self.better_measured()?;
+        self.settled_rate = rate;
+        self.changes += 1;
+        Some((
+            to,
+            format!("{to}: it measured {rate:.0} samples/s, more than {lay} past the noise"),
+        ))
+    }
+
+    /// The fastest layout measured (on `MEASURE` intervals at least) that
+    /// measured more than the one in force past the noise of its own.
+    fn better_measured(&self) -> Option<(Layout, f64)> {
+        let lay = self.layout;
+        let ms = self.seen_of(&lay)?;
+        let mut best: Option<(Layout, f64)> = None;
+        for (l, other) in &self.seen {
+            if *l == lay || other.len() < MEASURE as usize || !self.fits(l) {
+                continue;
+            }
+            let rate = measured(other);
+            if compared(ms, other) < 1.0 && best.is_none_or(|(_, r)| rate > r) {
+                best = Some((*l, rate));
+            }
+        }
+        best
     }
 
     fn settle(&mut self) {
@@ -896,11 +974,10 @@ impl Policy {
         if self.since < CLIMB_INTERVALS && now >= 0.8 * before && !long {
             return None;
         }
-        let ratios: Vec<(f64, f64)> = self
-            .seen_of(&lay)
-            .map(|ms| ms.iter().map(|m| (m.rate() / before, m.wall)).collect())
-            .unwrap_or_default();
-        let told = past_noise(&ratios);
+        let told = match (self.seen_of(&lay), self.seen_of(&from)) {
+            (Some(a), Some(b)) => compared(a, b),
+            _ => 1.0,
+        };
         if told == 1.0 && self.since < 2 * CLIMB_INTERVALS && !long {
             return None; // (not told apart yet: more intervals)
         }
@@ -913,8 +990,9 @@ impl Policy {
         self.climb_from = None;
         // (not told apart: the one that measured more)
         if told > 1.0 || (told == 1.0 && now >= before) {
-            self.settle();
-            return None;
+            let (pick, _) = self.plan();
+            let next = self.start_down(pick).or_else(|| self.start_other());
+            return next.or_else(|| self.settle_measured());
         }
         // (back: the other way is measured next, if not yet)
         Some((
