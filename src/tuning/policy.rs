@@ -121,6 +121,17 @@ fn prune(ms: &mut Vec<Measurement>) {
     ms.retain(|m| m.rate() >= SLOW * median);
 }
 
+/// The threads of `lay` that share one GIL.
+fn sharing(lay: &Layout) -> u32 {
+    if lay.thread {
+        lay.num_workers
+    } else if lay.num_workers > 0 {
+        lay.worker_threads
+    } else {
+        0
+    }
+}
+
 /// How `a`'s rate compares with `b`'s, past the noise of both: their
 /// ratio moved towards 1 by twice the standard error of their difference
 /// (each interval's spread relative to its layout's rate, at least
@@ -185,6 +196,9 @@ pub struct Policy {
     /// The cores the loading got when its rate fell (see `watch`): fewer
     /// than the machine's where a neighbour took some.
     cores_seen: Option<f64>,
+    /// What each thread past the first that shares a GIL costs (see
+    /// `fit_convoy`).
+    pub convoy: f64,
     /// Climbing: the layout the one in force was climbed from (see
     /// `start_climb`), and the climbs made since the costs were learnt.
     climb_from: Option<Layout>,
@@ -222,6 +236,7 @@ impl Policy {
             elapsed: 0.0,
             sharp: SHARPNESS,
             cores_seen: None,
+            convoy: 0.0,
             climb_from: None,
             climbs: 0,
             tried_up: false,
@@ -248,6 +263,7 @@ impl Policy {
         self.low = 0;
         self.elapsed = 0.0;
         self.sharp = SHARPNESS;
+        self.convoy = 0.0;
         self.climb_from = None;
         self.climbs = 0;
         self.tried_up = false;
@@ -477,7 +493,7 @@ impl Policy {
     /// kind measured against their predictions, unless its kind is one of
     /// `uncorrected`.
     pub fn predict(&mut self, lay: &Layout, uncorrected: &[Kind]) -> f64 {
-        let model = soft_min(&self.bounds_of(lay, None), self.sharp);
+        let model = soft_min(&self.bounds_of(lay, None), self.sharp) * self.convoy_of(lay);
         if lay.num_workers == 0 {
             return match self.seen_of(lay) {
                 Some(ms) => measured(ms),
@@ -513,7 +529,7 @@ impl Policy {
         let mut ratios = Vec::new();
         for (k, ms) in &self.seen {
             if k.num_workers > 0 && k.kind() == kind {
-                let expected = soft_min(&self.bounds_of(k, None), self.sharp);
+                let expected = soft_min(&self.bounds_of(k, None), self.sharp) * self.convoy_of(k);
                 if expected > 0.0 && expected.is_finite() {
                     ratios.extend(ms.iter().map(|m| (m.rate() / expected, m.wall)));
                 }
@@ -637,7 +653,7 @@ impl Policy {
                 if lay.num_workers == 0 {
                     continue;
                 }
-                let expected = soft_min(&p.bounds_of(lay, None), s);
+                let expected = soft_min(&p.bounds_of(lay, None), s) * p.convoy_of(lay);
                 if expected > 0.0 && expected.is_finite() {
                     ratios.extend(ms.iter().map(|m| (m.rate() / expected, m.wall)));
                 }
@@ -664,6 +680,39 @@ impl Policy {
         self.sharp = best.1;
     }
 
+    /// What threads sharing a GIL measured short of the model past the
+    /// noise, as a cost per thread past the first (`convoy`): a GIL that
+    /// convoys (each thread that wants it waits on the others' switches)
+    /// costs more the more threads share it, which a share of the CPU
+    /// alone does not predict.
+    fn fit_convoy(&mut self) {
+        let mut cost = Avg::default();
+        for (lay, ms) in &self.seen {
+            let k = sharing(lay);
+            if k < 2 || ms.len() < MEASURE as usize {
+                continue;
+            }
+            let expected = soft_min(&self.bounds_of(lay, None), self.sharp);
+            if !(expected > 0.0 && expected.is_finite()) {
+                continue;
+            }
+            let ratios: Vec<(f64, f64)> =
+                ms.iter().map(|m| (m.rate() / expected, m.wall)).collect();
+            let r = past_noise(&ratios);
+            let samples: u64 = ms.iter().map(|m| m.samples).sum();
+            cost.add(
+                py_max(0.0, 1.0 / r - 1.0) / f64::from(k - 1),
+                samples as f64,
+            );
+        }
+        self.convoy = cost.value().unwrap_or(0.0);
+    }
+
+    /// What the GIL's convoy leaves of `lay`'s rate.
+    fn convoy_of(&self, lay: &Layout) -> f64 {
+        1.0 / (1.0 + self.convoy * f64::from(sharing(lay).saturating_sub(1)))
+    }
+
     /// The plan, where it is worth a change: more workers must promise
     /// `GAIN`; fewer are taken unless the layout in force is within `FEW`
     /// of the best already.
@@ -671,6 +720,7 @@ impl Policy {
         // (settled, a fall is the data's or the machine's: `watch`)
         if !self.settled || self.low == 0 {
             self.fit_knee();
+            self.fit_convoy();
         }
         if let Some(from) = self.climb_from {
             return self.climbed(from);
@@ -991,7 +1041,10 @@ impl Policy {
         // (not told apart: the one that measured more)
         if told > 1.0 || (told == 1.0 && now >= before) {
             let (pick, _) = self.plan();
-            let next = self.start_down(pick).or_else(|| self.start_other());
+            let next = self
+                .start_down(pick)
+                .or_else(|| self.start_climb())
+                .or_else(|| self.start_other());
             return next.or_else(|| self.settle_measured());
         }
         // (back: the other way is measured next, if not yet)
