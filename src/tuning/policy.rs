@@ -29,7 +29,9 @@ const SETTLED_GAIN: f64 = 1.1; // and once settled, any move
 const MAX_CHANGES: u32 = 8;
 const SETTLE_AFTER: u32 = 6;
 const LONG: f64 = 8.0; // or seconds on a layout (slow batches make long intervals)
-const CLIMB: u32 = 4; // climbs past the model's plan (see start_climb)
+const CLIMB: u32 = 4;
+const REACH: f64 = 0.9; // a trial predicted under this share of the layout in force is not made
+const FED_WAIT: f64 = 0.08; // a loop waiting less than this share is fed // climbs past the model's plan (see start_climb)
 const CLIMB_INTERVALS: u32 = 6; // intervals a climb is measured on // intervals on a layout kept before it is settled on
 const DECIDE_AFTER: f64 = 10.0; // seconds on a layout: a decision, however few intervals
 const EXPLORE: f64 = 45.0; // seconds of tuning, after which a settled layout is kept
@@ -928,6 +930,13 @@ impl Policy {
         let ms = self
             .seen_of(&lay)
             .filter(|ms| ms.len() >= MEASURE as usize)?;
+        // (a loop that hardly waits is fed: no layout would give it more,
+        // whatever the model said; its step's noise is not a miss)
+        let wall = ms.iter().fold(0.0, |a, m| a + m.wall);
+        let waited = ms.iter().fold(0.0, |a, m| a + m.wait) / wall;
+        if self.step.value().is_some_and(|s| s > 0.0) && waited < FED_WAIT {
+            return None;
+        }
         let prior = soft_min(&self.bounds_of(&lay, Some(GIL_PRIOR)), SHARPNESS);
         if prior.is_nan() || prior <= 0.0 {
             return None;
@@ -956,6 +965,9 @@ impl Policy {
             return None;
         }
         let (got, prior) = self.missed()?;
+        if self.predict(&pick, &[]) < REACH * got {
+            return None;
+        }
         self.tried_down = true;
         self.climb_from = Some(lay);
         self.climbs += 1;
@@ -986,9 +998,14 @@ impl Policy {
             ],
         };
         let opts = self.options();
-        let pick = other
-            .into_iter()
-            .find(|l| *l != lay && opts.contains(l) && self.seen_of(l).is_none())?;
+        // (only within reach by the model: a trial's intervals last two
+        // rounds of its workers' batches, minutes at a fiftieth the rate)
+        let pick = other.into_iter().find(|l| {
+            *l != lay
+                && opts.contains(l)
+                && self.seen_of(l).is_none()
+                && self.predict(l, &[]) >= REACH * got
+        })?;
         self.tried_other = true;
         self.climb_from = Some(lay);
         self.climbs += 1;
@@ -1032,7 +1049,10 @@ impl Policy {
             return None; // (not told apart yet: more intervals)
         }
         let down = lay.workers() < from.workers();
-        if told > 1.0 && !down {
+        // (on up while more workers measured more, past the noise or not:
+        // a knee softer than the model's gives a little at each step)
+        let more = told > 1.0 || (told == 1.0 && now >= before);
+        if more && !down && lay.kind() == from.kind() {
             if let Some(up) = self.start_climb() {
                 return Some(up);
             }

@@ -120,10 +120,13 @@ pub enum Shape {
     Heavy,
     /// A neighbour arrives after `SHIFT_AT` seconds and takes half the cores.
     Shift,
+    /// Not a soft minimum at all: a closed queueing network (see
+    /// [`queue_rate`]), with the heavy-tailed noise of `Heavy`.
+    Queue,
 }
 
 /// The shapes by name (`tuning.model.SHAPES`).
-pub const SHAPES: [(&str, Shape); 7] = [
+pub const SHAPES: [(&str, Shape); 8] = [
     ("model", Shape::Model),
     ("sharp", Shape::Sharp),
     ("soft", Shape::Soft),
@@ -131,6 +134,7 @@ pub const SHAPES: [(&str, Shape); 7] = [
     ("contend", Shape::Contend),
     ("heavy", Shape::Heavy),
     ("shift", Shape::Shift),
+    ("queue", Shape::Queue),
 ];
 
 /// When the neighbour of `Shape::Shift` arrives (simulated seconds).
@@ -208,6 +212,9 @@ fn convoy(job: &Job, machine: &Machine, layout: &Layout) -> f64 {
 /// machine's shape), less what processes past the cores lose and what a
 /// convoying GIL costs.
 pub fn rate(job: &Job, machine: &Machine, layout: &Layout) -> f64 {
+    if machine.shape == Shape::Queue {
+        return queue_rate(job, machine, layout);
+    }
     let costs = Costs {
         cpu: job.cpu,
         wait: job.wait,
@@ -225,6 +232,56 @@ pub fn rate(job: &Job, machine: &Machine, layout: &Layout) -> f64 {
     soft_min(&bounds(&costs, layout), sharpness)
         * contention(job, machine, layout)
         * convoy(job, machine, layout)
+}
+
+/// The samples per second of a closed queueing network, by mean value
+/// analysis: the layout's workers are its customers, each sample a cycle
+/// through the stations it visits:
+/// - the cores, `cores` servers (Seidmann's approximation: one server of
+///   `1 / cores` the demand, and a delay of the rest);
+/// - each process's GIL, one server, where threads share one: the GIL's
+///   share of the CPU holds it (one thread at a time), and only the
+///   waiting for it adds to a sample's time (its holding is time on a
+///   core); the processes' GILs split the samples evenly;
+/// - the waiting, a delay (every worker waits on its own);
+/// - the loop, one server: its step per sample and, from worker
+///   processes, taking the batch (a worker's sample waits for the loop
+///   as a full prefetch buffer would hold it).
+///
+/// Its knee is that of queues, neither the soft minimum's nor any
+/// sharpness of it: the policy's model is judged against a machine it
+/// does not know.
+pub fn queue_rate(job: &Job, machine: &Machine, layout: &Layout) -> f64 {
+    let batch = f64::from(job.batch);
+    if layout.num_workers == 0 {
+        return batch / (batch * (job.cpu + job.wait) + job.step);
+    }
+    let cores = f64::from(machine.cores);
+    let shared = (layout.thread && layout.num_workers > 1) || layout.worker_threads > 1;
+    let (gil, procs) = if shared {
+        let procs = f64::from(if layout.processes() > 0 {
+            layout.num_workers
+        } else {
+            1
+        });
+        (job.gil * job.cpu / procs, procs)
+    } else {
+        (0.0, 1.0)
+    };
+    let lp = job.step / batch + job.moving(layout);
+    let delay = job.cpu * (cores - 1.0) / cores + job.wait;
+    let (mut q_cores, mut q_gil, mut q_loop, mut x) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    for n in 1..=layout.workers() {
+        let r_cores = job.cpu / cores * (1.0 + q_cores);
+        let r_gil = gil * (1.0 + q_gil);
+        let r_loop = lp * (1.0 + q_loop);
+        // (the GIL is held while on a core: only its waiting adds)
+        x = f64::from(n) / (delay + r_cores + procs * (r_gil - gil) + r_loop);
+        q_cores = x * r_cores;
+        q_gil = x * r_gil;
+        q_loop = x * r_loop;
+    }
+    x
 }
 
 /// The layout's RAM at its worst: each process's copy, each worker's arena.
@@ -316,7 +373,7 @@ pub fn simulate<E>(
         // the rate carries the job's noise; a worker's or the loop's time
         // per sample 5 %
         let mut wall = n / truth
-            * if machine.shape == Shape::Heavy {
+            * if matches!(machine.shape, Shape::Heavy | Shape::Queue) {
                 // (log-normal, and one interval in twenty 3x slow)
                 let slow = if rng.random() < 0.05 { 3.0 } else { 1.0 };
                 slow * rng.gauss(0.0, job.noise).exp()
@@ -626,6 +683,17 @@ mod tests {
                 }
                 assert!(of(Shape::Contend) <= model);
                 assert_eq!(of(Shape::Heavy), model);
+                // (queues: never past a bottleneck's bound, however many
+                // workers; a different knee from the soft minimum's)
+                let queued = of(Shape::Queue);
+                let lp = job.step + f64::from(job.batch) * job.moving(&lay);
+                assert!(queued.is_finite() && queued > 0.0);
+                if lay.num_workers > 0 {
+                    let cores = f64::from(m.cores) / job.cpu;
+                    let own = f64::from(lay.workers()) / (job.cpu + job.wait);
+                    let loop_ = f64::from(job.batch) / lp;
+                    assert!(queued <= cores.min(own).min(loop_) * (1.0 + 1e-9));
+                }
             }
             let shift = with(&m, Shape::Shift);
             assert_eq!(shift.at(SHIFT_AT - 1.0).cores, m.cores);

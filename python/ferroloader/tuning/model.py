@@ -84,8 +84,11 @@ class Job:
 # that convoys (each thread past the first costs its process 4 % of its
 # Python share); processes past the cores contending hard; log-normal noise
 # with one interval in twenty 3x slow; half the cores taken by a neighbour
-# after 20 s (the policy is judged on the machine as it ended).
-SHAPES = ("model", "sharp", "soft", "convoy", "contend", "heavy", "shift")
+# after 20 s (the policy is judged on the machine as it ended); and no soft
+# minimum at all: a closed queueing network of the workers over the cores,
+# each process's GIL and the loop, by mean value analysis, with the
+# heavy-tailed noise.
+SHAPES = ("model", "sharp", "soft", "convoy", "contend", "heavy", "shift", "queue")
 
 
 @dataclass(frozen=True)
