@@ -137,8 +137,8 @@ fn sharing(lay: &Layout) -> u32 {
 /// How `a`'s rate compares with `b`'s, past the noise of both: their
 /// ratio moved towards 1 by twice the standard error of their difference
 /// (each interval's spread relative to its layout's rate, at least
-/// `NOISE_FLOOR`; `NOISE_PRIOR` with one interval).
-fn compared(a: &[Measurement], b: &[Measurement]) -> f64 {
+/// `floor`; `NOISE_PRIOR` with one interval).
+fn compared(a: &[Measurement], b: &[Measurement], floor: f64) -> f64 {
     let (ra, rb) = (measured(a), measured(b));
     if a.is_empty() || b.is_empty() || ra.is_nan() || rb.is_nan() || rb <= 0.0 {
         return 1.0;
@@ -154,7 +154,7 @@ fn compared(a: &[Measurement], b: &[Measurement]) -> f64 {
         } else {
             NOISE_PRIOR
         };
-        py_max(spread, NOISE_FLOOR).powi(2) / n
+        py_max(spread, floor).powi(2) / n
     };
     let ratio = ra / rb;
     let se = ratio * (var(a, ra) + var(b, rb)).sqrt();
@@ -868,6 +868,29 @@ impl Policy {
         ))
     }
 
+    /// The spread of an interval's rate about its layout's, pooled over
+    /// every layout measured (a few intervals of one that happen to agree
+    /// do not make the job's noise small), at least `NOISE_FLOOR`.
+    fn spread(&self) -> f64 {
+        let (mut sum, mut weight, mut df) = (0.0, 0.0, 0usize);
+        for (_, ms) in &self.seen {
+            if ms.len() < 2 {
+                continue;
+            }
+            let rate = measured(ms);
+            for m in ms {
+                sum += m.wall * (m.rate() / rate - 1.0).powi(2);
+                weight += m.wall;
+            }
+            df += ms.len() - 1;
+        }
+        if df == 0 || weight <= 0.0 {
+            return NOISE_FLOOR;
+        }
+        let n = (df + self.seen.iter().filter(|(_, ms)| ms.len() >= 2).count()) as f64;
+        py_max(NOISE_FLOOR, (sum / weight * n / df as f64).sqrt())
+    }
+
     /// The fastest layout measured (on `MEASURE` intervals at least) that
     /// measured more than the one in force past the noise of its own.
     fn better_measured(&self) -> Option<(Layout, f64)> {
@@ -879,7 +902,7 @@ impl Policy {
                 continue;
             }
             let rate = measured(other);
-            if compared(ms, other) < 1.0 && best.is_none_or(|(_, r)| rate > r) {
+            if compared(ms, other, self.spread()) < 1.0 && best.is_none_or(|(_, r)| rate > r) {
                 best = Some((*l, rate));
             }
         }
@@ -1042,7 +1065,7 @@ impl Policy {
             return None;
         }
         let told = match (self.seen_of(&lay), self.seen_of(&from)) {
-            (Some(a), Some(b)) => compared(a, b),
+            (Some(a), Some(b)) => compared(a, b, self.spread()),
             _ => 1.0,
         };
         if told == 1.0 && self.since < 2 * CLIMB_INTERVALS && !long {
@@ -1242,7 +1265,15 @@ impl Policy {
     /// (the data got slower): what was learnt is forgotten, and the next
     /// decisions are made on new measurements.
     fn watch(&mut self, m: &Measurement) {
-        self.low = if m.rate() < 0.6 * self.settled_rate {
+        // (against all the layout has measured, once that is more than
+        // the two intervals it may have been settled on: two lucky ones
+        // are no rate to fall from; a fall's own intervals under half the
+        // median are left out of it as stalls)
+        let settled = match self.seen_of(&m.layout) {
+            Some(ms) if ms.len() > MEASURE as usize => measured(ms),
+            _ => self.settled_rate,
+        };
+        self.low = if m.rate() < 0.6 * settled {
             self.low + 1
         } else {
             0
