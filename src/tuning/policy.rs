@@ -14,11 +14,19 @@
 //! and settles when the plan is not worth a change; once settled it moves
 //! only for `SETTLED_GAIN`. A rate fallen far below the settled one starts
 //! it over; the workers' memory over what was counted for them plans again.
+//!
+//! The model is fitted to what was measured ([`fit`]: the knee's
+//! sharpness, a GIL's cost per thread), and where the layout in force
+//! missed what the model predicted, its neighbours are measured rather
+//! than predicted ([`explore`]): the model proposes, measurement decides.
 
 use super::{
     bounds, candidates, past_noise, past_noise_within, py_max, py_min, soft_min, Avg, Costs, Kind,
     Layout, PerKind, NOISE_FLOOR, NOISE_PRIOR, SHARPNESS,
 };
+
+mod explore;
+mod fit;
 
 const MEASURE: u32 = 2; // intervals on a layout before a decision
 const FEW: f64 = 0.975; // the fewest workers within this share of the best
@@ -27,12 +35,8 @@ const GAIN: f64 = 1.05; // a move to more workers must promise this much
 const FEWER: f64 = 0.95; // where the loop is fed, a move to fewer workers must leave out 5 %
 const SETTLED_GAIN: f64 = 1.1; // and once settled, any move
 const MAX_CHANGES: u32 = 8;
-const SETTLE_AFTER: u32 = 6;
+const SETTLE_AFTER: u32 = 6; // intervals on a layout kept before it is settled on
 const LONG: f64 = 8.0; // or seconds on a layout (slow batches make long intervals)
-const CLIMB: u32 = 4;
-const REACH: f64 = 0.9; // a trial predicted under this share of the layout in force is not made
-const FED_WAIT: f64 = 0.08; // a loop waiting less than this share is fed // climbs past the model's plan (see start_climb)
-const CLIMB_INTERVALS: u32 = 6; // intervals a climb is measured on // intervals on a layout kept before it is settled on
 const DECIDE_AFTER: f64 = 10.0; // seconds on a layout: a decision, however few intervals
 const EXPLORE: f64 = 45.0; // seconds of tuning, after which a settled layout is kept
 const LATE_GAIN: f64 = 1.25; // unless a move promises this much
@@ -40,8 +44,6 @@ const LATE_GAIN: f64 = 1.25; // unless a move promises this much
 pub const GIL_PRIOR: f64 = 0.25;
 /// An interval under this share of its layout's median rate is a stall.
 const SLOW: f64 = 0.5;
-/// The knees `fit_knee` may fit, softest first.
-const KNEES: [f64; 9] = [1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 8.0, 12.0, 24.0];
 /// The most workers the first worker layout starts (see `decide`).
 const PROBE: u32 = 4;
 
@@ -121,45 +123,6 @@ fn prune(ms: &mut Vec<Measurement>) {
     // (of two, the faster: a stall is slow)
     let median = rates[rates.len() / 2];
     ms.retain(|m| m.rate() >= SLOW * median);
-}
-
-/// The threads of `lay` that share one GIL.
-fn sharing(lay: &Layout) -> u32 {
-    if lay.thread {
-        lay.num_workers
-    } else if lay.num_workers > 0 {
-        lay.worker_threads
-    } else {
-        0
-    }
-}
-
-/// How `a`'s rate compares with `b`'s, past the noise of both: their
-/// ratio moved towards 1 by twice the standard error of their difference
-/// (each interval's spread relative to its layout's rate, at least
-/// `floor`; `NOISE_PRIOR` with one interval).
-fn compared(a: &[Measurement], b: &[Measurement], floor: f64) -> f64 {
-    let (ra, rb) = (measured(a), measured(b));
-    if a.is_empty() || b.is_empty() || ra.is_nan() || rb.is_nan() || rb <= 0.0 {
-        return 1.0;
-    }
-    let var = |ms: &[Measurement], rate: f64| {
-        let n = ms.len() as f64;
-        let spread = if ms.len() > 1 {
-            let w = ms.iter().fold(0.0, |acc, m| acc + m.wall);
-            let v = ms
-                .iter()
-                .fold(0.0, |acc, m| acc + m.wall * (m.rate() / rate - 1.0).powi(2));
-            (v / w * n / (n - 1.0)).sqrt()
-        } else {
-            NOISE_PRIOR
-        };
-        py_max(spread, floor).powi(2) / n
-    };
-    let ratio = ra / rb;
-    let se = ratio * (var(a, ra) + var(b, rb)).sqrt();
-    let off = py_max(0.0, (ratio - 1.0).abs() - 2.0 * se);
-    1.0 + off.copysign(ratio - 1.0)
 }
 
 /// A decision: the layout to go to, and why.
@@ -643,78 +606,6 @@ impl Policy {
         (pick, why, fed)
     }
 
-    /// The knee's sharpness that best explains the rates measured of worker
-    /// layouts, where at the model's they miss their predictions past the
-    /// noise: a machine's queues (its caches, SMT, other tenants) bend the
-    /// rate near the tightest bound more or less than the model's soft
-    /// minimum, and a softer knee wants more workers for the same share.
-    fn fit_knee(&mut self) {
-        let of = |p: &Self, s: f64| -> Vec<(f64, f64)> {
-            let mut ratios = Vec::new();
-            for (lay, ms) in &p.seen {
-                if lay.num_workers == 0 {
-                    continue;
-                }
-                let expected = soft_min(&p.bounds_of(lay, None), s) * p.convoy_of(lay);
-                if expected > 0.0 && expected.is_finite() {
-                    ratios.extend(ms.iter().map(|m| (m.rate() / expected, m.wall)));
-                }
-            }
-            ratios
-        };
-        let at_model = of(self, SHARPNESS);
-        if at_model.is_empty() || past_noise(&at_model) == 1.0 {
-            self.sharp = SHARPNESS;
-            return;
-        }
-        let error = |ratios: &[(f64, f64)]| {
-            ratios
-                .iter()
-                .fold(0.0, |acc, (r, w)| acc + w * r.ln().powi(2))
-        };
-        let mut best = (error(&at_model), SHARPNESS);
-        for s in KNEES {
-            let e = error(&of(self, s));
-            if e < best.0 {
-                best = (e, s);
-            }
-        }
-        self.sharp = best.1;
-    }
-
-    /// What threads sharing a GIL measured short of the model past the
-    /// noise, as a cost per thread past the first (`convoy`): a GIL that
-    /// convoys (each thread that wants it waits on the others' switches)
-    /// costs more the more threads share it, which a share of the CPU
-    /// alone does not predict.
-    fn fit_convoy(&mut self) {
-        let mut cost = Avg::default();
-        for (lay, ms) in &self.seen {
-            let k = sharing(lay);
-            if k < 2 || ms.len() < MEASURE as usize {
-                continue;
-            }
-            let expected = soft_min(&self.bounds_of(lay, None), self.sharp);
-            if !(expected > 0.0 && expected.is_finite()) {
-                continue;
-            }
-            let ratios: Vec<(f64, f64)> =
-                ms.iter().map(|m| (m.rate() / expected, m.wall)).collect();
-            let r = past_noise(&ratios);
-            let samples: u64 = ms.iter().map(|m| m.samples).sum();
-            cost.add(
-                py_max(0.0, 1.0 / r - 1.0) / f64::from(k - 1),
-                samples as f64,
-            );
-        }
-        self.convoy = cost.value().unwrap_or(0.0);
-    }
-
-    /// What the GIL's convoy leaves of `lay`'s rate.
-    fn convoy_of(&self, lay: &Layout) -> f64 {
-        1.0 / (1.0 + self.convoy * f64::from(sharing(lay).saturating_sub(1)))
-    }
-
     /// The plan, where it is worth a change: more workers must promise
     /// `GAIN`; fewer are taken unless the layout in force is within `FEW`
     /// of the best already.
@@ -854,247 +745,10 @@ impl Policy {
         self.in_force >= LONG && self.since >= MEASURE
     }
 
-    /// Settles on the layout in force, unless another measured better
-    /// past the noise of its intervals: then on that one.
-    fn settle_measured(&mut self) -> Decision {
-        let lay = self.layout;
-        self.settle();
-        let (to, rate) = self.better_measured()?;
-        self.settled_rate = rate;
-        self.changes += 1;
-        Some((
-            to,
-            format!("{to}: it measured {rate:.0} samples/s, more than {lay} past the noise"),
-        ))
-    }
-
-    /// The spread of an interval's rate about its layout's, pooled over
-    /// every layout measured (a few intervals of one that happen to agree
-    /// do not make the job's noise small), at least `NOISE_FLOOR`.
-    fn spread(&self) -> f64 {
-        let (mut sum, mut weight, mut df) = (0.0, 0.0, 0usize);
-        for (_, ms) in &self.seen {
-            if ms.len() < 2 {
-                continue;
-            }
-            let rate = measured(ms);
-            for m in ms {
-                sum += m.wall * (m.rate() / rate - 1.0).powi(2);
-                weight += m.wall;
-            }
-            df += ms.len() - 1;
-        }
-        if df == 0 || weight <= 0.0 {
-            return NOISE_FLOOR;
-        }
-        let n = (df + self.seen.iter().filter(|(_, ms)| ms.len() >= 2).count()) as f64;
-        py_max(NOISE_FLOOR, (sum / weight * n / df as f64).sqrt())
-    }
-
-    /// The fastest layout measured (on `MEASURE` intervals at least) that
-    /// measured more than the one in force past the noise of its own.
-    fn better_measured(&self) -> Option<(Layout, f64)> {
-        let lay = self.layout;
-        let ms = self.seen_of(&lay)?;
-        let mut best: Option<(Layout, f64)> = None;
-        for (l, other) in &self.seen {
-            if *l == lay || other.len() < MEASURE as usize || !self.fits(l) {
-                continue;
-            }
-            let rate = measured(other);
-            if compared(ms, other, self.spread()) < 1.0 && best.is_none_or(|(_, r)| rate > r) {
-                best = Some((*l, rate));
-            }
-        }
-        best
-    }
-
     fn settle(&mut self) {
         self.settled = true;
         self.settled_gil = self.gil;
         self.settled_rate = self.measured_of(&self.layout);
-    }
-
-    /// Before settling, where the layout in force measured short of what
-    /// the model predicted before it was bent to it (its knee fitted, the
-    /// GIL's share read from the shortfall, its kind corrected): the
-    /// model's account of the neighbours is then an extrapolation from one
-    /// miss, so the next layout of its kind with more workers is measured,
-    /// not predicted (`climbed` decides).
-    fn start_climb(&mut self) -> Decision {
-        let lay = self.layout;
-        let (got, prior) = self.missed()?;
-        // (once from the plan; on from a climb that measured more)
-        if self.tried_up && self.climb_from.is_none() {
-            return None;
-        }
-        let up = self.up_of(&lay)?;
-        let promised = soft_min(&self.bounds_of(&up, Some(GIL_PRIOR)), SHARPNESS);
-        if promised < GAIN * got {
-            return None; // (not even by the model as it was)
-        }
-        self.tried_up = true;
-        self.climb_from = Some(lay);
-        self.climbs += 1;
-        Some((
-            up,
-            format!("a climb to {up}: {lay} measured {got:.0} samples/s, short of the model's {prior:.0}"),
-        ))
-    }
-
-    /// Whether the layout in force measured short of what the model
-    /// predicted before it was bent to it, past the noise, with a climb
-    /// left to make: what it measured and what was predicted.
-    fn missed(&self) -> Option<(f64, f64)> {
-        let lay = self.layout;
-        if self.climbs >= CLIMB || lay.num_workers == 0 || self.elapsed >= EXPLORE {
-            return None;
-        }
-        let ms = self
-            .seen_of(&lay)
-            .filter(|ms| ms.len() >= MEASURE as usize)?;
-        // (a loop that hardly waits is fed: no layout would give it more,
-        // whatever the model said; its step's noise is not a miss)
-        let wall = ms.iter().fold(0.0, |a, m| a + m.wall);
-        let waited = ms.iter().fold(0.0, |a, m| a + m.wait) / wall;
-        if self.step.value().is_some_and(|s| s > 0.0) && waited < FED_WAIT {
-            return None;
-        }
-        let prior = soft_min(&self.bounds_of(&lay, Some(GIL_PRIOR)), SHARPNESS);
-        if prior.is_nan() || prior <= 0.0 {
-            return None;
-        }
-        let ratios: Vec<(f64, f64)> = ms.iter().map(|m| (m.rate() / prior, m.wall)).collect();
-        // (measured as the model said, or better: it holds)
-        (past_noise(&ratios) < 1.0).then(|| (measured(ms), prior))
-    }
-
-    /// Before settling on a layout kept because it is predicted near the
-    /// best, where the plan has fewer workers of its kind predicted as
-    /// near and the layout in force missed the model: the plan, measured
-    /// (more workers can cost more than they give: a GIL that convoys,
-    /// processes that contend).
-    fn start_down(&mut self, pick: Layout) -> Decision {
-        let lay = self.layout;
-        if pick.workers() >= lay.workers()
-            || !(lay.threaded() && self.gil_read)
-            || pick.num_workers == 0
-            || pick.kind() != lay.kind()
-            || self.seen_of(&pick).is_some()
-        {
-            return None;
-        }
-        if self.tried_down {
-            return None;
-        }
-        let (got, prior) = self.missed()?;
-        if self.predict(&pick, &[]) < REACH * got {
-            return None;
-        }
-        self.tried_down = true;
-        self.climb_from = Some(lay);
-        self.climbs += 1;
-        Some((
-            pick,
-            format!("a trial of {pick}: {lay} measured {got:.0} samples/s, short of the model's {prior:.0}"),
-        ))
-    }
-
-    /// Before settling, where the layout in force missed the model: as
-    /// many workers of the other kind (processes for threads, or threads
-    /// inside processes; threads for processes), measured, once.
-    fn start_other(&mut self) -> Decision {
-        let lay = self.layout;
-        if self.tried_other {
-            return None;
-        }
-        let (got, prior) = self.missed()?;
-        let of = |l: Layout| Layout {
-            prefetch_factor: lay.prefetch_factor,
-            ..l
-        };
-        let other = match lay.kind() {
-            Kind::Processes => vec![of(Layout::threads_of(lay.workers()))],
-            Kind::Threads | Kind::ProcessThreads => vec![
-                of(Layout::processes_of(lay.workers())),
-                of(Layout::threads_of(lay.workers())),
-            ],
-        };
-        let opts = self.options();
-        // (only within reach by the model: a trial's intervals last two
-        // rounds of its workers' batches, minutes at a fiftieth the rate)
-        let pick = other.into_iter().find(|l| {
-            *l != lay
-                && opts.contains(l)
-                && self.seen_of(l).is_none()
-                && self.predict(l, &[]) >= REACH * got
-        })?;
-        self.tried_other = true;
-        self.climb_from = Some(lay);
-        self.climbs += 1;
-        Some((
-            pick,
-            format!("a trial of {pick}: {lay} measured {got:.0} samples/s, short of the model's {prior:.0}"),
-        ))
-    }
-
-    /// The next option of `lay`'s kind with about 1.5x its workers (threads
-    /// inside processes: as many processes, more threads), not measured.
-    fn up_of(&self, lay: &Layout) -> Option<Layout> {
-        let want = (lay.workers() * 3).div_ceil(2).max(lay.workers() + 1);
-        self.options()
-            .into_iter()
-            .filter(|l| {
-                l.kind() == lay.kind()
-                    && l.workers() > lay.workers()
-                    && (lay.kind() != Kind::ProcessThreads || l.num_workers == lay.num_workers)
-                    && self.seen_of(l).is_none()
-            })
-            .min_by_key(|l| (l.workers().abs_diff(want), l.workers()))
-    }
-
-    /// A climb from `from` measured on `CLIMB_INTERVALS` (fewer where it
-    /// is far worse): better past the noise, on up; not worse, kept; worse,
-    /// back to `from`, and settled.
-    fn climbed(&mut self, from: Layout) -> Decision {
-        let lay = self.layout;
-        let before = self.measured_of(&from);
-        let now = self.measured_of(&lay);
-        let long = self.long();
-        if self.since < CLIMB_INTERVALS && now >= 0.8 * before && !long {
-            return None;
-        }
-        let told = match (self.seen_of(&lay), self.seen_of(&from)) {
-            (Some(a), Some(b)) => compared(a, b, self.spread()),
-            _ => 1.0,
-        };
-        if told == 1.0 && self.since < 2 * CLIMB_INTERVALS && !long {
-            return None; // (not told apart yet: more intervals)
-        }
-        let down = lay.workers() < from.workers();
-        // (on up while more workers measured more, past the noise or not:
-        // a knee softer than the model's gives a little at each step)
-        let more = told > 1.0 || (told == 1.0 && now >= before);
-        if more && !down && lay.kind() == from.kind() {
-            if let Some(up) = self.start_climb() {
-                return Some(up);
-            }
-        }
-        self.climb_from = None;
-        // (not told apart: the one that measured more)
-        if told > 1.0 || (told == 1.0 && now >= before) {
-            let (pick, _) = self.plan();
-            let next = self
-                .start_down(pick)
-                .or_else(|| self.start_climb())
-                .or_else(|| self.start_other());
-            return next.or_else(|| self.settle_measured());
-        }
-        // (back: the other way is measured next, if not yet)
-        Some((
-            from,
-            format!("back to {from}: {lay} measured {now:.0} samples/s, no more"),
-        ))
     }
 
     /// `MAX_CHANGES` made: the best layout measured, for good (where the

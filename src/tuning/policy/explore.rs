@@ -1,0 +1,277 @@
+//! Where the model missed, the policy measures rather than predicts: the
+//! neighbours of the layout in force (more workers of its kind, fewer
+//! threads, the other kind), each compared with the layout it left on the
+//! noise of both; and a layout measured clearly more than the one in force
+//! is gone to, before settling and after.
+
+use super::*;
+
+const CLIMB: u32 = 4; // moves past the model's plan (see `start_climb`)
+const CLIMB_INTERVALS: u32 = 6; // intervals a neighbour is measured on (twice, untold)
+const REACH: f64 = 0.9; // a trial predicted under this share of the layout in force is not made
+const FED_WAIT: f64 = 0.08; // a loop waiting less than this share of its time is fed
+
+/// How `a`'s rate compares with `b`'s, past the noise of both: their
+/// ratio moved towards 1 by twice the standard error of their difference
+/// (each interval's spread relative to its layout's rate, at least
+/// `floor`; `NOISE_PRIOR` with one interval).
+fn compared(a: &[Measurement], b: &[Measurement], floor: f64) -> f64 {
+    let (ra, rb) = (measured(a), measured(b));
+    if a.is_empty() || b.is_empty() || ra.is_nan() || rb.is_nan() || rb <= 0.0 {
+        return 1.0;
+    }
+    let var = |ms: &[Measurement], rate: f64| {
+        let n = ms.len() as f64;
+        let spread = if ms.len() > 1 {
+            let w = ms.iter().fold(0.0, |acc, m| acc + m.wall);
+            let v = ms
+                .iter()
+                .fold(0.0, |acc, m| acc + m.wall * (m.rate() / rate - 1.0).powi(2));
+            (v / w * n / (n - 1.0)).sqrt()
+        } else {
+            NOISE_PRIOR
+        };
+        py_max(spread, floor).powi(2) / n
+    };
+    let ratio = ra / rb;
+    let se = ratio * (var(a, ra) + var(b, rb)).sqrt();
+    let off = py_max(0.0, (ratio - 1.0).abs() - 2.0 * se);
+    1.0 + off.copysign(ratio - 1.0)
+}
+
+impl Policy {
+    /// Settles on the layout in force, unless another measured better
+    /// past the noise of its intervals: then on that one.
+    pub(super) fn settle_measured(&mut self) -> Decision {
+        let lay = self.layout;
+        self.settle();
+        let (to, rate) = self.better_measured()?;
+        self.settled_rate = rate;
+        self.changes += 1;
+        Some((
+            to,
+            format!("{to}: it measured {rate:.0} samples/s, more than {lay} past the noise"),
+        ))
+    }
+
+    /// The spread of an interval's rate about its layout's, pooled over
+    /// every layout measured (a few intervals of one that happen to agree
+    /// do not make the job's noise small), at least `NOISE_FLOOR`.
+    fn spread(&self) -> f64 {
+        let (mut sum, mut weight, mut df) = (0.0, 0.0, 0usize);
+        for (_, ms) in &self.seen {
+            if ms.len() < 2 {
+                continue;
+            }
+            let rate = measured(ms);
+            for m in ms {
+                sum += m.wall * (m.rate() / rate - 1.0).powi(2);
+                weight += m.wall;
+            }
+            df += ms.len() - 1;
+        }
+        if df == 0 || weight <= 0.0 {
+            return NOISE_FLOOR;
+        }
+        let n = (df + self.seen.iter().filter(|(_, ms)| ms.len() >= 2).count()) as f64;
+        py_max(NOISE_FLOOR, (sum / weight * n / df as f64).sqrt())
+    }
+
+    /// The fastest layout measured (on `MEASURE` intervals at least) that
+    /// measured more than the one in force past the noise of both.
+    pub(super) fn better_measured(&self) -> Option<(Layout, f64)> {
+        let lay = self.layout;
+        let ms = self.seen_of(&lay)?;
+        let mut best: Option<(Layout, f64)> = None;
+        for (l, other) in &self.seen {
+            if *l == lay || other.len() < MEASURE as usize || !self.fits(l) {
+                continue;
+            }
+            let rate = measured(other);
+            if compared(ms, other, self.spread()) < 1.0 && best.is_none_or(|(_, r)| rate > r) {
+                best = Some((*l, rate));
+            }
+        }
+        best
+    }
+
+    /// Before settling, where the layout in force measured short of what
+    /// the model predicted before it was bent to it (its knee fitted, the
+    /// GIL's share read from the shortfall, its kind corrected): the
+    /// model's account of the neighbours is then an extrapolation from one
+    /// miss, so the next layout of its kind with more workers is measured,
+    /// not predicted (`climbed` decides).
+    pub(super) fn start_climb(&mut self) -> Decision {
+        let lay = self.layout;
+        let (got, prior) = self.missed()?;
+        // (once from the plan; on from a climb that measured more)
+        if self.tried_up && self.climb_from.is_none() {
+            return None;
+        }
+        let up = self.up_of(&lay)?;
+        let promised = soft_min(&self.bounds_of(&up, Some(GIL_PRIOR)), SHARPNESS);
+        if promised < GAIN * got {
+            return None; // (not even by the model as it was)
+        }
+        self.tried_up = true;
+        self.trial(up, format!("a climb to {up}"), got, prior)
+    }
+
+    /// A move to `to`, measured against the layout in force (`climbed`
+    /// decides), with why: what the layout in force measured, `got`,
+    /// against the model's `prior`.
+    fn trial(&mut self, to: Layout, what: String, got: f64, prior: f64) -> Decision {
+        let lay = self.layout;
+        self.climb_from = Some(lay);
+        self.climbs += 1;
+        Some((
+            to,
+            format!("{what}: {lay} measured {got:.0} samples/s, short of the model's {prior:.0}"),
+        ))
+    }
+
+    /// Whether the layout in force measured short of what the model
+    /// predicted before it was bent to it, past the noise, with a climb
+    /// left to make: what it measured and what was predicted.
+    fn missed(&self) -> Option<(f64, f64)> {
+        let lay = self.layout;
+        if self.climbs >= CLIMB || lay.num_workers == 0 || self.elapsed >= EXPLORE {
+            return None;
+        }
+        let ms = self
+            .seen_of(&lay)
+            .filter(|ms| ms.len() >= MEASURE as usize)?;
+        // (a loop that hardly waits is fed: no layout would give it more,
+        // whatever the model said; its step's noise is not a miss)
+        let wall = ms.iter().fold(0.0, |a, m| a + m.wall);
+        let waited = ms.iter().fold(0.0, |a, m| a + m.wait) / wall;
+        if self.step.value().is_some_and(|s| s > 0.0) && waited < FED_WAIT {
+            return None;
+        }
+        let prior = soft_min(&self.bounds_of(&lay, Some(GIL_PRIOR)), SHARPNESS);
+        if prior.is_nan() || prior <= 0.0 {
+            return None;
+        }
+        let ratios: Vec<(f64, f64)> = ms.iter().map(|m| (m.rate() / prior, m.wall)).collect();
+        // (measured as the model said, or better: it holds)
+        (past_noise(&ratios) < 1.0).then(|| (measured(ms), prior))
+    }
+
+    /// Before settling on a layout kept because it is predicted near the
+    /// best, where the plan has fewer workers of its kind predicted as
+    /// near and the layout in force missed the model: the plan, measured
+    /// (more workers can cost more than they give: a GIL that convoys,
+    /// processes that contend).
+    pub(super) fn start_down(&mut self, pick: Layout) -> Decision {
+        let lay = self.layout;
+        if pick.workers() >= lay.workers()
+            || !(lay.threaded() && self.gil_read)
+            || pick.num_workers == 0
+            || pick.kind() != lay.kind()
+            || self.seen_of(&pick).is_some()
+        {
+            return None;
+        }
+        if self.tried_down {
+            return None;
+        }
+        let (got, prior) = self.missed()?;
+        if self.predict(&pick, &[]) < REACH * got {
+            return None;
+        }
+        self.tried_down = true;
+        self.trial(pick, format!("a trial of {pick}"), got, prior)
+    }
+
+    /// Before settling, where the layout in force missed the model: as
+    /// many workers of the other kind (processes for threads, or threads
+    /// inside processes; threads for processes), measured, once.
+    pub(super) fn start_other(&mut self) -> Decision {
+        let lay = self.layout;
+        if self.tried_other {
+            return None;
+        }
+        let (got, prior) = self.missed()?;
+        let of = |l: Layout| Layout {
+            prefetch_factor: lay.prefetch_factor,
+            ..l
+        };
+        let other = match lay.kind() {
+            Kind::Processes => vec![of(Layout::threads_of(lay.workers()))],
+            Kind::Threads | Kind::ProcessThreads => vec![
+                of(Layout::processes_of(lay.workers())),
+                of(Layout::threads_of(lay.workers())),
+            ],
+        };
+        let opts = self.options();
+        // (only within reach by the model: a trial's intervals last two
+        // rounds of its workers' batches, minutes at a fiftieth the rate)
+        let pick = other.into_iter().find(|l| {
+            *l != lay
+                && opts.contains(l)
+                && self.seen_of(l).is_none()
+                && self.predict(l, &[]) >= REACH * got
+        })?;
+        self.tried_other = true;
+        self.trial(pick, format!("a trial of {pick}"), got, prior)
+    }
+
+    /// The next option of `lay`'s kind with about 1.5x its workers (threads
+    /// inside processes: as many processes, more threads), not measured.
+    fn up_of(&self, lay: &Layout) -> Option<Layout> {
+        let want = (lay.workers() * 3).div_ceil(2).max(lay.workers() + 1);
+        self.options()
+            .into_iter()
+            .filter(|l| {
+                l.kind() == lay.kind()
+                    && l.workers() > lay.workers()
+                    && (lay.kind() != Kind::ProcessThreads || l.num_workers == lay.num_workers)
+                    && self.seen_of(l).is_none()
+            })
+            .min_by_key(|l| (l.workers().abs_diff(want), l.workers()))
+    }
+
+    /// A climb from `from` measured on `CLIMB_INTERVALS` (fewer where it
+    /// is far worse): better past the noise, on up; not worse, kept; worse,
+    /// back to `from`, and settled.
+    pub(super) fn climbed(&mut self, from: Layout) -> Decision {
+        let lay = self.layout;
+        let before = self.measured_of(&from);
+        let now = self.measured_of(&lay);
+        let long = self.long();
+        if self.since < CLIMB_INTERVALS && now >= 0.8 * before && !long {
+            return None;
+        }
+        let told = match (self.seen_of(&lay), self.seen_of(&from)) {
+            (Some(a), Some(b)) => compared(a, b, self.spread()),
+            _ => 1.0,
+        };
+        if told == 1.0 && self.since < 2 * CLIMB_INTERVALS && !long {
+            return None; // (not told apart yet: more intervals)
+        }
+        let down = lay.workers() < from.workers();
+        // (on up while more workers measured more, past the noise or not:
+        // a knee softer than the model's gives a little at each step)
+        let more = told > 1.0 || (told == 1.0 && now >= before);
+        if more && !down && lay.kind() == from.kind() {
+            if let Some(up) = self.start_climb() {
+                return Some(up);
+            }
+        }
+        self.climb_from = None;
+        // (not told apart: the one that measured more)
+        if told > 1.0 || (told == 1.0 && now >= before) {
+            let (pick, _) = self.plan();
+            let next = self
+                .start_down(pick)
+                .or_else(|| self.start_climb())
+                .or_else(|| self.start_other());
+            return next.or_else(|| self.settle_measured());
+        }
+        // (back: the other way is measured next, if not yet)
+        Some((
+            from,
+            format!("back to {from}: {lay} measured {now:.0} samples/s, no more"),
+        ))
+    }
+}
