@@ -27,6 +27,20 @@ class IntDataset:
         return index
 
 
+class Repeat:
+    """``n`` samples over a base dataset (sample i is ``base[i % len]``):
+    the epoch's length without more data."""
+
+    def __init__(self, base: Any, n: int) -> None:
+        self.base, self.n = base, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return self.base[i % len(self.base)]
+
+
 class CycleDataset:
     """Map-style dataset cycling over a fixed list of prebuilt samples."""
 

@@ -16,25 +16,12 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
+from ..datasets import Repeat
 from ..harness import PROGRESS, Check, Settings, probe_workers
 from ..memory import _mem_kib
 from .threads import StringsDataset
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-class Repeat:
-    """``n`` samples over a base dataset (sample i is ``base[i % len]``):
-    the epoch's length without more data."""
-
-    def __init__(self, base: Any, n: int) -> None:
-        self.base, self.n = base, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> Any:
-        return self.base[i % len(self.base)]
 
 
 class JpegCrop:

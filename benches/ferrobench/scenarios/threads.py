@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Tuple
 
 import torch.utils.data as tud
 
+from ..datasets import Repeat
 from ..harness import PROGRESS, Check, Settings, epoch_step, import_ferro, probe_workers, timed_rate
 from ..memory import TreeMemSampler, run_marked_child
 
@@ -192,8 +193,6 @@ def peer_child(arg: str, quick: bool) -> None:
     ``FIRST_EPOCH`` samples, timed from ``iter()`` to its last batch (worker
     start and tuning included)."""
     import peers
-
-    from .autotune import Repeat
 
     mode, name, job, root = arg.split("|", 3)
     fl = import_ferro()
