@@ -81,6 +81,17 @@ impl Layout {
     pub fn threaded(&self) -> bool {
         self.kind() != Kind::Processes
     }
+
+    /// How many threads share one GIL: every worker thread shares the
+    /// loop's process's, threads inside a process share its own (0 in the
+    /// main process, 1 for a worker process alone).
+    pub fn sharing(&self) -> u32 {
+        match (self.num_workers, self.thread) {
+            (0, _) => 0,
+            (n, true) => n * self.worker_threads.max(1),
+            (_, false) => self.worker_threads.max(1),
+        }
+    }
 }
 
 impl fmt::Display for Layout {
@@ -190,8 +201,7 @@ pub fn bounds(c: &Costs, layout: &Layout) -> Vec<f64> {
         ],
         SHARPNESS + (KNEE - SHARPNESS) * busy.powf(2.0),
     )];
-    let shared = (layout.thread && layout.num_workers > 1) || layout.worker_threads > 1;
-    if c.gil * cpu > 0.0 && shared {
+    if c.gil * cpu > 0.0 && layout.sharing() > 1 {
         // one process runs its threads' Python one at a time (one thread
         // alone is bounded by its own time already)
         let procs = if layout.processes() > 0 {
@@ -245,22 +255,31 @@ pub fn past_noise(ratios: &[(f64, f64)]) -> f64 {
     past_noise_within(ratios, 0.5, 1.5)
 }
 
-/// [`past_noise`] within `lo` and `hi`.
-pub fn past_noise_within(ratios: &[(f64, f64)], lo: f64, hi: f64) -> f64 {
-    if ratios.is_empty() {
-        return 1.0;
-    }
-    let weight = ratios.iter().fold(0.0, |acc, (_, w)| acc + w);
-    let mean = ratios.iter().fold(0.0, |acc, (r, w)| acc + r * w) / weight;
-    let n = ratios.len() as f64;
-    let spread = if ratios.len() > 1 {
-        let var = ratios
+/// The weighted mean of `(value, weight)` pairs and their spread (the
+/// weighted standard deviation, Bessel-corrected; [`NOISE_PRIOR`] with one
+/// pair). Not empty.
+pub fn mean_and_spread(pairs: &[(f64, f64)]) -> (f64, f64) {
+    let weight = pairs.iter().fold(0.0, |acc, (_, w)| acc + w);
+    let mean = pairs.iter().fold(0.0, |acc, (r, w)| acc + r * w) / weight;
+    let n = pairs.len() as f64;
+    let spread = if pairs.len() > 1 {
+        let var = pairs
             .iter()
             .fold(0.0, |acc, (r, w)| acc + w * (r - mean).powf(2.0));
         (var / weight * n / (n - 1.0)).sqrt()
     } else {
         NOISE_PRIOR
     };
+    (mean, spread)
+}
+
+/// [`past_noise`] within `lo` and `hi`.
+pub fn past_noise_within(ratios: &[(f64, f64)], lo: f64, hi: f64) -> f64 {
+    if ratios.is_empty() {
+        return 1.0;
+    }
+    let (mean, spread) = mean_and_spread(ratios);
+    let n = ratios.len() as f64;
     // (a few intervals that happen to agree do not make the noise small)
     let spread = py_max(spread, NOISE_FLOOR);
     let off = py_max(0.0, (mean - 1.0).abs() - 2.0 * spread / n.sqrt());

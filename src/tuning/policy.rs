@@ -21,8 +21,8 @@
 //! than predicted ([`explore`]): the model proposes, measurement decides.
 
 use super::{
-    bounds, candidates, past_noise, past_noise_within, py_max, py_min, soft_min, Avg, Costs, Kind,
-    Layout, PerKind, NOISE_FLOOR, NOISE_PRIOR, SHARPNESS,
+    bounds, candidates, mean_and_spread, past_noise, past_noise_within, py_max, py_min, soft_min,
+    Avg, Costs, Kind, Layout, PerKind, NOISE_FLOOR, SHARPNESS,
 };
 
 mod explore;
@@ -108,6 +108,16 @@ pub struct Context {
 fn measured(ms: &[Measurement]) -> f64 {
     let samples: u64 = ms.iter().map(|m| m.samples).sum();
     samples as f64 / ms.iter().fold(0.0, |acc, m| acc + m.wall)
+}
+
+/// Each interval's rate over `expected`, weighted by its seconds.
+fn against(ms: &[Measurement], expected: f64) -> Vec<(f64, f64)> {
+    ms.iter().map(|m| (m.rate() / expected, m.wall)).collect()
+}
+
+/// The share of the intervals' time the loop waited in `next()`.
+fn waited(ms: &[Measurement]) -> f64 {
+    ms.iter().fold(0.0, |a, m| a + m.wait) / ms.iter().fold(0.0, |a, m| a + m.wall)
 }
 
 /// Leaves out of a layout's intervals those slower than `SLOW` of their
@@ -358,13 +368,10 @@ impl Policy {
             } else {
                 1
             });
-            let free = soft_min(&self.bounds_of(lay, Some(0.0)), self.sharp);
-            let waited =
-                ms.iter().fold(0.0, |a, m| a + m.wait) / ms.iter().fold(0.0, |a, m| a + m.wall);
+            let free = self.model(lay, Some(0.0), self.sharp);
             // (only a shortfall past the noise of its intervals: near
             // another bound the inversion would turn noise into a share)
-            let ratios: Vec<(f64, f64)> = ms.iter().map(|m| (m.rate() / free, m.wall)).collect();
-            if waited > 0.1 && past_noise(&ratios) < 1.0 {
+            if waited(ms) > 0.1 && past_noise(&against(ms, free)) < 1.0 {
                 let held =
                     (rate.powf(-self.sharp) - free.powf(-self.sharp)).powf(-1.0 / self.sharp);
                 let share = procs / (held * cpu);
@@ -454,11 +461,29 @@ impl Policy {
         bounds(&costs, lay)
     }
 
+    /// `lay`'s rate by the model's bounds (the GIL's share `gil`, or the
+    /// one learnt) and a knee of `sharp`ness.
+    fn model(&self, lay: &Layout, gil: Option<f64>, sharp: f64) -> f64 {
+        soft_min(&self.bounds_of(lay, gil), sharp)
+    }
+
+    /// `lay`'s rate by the model as fitted (its knee, a GIL's convoy),
+    /// before any correction by what was measured.
+    fn expected(&self, lay: &Layout) -> f64 {
+        self.model(lay, None, self.sharp) * self.convoy_of(lay)
+    }
+
+    /// `lay`'s rate by the model before it was bent to what was measured:
+    /// the GIL's prior share, the model's own knee.
+    fn prior(&self, lay: &Layout) -> f64 {
+        self.model(lay, Some(GIL_PRIOR), SHARPNESS)
+    }
+
     /// `lay`'s rate by the model, corrected by what the layouts of its
     /// kind measured against their predictions, unless its kind is one of
     /// `uncorrected`.
     pub fn predict(&mut self, lay: &Layout, uncorrected: &[Kind]) -> f64 {
-        let model = soft_min(&self.bounds_of(lay, None), self.sharp) * self.convoy_of(lay);
+        let model = self.expected(lay);
         if lay.num_workers == 0 {
             return match self.seen_of(lay) {
                 Some(ms) => measured(ms),
@@ -475,9 +500,7 @@ impl Policy {
         // was measured decides)
         match self.seen_of(lay) {
             Some(ms) if ms.len() >= MEASURE as usize && predicted > 0.0 => {
-                let ratios: Vec<(f64, f64)> =
-                    ms.iter().map(|m| (m.rate() / predicted, m.wall)).collect();
-                predicted * past_noise_within(&ratios, 0.05, 20.0)
+                predicted * past_noise_within(&against(ms, predicted), 0.05, 20.0)
             }
             _ => predicted,
         }
@@ -494,9 +517,9 @@ impl Policy {
         let mut ratios = Vec::new();
         for (k, ms) in &self.seen {
             if k.num_workers > 0 && k.kind() == kind {
-                let expected = soft_min(&self.bounds_of(k, None), self.sharp) * self.convoy_of(k);
+                let expected = self.expected(k);
                 if expected > 0.0 && expected.is_finite() {
-                    ratios.extend(ms.iter().map(|m| (m.rate() / expected, m.wall)));
+                    ratios.extend(against(ms, expected));
                 }
             }
         }
@@ -625,15 +648,7 @@ impl Policy {
                 .better_measured()
                 .filter(|(_, rate)| *rate >= SETTLED_GAIN * self.measured_of(&self.layout));
             if let Some((to, rate)) = better {
-                self.settled_rate = rate;
-                self.changes += 1;
-                return Some((
-                    to,
-                    format!(
-                        "{to}: it measured {rate:.0} samples/s, more than {} past the noise",
-                        self.layout
-                    ),
-                ));
+                return self.go_to_measured(to, rate);
             }
         }
         if self.changes >= MAX_CHANGES {
@@ -815,7 +830,7 @@ impl Policy {
         {
             return None;
         }
-        let free = soft_min(&self.bounds_of(&trial, Some(0.0)), self.sharp);
+        let free = self.model(&trial, Some(0.0), self.sharp);
         if free < GAIN * self.measured_of(&lay) {
             return None; // (not even without the GIL)
         }
@@ -850,7 +865,7 @@ impl Policy {
             {
                 continue;
             }
-            let free = soft_min(&self.bounds_of(lay, Some(0.0)), self.sharp);
+            let free = self.model(lay, Some(0.0), self.sharp);
             let rate = measured(ms);
             if free >= GAIN * here
                 && rate >= py_max(here, 0.8 * free)

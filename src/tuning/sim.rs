@@ -199,12 +199,7 @@ fn convoy(job: &Job, machine: &Machine, layout: &Layout) -> f64 {
     if machine.shape != Shape::Convoy || layout.num_workers == 0 {
         return 1.0;
     }
-    let threads = if layout.thread {
-        layout.num_workers * layout.worker_threads.max(1)
-    } else {
-        layout.worker_threads.max(1)
-    };
-    1.0 / (1.0 + 0.04 * job.gil * f64::from(threads.saturating_sub(1)))
+    1.0 / (1.0 + 0.04 * job.gil * f64::from(layout.sharing().saturating_sub(1)))
 }
 
 /// The machine's samples per second for `layout`, without noise: the
@@ -257,8 +252,7 @@ pub fn queue_rate(job: &Job, machine: &Machine, layout: &Layout) -> f64 {
         return batch / (batch * (job.cpu + job.wait) + job.step);
     }
     let cores = f64::from(machine.cores);
-    let shared = (layout.thread && layout.num_workers > 1) || layout.worker_threads > 1;
-    let (gil, procs) = if shared {
+    let (gil, procs) = if layout.sharing() > 1 {
         let procs = f64::from(if layout.processes() > 0 {
             layout.num_workers
         } else {
@@ -675,8 +669,7 @@ mod tests {
                 let of = |shape| rate(&job, &with(&m, shape), &lay);
                 assert!(of(Shape::Sharp) >= model * (1.0 - 1e-12));
                 assert!(of(Shape::Soft) <= model * (1.0 + 1e-12));
-                let shared = (lay.thread && lay.num_workers > 1) || lay.worker_threads > 1;
-                if shared && job.gil > 0.0 {
+                if lay.sharing() > 1 && job.gil > 0.0 {
                     assert!(of(Shape::Convoy) < model);
                 } else {
                     assert_eq!(of(Shape::Convoy), model);

@@ -14,24 +14,15 @@ const FED_WAIT: f64 = 0.08; // a loop waiting less than this share of its time i
 /// How `a`'s rate compares with `b`'s, past the noise of both: their
 /// ratio moved towards 1 by twice the standard error of their difference
 /// (each interval's spread relative to its layout's rate, at least
-/// `floor`; `NOISE_PRIOR` with one interval).
+/// `floor`; `NOISE_PRIOR` with one interval: `mean_and_spread`).
 fn compared(a: &[Measurement], b: &[Measurement], floor: f64) -> f64 {
     let (ra, rb) = (measured(a), measured(b));
     if a.is_empty() || b.is_empty() || ra.is_nan() || rb.is_nan() || rb <= 0.0 {
         return 1.0;
     }
     let var = |ms: &[Measurement], rate: f64| {
-        let n = ms.len() as f64;
-        let spread = if ms.len() > 1 {
-            let w = ms.iter().fold(0.0, |acc, m| acc + m.wall);
-            let v = ms
-                .iter()
-                .fold(0.0, |acc, m| acc + m.wall * (m.rate() / rate - 1.0).powi(2));
-            (v / w * n / (n - 1.0)).sqrt()
-        } else {
-            NOISE_PRIOR
-        };
-        py_max(spread, floor).powi(2) / n
+        let (_, spread) = mean_and_spread(&against(ms, rate));
+        py_max(spread, floor).powi(2) / ms.len() as f64
     };
     let ratio = ra / rb;
     let se = ratio * (var(a, ra) + var(b, rb)).sqrt();
@@ -43,11 +34,17 @@ impl Policy {
     /// Settles on the layout in force, unless another measured better
     /// past the noise of its intervals: then on that one.
     pub(super) fn settle_measured(&mut self) -> Decision {
-        let lay = self.layout;
         self.settle();
         let (to, rate) = self.better_measured()?;
+        self.go_to_measured(to, rate)
+    }
+
+    /// Settled: to `to`, which measured `rate`, more than the layout in
+    /// force past the noise.
+    pub(super) fn go_to_measured(&mut self, to: Layout, rate: f64) -> Decision {
         self.settled_rate = rate;
         self.changes += 1;
+        let lay = self.layout;
         Some((
             to,
             format!("{to}: it measured {rate:.0} samples/s, more than {lay} past the noise"),
@@ -82,13 +79,14 @@ impl Policy {
     pub(super) fn better_measured(&self) -> Option<(Layout, f64)> {
         let lay = self.layout;
         let ms = self.seen_of(&lay)?;
+        let spread = self.spread();
         let mut best: Option<(Layout, f64)> = None;
         for (l, other) in &self.seen {
             if *l == lay || other.len() < MEASURE as usize || !self.fits(l) {
                 continue;
             }
             let rate = measured(other);
-            if compared(ms, other, self.spread()) < 1.0 && best.is_none_or(|(_, r)| rate > r) {
+            if compared(ms, other, spread) < 1.0 && best.is_none_or(|(_, r)| rate > r) {
                 best = Some((*l, rate));
             }
         }
@@ -109,8 +107,7 @@ impl Policy {
             return None;
         }
         let up = self.up_of(&lay)?;
-        let promised = soft_min(&self.bounds_of(&up, Some(GIL_PRIOR)), SHARPNESS);
-        if promised < GAIN * got {
+        if self.prior(&up) < GAIN * got {
             return None; // (not even by the model as it was)
         }
         self.tried_up = true;
@@ -143,18 +140,15 @@ impl Policy {
             .filter(|ms| ms.len() >= MEASURE as usize)?;
         // (a loop that hardly waits is fed: no layout would give it more,
         // whatever the model said; its step's noise is not a miss)
-        let wall = ms.iter().fold(0.0, |a, m| a + m.wall);
-        let waited = ms.iter().fold(0.0, |a, m| a + m.wait) / wall;
-        if self.step.value().is_some_and(|s| s > 0.0) && waited < FED_WAIT {
+        if self.step.value().is_some_and(|s| s > 0.0) && waited(ms) < FED_WAIT {
             return None;
         }
-        let prior = soft_min(&self.bounds_of(&lay, Some(GIL_PRIOR)), SHARPNESS);
+        let prior = self.prior(&lay);
         if prior.is_nan() || prior <= 0.0 {
             return None;
         }
-        let ratios: Vec<(f64, f64)> = ms.iter().map(|m| (m.rate() / prior, m.wall)).collect();
         // (measured as the model said, or better: it holds)
-        (past_noise(&ratios) < 1.0).then(|| (measured(ms), prior))
+        (past_noise(&against(ms, prior)) < 1.0).then(|| (measured(ms), prior))
     }
 
     /// Before settling on a layout kept because it is predicted near the
@@ -231,9 +225,11 @@ impl Policy {
             .min_by_key(|l| (l.workers().abs_diff(want), l.workers()))
     }
 
-    /// A climb from `from` measured on `CLIMB_INTERVALS` (fewer where it
-    /// is far worse): better past the noise, on up; not worse, kept; worse,
-    /// back to `from`, and settled.
+    /// A move from `from` measured on `CLIMB_INTERVALS` intervals (twice
+    /// as many where the two are not told apart; fewer where it is far
+    /// worse): where it measured more, on up (a climb), else the other
+    /// trials, else settled; where less, back to `from`, whose next plan
+    /// tries the other ways.
     pub(super) fn climbed(&mut self, from: Layout) -> Decision {
         let lay = self.layout;
         let before = self.measured_of(&from);
@@ -251,7 +247,8 @@ impl Policy {
         }
         let down = lay.workers() < from.workers();
         // (on up while more workers measured more, past the noise or not:
-        // a knee softer than the model's gives a little at each step)
+        // a knee softer than the model's gives a little at each step; not
+        // told apart, the one that measured more)
         let more = told > 1.0 || (told == 1.0 && now >= before);
         if more && !down && lay.kind() == from.kind() {
             if let Some(up) = self.start_climb() {
@@ -259,8 +256,7 @@ impl Policy {
             }
         }
         self.climb_from = None;
-        // (not told apart: the one that measured more)
-        if told > 1.0 || (told == 1.0 && now >= before) {
+        if more {
             let (pick, _) = self.plan();
             let next = self
                 .start_down(pick)

@@ -6,17 +6,6 @@ use super::*;
 /// The knees `fit_knee` may fit, softest first.
 const KNEES: [f64; 9] = [1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 8.0, 12.0, 24.0];
 
-/// The threads of `lay` that share one GIL.
-fn sharing(lay: &Layout) -> u32 {
-    if lay.thread {
-        lay.num_workers
-    } else if lay.num_workers > 0 {
-        lay.worker_threads
-    } else {
-        0
-    }
-}
-
 impl Policy {
     /// The knee's sharpness that best explains the rates measured of worker
     /// layouts, where at the model's they miss their predictions past the
@@ -30,9 +19,9 @@ impl Policy {
                 if lay.num_workers == 0 {
                     continue;
                 }
-                let expected = soft_min(&p.bounds_of(lay, None), s) * p.convoy_of(lay);
+                let expected = p.model(lay, None, s) * p.convoy_of(lay);
                 if expected > 0.0 && expected.is_finite() {
-                    ratios.extend(ms.iter().map(|m| (m.rate() / expected, m.wall)));
+                    ratios.extend(against(ms, expected));
                 }
             }
             ratios
@@ -65,17 +54,15 @@ impl Policy {
     pub(super) fn fit_convoy(&mut self) {
         let mut cost = Avg::default();
         for (lay, ms) in &self.seen {
-            let k = sharing(lay);
+            let k = lay.sharing();
             if k < 2 || ms.len() < MEASURE as usize {
                 continue;
             }
-            let expected = soft_min(&self.bounds_of(lay, None), self.sharp);
+            let expected = self.model(lay, None, self.sharp);
             if !(expected > 0.0 && expected.is_finite()) {
                 continue;
             }
-            let ratios: Vec<(f64, f64)> =
-                ms.iter().map(|m| (m.rate() / expected, m.wall)).collect();
-            let r = past_noise(&ratios);
+            let r = past_noise(&against(ms, expected));
             let samples: u64 = ms.iter().map(|m| m.samples).sum();
             cost.add(
                 py_max(0.0, 1.0 / r - 1.0) / f64::from(k - 1),
@@ -87,6 +74,6 @@ impl Policy {
 
     /// What the GIL's convoy leaves of `lay`'s rate.
     pub(super) fn convoy_of(&self, lay: &Layout) -> f64 {
-        1.0 / (1.0 + self.convoy * f64::from(sharing(lay).saturating_sub(1)))
+        1.0 / (1.0 + self.convoy * f64::from(lay.sharing().saturating_sub(1)))
     }
 }
