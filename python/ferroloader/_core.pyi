@@ -9,8 +9,12 @@ import torch
 from typing_extensions import Required, Self, disjoint_base
 
 __version__: str
+TUNE_SHAPES: tuple[str, ...]
+TUNE_SHIFT_AT: float
 
 __all__ = [
+    "TUNE_SHAPES",
+    "TUNE_SHIFT_AT",
     "ActorHost",
     "AddressBatches",
     "ArrowTable",

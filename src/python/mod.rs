@@ -104,5 +104,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tuning::tune_draw, m)?)?;
     m.add_function(wrap_pyfunction!(tuning::tune_outcome, m)?)?;
     m.add_function(wrap_pyfunction!(tuning::tune_simulate, m)?)?;
+    // (the simulator's machine shapes and when a shifting one changes:
+    // tuning.model's SHAPES and SHIFT_AT, one definition)
+    let shapes: Vec<&str> = crate::tuning::sim::SHAPES.iter().map(|(n, _)| *n).collect();
+    m.add("TUNE_SHAPES", pyo3::types::PyTuple::new(m.py(), shapes)?)?;
+    m.add("TUNE_SHIFT_AT", crate::tuning::sim::SHIFT_AT)?;
     Ok(())
 }

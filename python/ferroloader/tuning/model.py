@@ -88,7 +88,7 @@ class Job:
 # minimum at all: a closed queueing network of the workers over the cores,
 # each process's GIL and the loop, by mean value analysis, with the
 # heavy-tailed noise.
-SHAPES = ("model", "sharp", "soft", "convoy", "contend", "heavy", "shift", "queue")
+SHAPES: tuple[str, ...] = _core.TUNE_SHAPES
 
 
 @dataclass(frozen=True)
@@ -260,9 +260,8 @@ def evaluate(pairs: list[tuple[str, Job, Machine]],
             for i, (kind, job, machine) in enumerate(pairs)]
 
 
-# When the neighbour of a "shift" machine arrives (simulated seconds; the
-# engine's SHIFT_AT).
-SHIFT_AT = 20.0
+# When the neighbour of a "shift" machine arrives (simulated seconds).
+SHIFT_AT: float = _core.TUNE_SHIFT_AT
 
 
 def settled_after(o: Outcome) -> float:
