@@ -40,6 +40,7 @@ const LONG: f64 = 8.0; // or seconds on a layout (slow batches make long interva
 const DECIDE_AFTER: f64 = 10.0; // seconds on a layout: a decision, however few intervals
 const EXPLORE: f64 = 45.0; // seconds of tuning, after which a settled layout is kept
 const LATE_GAIN: f64 = 1.25; // unless a move promises this much
+const REEXPLORE: f64 = 30.0; // seconds of tuning within which a settled layout's neighbours may be measured
 /// The GIL's share of the CPU before threads ran.
 pub const GIL_PRIOR: f64 = 0.25;
 /// An interval under this share of its layout's median rate is a stall.
@@ -634,6 +635,7 @@ impl Policy {
     /// of the best already.
     fn decide(&mut self) -> Decision {
         // (settled, a fall is the data's or the machine's: `watch`)
+        self.drop_stale();
         if !self.settled || self.low == 0 {
             self.fit_knee();
             self.fit_convoy();
@@ -713,19 +715,20 @@ impl Policy {
                     self.changes += 1;
                     return trial;
                 }
-                // (where the GIL's share was read from threads' shortfall,
-                // fewer first: a GIL that convoys costs more the more
-                // threads share it)
-                let next = if layout.threaded() && self.gil_read {
-                    self.start_down(pick).or_else(|| self.start_climb())
-                } else {
-                    self.start_climb().or_else(|| self.start_down(pick))
-                }
-                .or_else(|| self.start_other());
-                if next.is_some() {
-                    return next;
+                if let Some(next) = self.neighbour(pick) {
+                    return Some(next);
                 }
                 return self.settle_measured();
+            }
+            if self.settled && self.low == 0 && self.elapsed < REEXPLORE && self.steady() {
+                // (settled, the intervals since say what the few before
+                // could not: where they part from the model past the noise,
+                // the neighbours are measured after all)
+                let next = self.neighbour(pick);
+                if next.is_some() {
+                    self.settled = false;
+                }
+                return next;
             }
             return None;
         }
@@ -752,6 +755,19 @@ impl Policy {
         }
         self.changes += 1;
         Some((pick, why))
+    }
+
+    /// A neighbour of the layout in force to measure, where it missed the
+    /// model (see [`explore`]): where the GIL's share was read from
+    /// threads' shortfall, fewer first (a GIL that convoys costs more the
+    /// more threads share it), else more workers; then the other kind.
+    fn neighbour(&mut self, pick: Layout) -> Decision {
+        let next = if self.layout.threaded() && self.gil_read {
+            self.start_down(pick).or_else(|| self.start_climb())
+        } else {
+            self.start_climb().or_else(|| self.start_down(pick))
+        };
+        next.or_else(|| self.start_other())
     }
 
     /// `LONG` seconds measured on the layout in force, in two intervals

@@ -93,6 +93,39 @@ impl Policy {
         best
     }
 
+    /// Whether the layout in force measured as much in its later intervals
+    /// as in its earlier ones, within the noise: a rate that fell is the
+    /// machine's or the data's change (`watch`), not the model's miss.
+    pub(super) fn steady(&self) -> bool {
+        self.seen_of(&self.layout).is_some_and(|ms| {
+            let (early, late) = ms.split_at(ms.len() / 2);
+            compared(late, early, self.spread()) >= 1.0
+        })
+    }
+
+    /// Back on a layout measured before, where this stay's intervals
+    /// measured less than the earlier ones past the noise: the machine
+    /// changed between them (a neighbour took cores, by less than `watch`
+    /// calls a fall), and what every layout measured before is stale:
+    /// only this stay's intervals are kept. Else the policy trades layouts
+    /// on rates of another machine.
+    pub(super) fn drop_stale(&mut self) {
+        let lay = self.layout;
+        let since = self.since as usize;
+        let spread = self.spread();
+        let Some(ms) = self.seen_of(&lay) else {
+            return;
+        };
+        if since < MEASURE as usize || ms.len() <= since {
+            return;
+        }
+        let (early, stay) = ms.split_at(ms.len() - since);
+        if compared(stay, early, spread) < 1.0 {
+            self.seen = vec![(lay, stay.to_vec())];
+            self.corrections = [None; 3];
+        }
+    }
+
     /// Before settling, where the layout in force measured short of what
     /// the model predicted before it was bent to it (its knee fitted, the
     /// GIL's share read from the shortfall, its kind corrected): the
