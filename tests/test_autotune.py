@@ -587,6 +587,13 @@ def test_epochs_shorter_than_an_interval_are_measured_whole(monkeypatch):
     assert policy is not None and len(given) >= 3
     assert all(m.epoch_end for m in given[:3])
     assert sum(len(v) for v in policy.seen.values()) >= 1
+    # (each from iter() on: every batch of the epoch, but where new workers
+    # started for it, their first batch, counted as their start)
+    for m, before in zip(given[:3], [None, *given[:2]]):
+        new = m.layout.num_workers > 0 and (before is None or before.layout != m.layout)
+        assert m.batches == 16 - new, (m, before)
+        assert (m.start > 0) == new
+        assert m.wall > 0 and 0 <= m.wait <= m.wall
 
 
 @pytest.mark.parametrize("policy, kind", [(None, "ModelTuner"), ("model", "ModelTuner"),

@@ -211,6 +211,7 @@ class AutoIter:
         self._tuner = tuner
         if loader._tuned_layout is not None:
             tuner.layout = loader._tuned_layout
+        begun = time.perf_counter()  # (the tuner's own setup left out)
         if loader._iterator is not None and loader._layout_in_force != tuner.layout:
             # persistent workers of another layout: they go, new ones start,
             # on their base seed (torch draws none for persistent workers)
@@ -219,9 +220,17 @@ class AutoIter:
             loader._iterator = None
             if old is not None and old.base_seed is not None and not loader._resume_extra:
                 loader._resume_extra = {"base_seed": int(old.base_seed)}
+        # (new workers this epoch: the first batch's wait is their start)
+        self._new_workers = bool(tuner.layout.num_workers) and (
+            loader._iterator is None or loader._layout_in_force != tuner.layout)
         apply(loader, tuner.layout)
         self._inner = fixed_iter()
         self._start()
+        # the whole epoch from iter(), for one shorter than an interval (see
+        # _epoch_end): the workers' reset for it is the loop's wait
+        self._epoch_t0, self._epoch_cpu0 = begun, self._meter.last
+        self._epoch_waited, self._epoch_loop_cpu = self._t0 - begun, 0.0
+        self._epoch_start = 0.0
         self._pending: Optional[tuple[Layout, str]] = None
         self._start_cost = 0.0
         self._intervals = 0  # measured in this epoch
@@ -281,6 +290,12 @@ class AutoIter:
                 raise
             break
         now = time.perf_counter()
+        if self._handed == 0 and self._new_workers:
+            self._epoch_start, self._epoch_t0 = now - self._epoch_t0, now
+            self._epoch_waited = 0.0
+        else:
+            self._epoch_waited += now - t
+            self._epoch_loop_cpu += time.thread_time() - tc
         self._handed += 1
         if not self._tuner_bytes_seen:
             self._tuner_bytes_seen = True
@@ -302,13 +317,19 @@ class AutoIter:
         return batch
 
     def _epoch_end(self) -> None:
-        """An epoch shorter than an interval is measured whole at its end;
-        what is decided takes effect in the next epoch."""
-        if self._decided or self._pending is not None or self._batches < 2 or self._intervals \
+        """An epoch shorter than an interval is measured whole at its end,
+        from ``iter()`` on: the workers' first batches of an epoch are what
+        a short epoch pays for them (the first batch of new workers is
+        their start, counted apart); what is decided takes effect in the
+        next epoch."""
+        if self._decided or self._pending is not None or self._handed < 2 or self._intervals \
                 or self._tuner.forced or not isinstance(self._tuner, ModelTuner):
             return
-        wall = time.perf_counter() - self._t0
+        wall = time.perf_counter() - self._epoch_t0
         if wall > 0:
+            self._batches, self._waited = self._handed - self._new_workers, self._epoch_waited
+            self._loop_cpu, self._start_cost = self._epoch_loop_cpu, self._epoch_start
+            self._meter.last = self._epoch_cpu0
             self._measure(wall, epoch_end=True)
 
     def _measure(self, wall: float, epoch_end: bool = False) -> None:
