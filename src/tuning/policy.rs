@@ -583,7 +583,8 @@ impl Policy {
         // Among the near-best, the fewest processes (threads start sooner
         // and cost less memory), except on the move out of the main
         // process where the GIL's share is still the prior and loading is
-        // the CPU's work rather than waiting: then the most. Processes
+        // the CPU's work rather than waiting: then processes of one thread
+        // first. Processes
         // cannot fall short by the GIL, threads can, and the prior is a
         // guess: on PIL decoding threads ran 0.8x processes where the
         // prior predicts a tie, and reading that took the first 40-90
@@ -595,14 +596,15 @@ impl Policy {
                 .cpu0
                 .value()
                 .is_some_and(|cpu| cpu > 0.0 && waited < 0.5 * cpu);
+        // (a GIL of its own per worker, that is: processes of one thread;
+        // threads inside processes share one as threads do, and start
+        // slower)
+        let own_gil = |l: &Layout| cpu_bound && l.processes() > 0 && l.sharing() == 1;
         let key = |l: &Layout| {
             (
                 l.workers(),
-                if cpu_bound {
-                    u32::MAX - l.processes()
-                } else {
-                    l.processes()
-                },
+                !own_gil(l),
+                l.processes(),
                 l.worker_threads,
                 self.seen_of(l).is_none(),
             )
