@@ -1,7 +1,8 @@
 """``num_workers="auto"`` against a grid of fixed layouts on six jobs
 (autotune): JPEG decoding with a random crop, a pure-Python dict, I/O waits,
 3 MB samples, 2 million Python strings under a RAM budget, and a training
-loop with a 20 ms step."""
+loop with a 20 ms step; then the same strings read with a 0.2 ms wait under
+the budget (g), and epochs of about 0.05 s from their third (h)."""
 
 from __future__ import annotations
 
@@ -239,6 +240,86 @@ def _strings_job(st: Settings) -> Job:
     return job
 
 
+class WaitingStrings:
+    """(g) (e)'s strings, each read after 0.2 ms of waiting (a remote
+    lookup): threads hide the waits, and the budget rules processes out."""
+
+    def __init__(self, items: StringsDataset) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(2e-4)
+        return self.items[i]
+
+
+def _waiting_job(strings: Job, st: Settings) -> Job:
+    # (an epoch of 256 batches, 13 s in torch's main process: 32 threads
+    # hold 64 batches in flight, and a shorter epoch is their warm-up)
+    layouts = [(0, "multiprocessing", 1, 2), *[(n, "thread", 1, 2) for n in (8, 16, 32)]]
+    return Job("g: 2M strings, 0.2 ms waits, RAM budget", WaitingStrings(strings.ds), 256,
+               16384 if st.quick else 65536, layouts, ram=strings.ram)
+
+
+class Images:
+    """(h) 3x224x224 uint8 images from memory: an epoch of 2,000 takes
+    about 0.05 s."""
+
+    def __init__(self, n: int) -> None:
+        self.a = np.random.default_rng(0).integers(0, 255, (n, 3, 224, 224), dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.from_numpy(self.a[i])
+
+
+def _epochs(fl: Any, ds: Any, workers: Any, epochs: int) -> float:
+    """Samples per second over epochs 3 to ``epochs`` of one loader."""
+    kw: Dict[str, Any] = {}
+    if isinstance(workers, tuple):
+        nw, method, k, pf = workers
+        kw = {"worker_method": method, "worker_threads": k, "prefetch_factor": pf} if nw else {}
+        workers = nw
+    extra = {"persistent_workers": True} if workers != 0 else {}
+    loader = fl.DataLoader(ds, batch_size=32, shuffle=True, num_workers=workers, **extra, **kw)
+    done, t = 0, 0.0
+    for e in range(epochs):
+        if e == 2:
+            t = time.perf_counter()
+        k = _epoch(loader, 0.0)
+        if e >= 2:
+            done += k * 32
+    rate = done / (time.perf_counter() - t)
+    del loader
+    return rate
+
+
+def _short_epochs(st: Settings, fl: Any) -> List[Check]:
+    """(h): a grid of fixed layouts, then the best of it and ``"auto"``
+    alternated, each a fresh loader of 12 epochs measured from the third."""
+    ds = Images(500 if st.quick else 2000)
+    epochs = 12
+    grid = {lay: _epochs(fl, ds, lay, epochs) for lay in
+            [(0, "multiprocessing", 1, 2), (1, "multiprocessing", 1, 2),
+             (2, "multiprocessing", 1, 2), (2, "thread", 1, 2)]}
+    best_layout = max(grid, key=lambda k: grid[k])
+    c = Check("h: epochs of 0.05 s: auto from its third epoch", "samples/s",
+              "the best fixed layout's", 0.95)
+    for r in range(max(1, min(st.repeats, 5))):
+        pair = [("fixed", best_layout), ("auto", "auto")]
+        got = {kind: _epochs(fl, ds, spec, epochs) for kind, spec in pair[r % 2:] + pair[:r % 2]}
+        c.add(got["fixed"], got["auto"])
+        PROGRESS.tick()
+    c.note = f"best fixed {best_layout} {grid[best_layout]:.0f}/s"
+    print(f"  h: {c.note}")
+    print("    grid: " + ", ".join(f"{k}: {v:.0f}" for k, v in grid.items()))
+    return [c]
+
+
 def _long(fl: Any, job: Job, n: int, workers: Any) -> Tuple[float, float, Any, int]:
     """One epoch of ``n`` samples on a fresh loader: its rate (from
     ``iter()`` on, warm-up included), its rate over the epoch's second half
@@ -293,9 +374,12 @@ def sc_autotune(st: Settings, fl: Any) -> List[Check]:
     with tempfile.TemporaryDirectory() as root:
         jobs = _jobs(st, root)
         jobs.insert(4, None)  # type: ignore[arg-type]  # (e), built when its turn comes
+        jobs.append(None)  # type: ignore[arg-type]  # (g), on (e)'s strings
+        strings: Optional[Job] = None
         for job in jobs:
             if job is None:
-                job = _strings_job(st)
+                job = _strings_job(st) if strings is None else _waiting_job(strings, st)
+                strings = strings or job
             grid = {}
             for layout in job.layouts:
                 if job.ram and layout[0] and layout[1] == "multiprocessing":
@@ -381,4 +465,4 @@ def sc_autotune(st: Settings, fl: Any) -> List[Check]:
                 print("    model / measured: " + ", ".join(
                     f"{k}: {knee[-1][k] / grid[k]:.2f}" for k in grid if k in knee[-1]))
             print("    " + str(stats).replace("\n", "\n    "))
-    return checks
+    return checks + _short_epochs(st, fl)
