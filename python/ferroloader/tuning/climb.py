@@ -73,6 +73,10 @@ class Tuner:
         self.per_process = _machine.private_dirty()
         # the fewest workers it may use (the main process: 0)
         self.min_workers = 0
+        # when the workers' memory is read next (perf_counter; 0: at the
+        # next interval): kept across epochs, since a short epoch's whole
+        # length can be less than one read of a big worker's page tables
+        self.next_memory_check = 0.0
 
     def read_budgets(self) -> None:
         """The bounds' budgets on this machine now, within the data's cap."""

@@ -223,6 +223,8 @@ class AutoIter:
         # (new workers this epoch: the first batch's wait is their start)
         self._new_workers = bool(tuner.layout.num_workers) and (
             loader._iterator is None or loader._layout_in_force != tuner.layout)
+        if self._new_workers:
+            tuner.next_memory_check = 0.0  # (new workers: read at the first interval)
         apply(loader, tuner.layout)
         self._inner = fixed_iter()
         self._start()
@@ -249,7 +251,6 @@ class AutoIter:
         # an interval has at least two rounds of the workers' batches, which
         # come in bursts (the main process's come one by one: one batch)
         self._enough = 2 * workers or 1
-        self._next_memory_check = 0.0
 
     def __iter__(self) -> AutoIter:
         return self
@@ -335,12 +336,12 @@ class AutoIter:
     def _measure(self, wall: float, epoch_end: bool = False) -> None:
         self._intervals += 1
         now = time.perf_counter()
-        memory = 0
-        if self._meter.pids and now >= self._next_memory_check:
-            # (reading the workers' PSS walks their page tables: every 2 s)
-            self._next_memory_check = now + 2.0
-            memory = sum(_machine.pss(p) for p in self._meter.pids)
         tuner = self._tuner
+        memory = 0
+        if self._meter.pids and now >= tuner.next_memory_check:
+            # (reading the workers' PSS walks their page tables: every 2 s)
+            tuner.next_memory_check = now + 2.0
+            memory = sum(_machine.pss(p) for p in self._meter.pids)
         m = Measurement(tuner.layout, wall, self._batches,
                         self._batches * (self._loader.batch_size or 1), self._waited,
                         self._loop_cpu, self._meter.delta(), memory=memory,
@@ -435,6 +436,7 @@ class AutoIter:
         loader._tuned_layout = layout
         state.load(loader, snap)
         self._inner = self._fixed_iter()
+        self._tuner.next_memory_check = 0.0
         self._start()
 
 

@@ -171,6 +171,13 @@ impl Policy {
         let ms = self
             .seen_of(&lay)
             .filter(|ms| ms.len() >= MEASURE as usize)?;
+        // (whole epochs shorter than an interval: a trial and its way back
+        // each cost an epoch or two of new workers warming up, more than
+        // the few epochs it measures could repay; there the plan decides
+        // alone)
+        if ms.iter().all(|m| m.epoch_end) {
+            return None;
+        }
         // (a loop that hardly waits is fed: no layout would give it more,
         // whatever the model said; its step's noise is not a miss)
         if self.step.value().is_some_and(|s| s > 0.0) && waited(ms) < FED_WAIT {
@@ -191,7 +198,9 @@ impl Policy {
     /// processes that contend).
     pub(super) fn start_down(&mut self, pick: Layout) -> Decision {
         let lay = self.layout;
-        if pick.workers() >= lay.workers()
+        // (a step down of a few workers is not told apart from the noise:
+        // a quarter at least)
+        if 4 * pick.workers() > 3 * lay.workers()
             || !(lay.threaded() && self.gil_read)
             || pick.num_workers == 0
             || pick.kind() != lay.kind()
