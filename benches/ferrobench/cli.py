@@ -85,7 +85,7 @@ SCENARIOS: Dict[str, Tuple[str, Callable[[Settings, Any], List[Check]]]] = {
     "table": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=0", sc_table),
     "table_w2": ("TableDataset, 8 numeric + 1 string column, batch 256, nw=2", sc_table_w2),
     "table_mem": ("memory of a 2-worker job over a memory-mapped 1 GB Arrow file", sc_table_mem),
-    "autotune": ("num_workers='auto' against a grid of fixed layouts, six jobs", sc_autotune),
+    "autotune": ("num_workers='auto' against a grid of fixed layouts, eight jobs", sc_autotune),
     "remote": ("shards on a local S3 server behind a slow proxy: streamed, cached, two ranks",
                sc_remote),
     "cluster": ("Ray workers on a local 2-node cluster against Ray Data: records, images, JPEG",
