@@ -30,6 +30,7 @@ mod fit;
 
 const MEASURE: u32 = 2; // intervals on a layout before a decision
 const FEW: f64 = 0.975; // the fewest workers within this share of the best
+const FEW_EPOCHS: f64 = 0.9; // as many or fewer: kept within this, on short epochs
 const FED: f64 = 0.985; // where the step hides the loading: of the loop's rate
 const GAIN: f64 = 1.05; // a move to more workers must promise this much
 const FEWER: f64 = 0.95; // where the loop is fed, a move to fewer workers must leave out 5 %
@@ -687,10 +688,14 @@ impl Policy {
                     && !(self.fed && !late && pick.workers() < layout.workers())
             } else {
                 let (pw, lw) = (pick.workers(), layout.workers());
+                // (measured on whole short epochs, one each: their rates
+                // swing by a tenth and more, and each move costs an epoch
+                // or two of new workers warming up)
+                let few = if self.on_epochs() { FEW_EPOCHS } else { FEW };
                 in_opts
                     && (pick == layout
                         || (pw > lw && gain_of_pick < GAIN * here)
-                        || (pw <= lw && here >= FEW * top)
+                        || (pw <= lw && here >= few * top)
                         || (self.fed
                             && FEWER * f64::from(lw) < f64::from(pw)
                             && pw < lw
@@ -770,6 +775,12 @@ impl Policy {
             self.start_climb().or_else(|| self.start_down(pick))
         };
         next.or_else(|| self.start_other())
+    }
+
+    /// Whether the layout in force was measured on whole short epochs only.
+    fn on_epochs(&self) -> bool {
+        self.seen_of(&self.layout)
+            .is_some_and(|ms| ms.iter().all(|m| m.epoch_end))
     }
 
     /// `LONG` seconds measured on the layout in force, in two intervals

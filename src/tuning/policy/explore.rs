@@ -175,7 +175,7 @@ impl Policy {
         // each cost an epoch or two of new workers warming up, more than
         // the few epochs it measures could repay; there the plan decides
         // alone)
-        if ms.iter().all(|m| m.epoch_end) {
+        if self.on_epochs() {
             return None;
         }
         // (a loop that hardly waits is fed: no layout would give it more,
