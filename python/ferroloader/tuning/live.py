@@ -291,12 +291,13 @@ class AutoIter:
                 raise
             break
         now = time.perf_counter()
+        spent = time.thread_time() - tc  # (read once: this is every batch)
         if self._handed == 0 and self._new_workers:
             self._epoch_start, self._epoch_t0 = now - self._epoch_t0, now
             self._epoch_waited = 0.0
         else:
             self._epoch_waited += now - t
-            self._epoch_loop_cpu += time.thread_time() - tc
+            self._epoch_loop_cpu += spent
         self._handed += 1
         if not self._tuner_bytes_seen:
             self._tuner_bytes_seen = True
@@ -310,7 +311,7 @@ class AutoIter:
             return batch
         self._batches += 1
         self._waited += now - t
-        self._loop_cpu += time.thread_time() - tc
+        self._loop_cpu += spent
         if self._batches >= self._enough and self._pending is None and not self._decided:
             wall = now - self._t0
             if wall >= (_MIN_INTERVAL if self._tuner.layout.num_workers else _MAIN_INTERVAL):
