@@ -565,7 +565,8 @@ def test_when_no_worker_layout_beats_the_main_process_it_goes_back_to_it():
     assert t.settled and t.layout.workers == 0
 
 
-def test_epochs_shorter_than_an_interval_are_measured_whole(monkeypatch):
+@pytest.mark.parametrize("persistent", [False, True])
+def test_epochs_shorter_than_an_interval_are_measured_whole(monkeypatch, persistent):
     """An epoch far shorter than a measuring interval is measured at its
     end, so the model-based tuner decides from the first epochs on (for
     the next). (Counted as the intervals the policy is given: of those it
@@ -579,7 +580,7 @@ def test_epochs_shorter_than_an_interval_are_measured_whole(monkeypatch):
     monkeypatch.setattr(live.ModelTuner, "measured",
                         lambda self, m: given.append(m) or measured(self, m))
     loader = ferroloader.DataLoader(torch.arange(64), batch_size=4, shuffle=True, seed=0,
-                                    num_workers="auto")
+                                    num_workers="auto", persistent_workers=persistent)
     fixed = ferroloader.DataLoader(torch.arange(64), batch_size=4, shuffle=True, seed=0)
     for _ in range(3):
         assert [b.tolist() for b in loader] == [b.tolist() for b in fixed]
@@ -588,9 +589,12 @@ def test_epochs_shorter_than_an_interval_are_measured_whole(monkeypatch):
     assert all(m.epoch_end for m in given[:3])
     assert sum(len(v) for v in policy.seen.values()) >= 1
     # (each from iter() on: every batch of the epoch, but where new workers
-    # started for it, their first batch, counted as their start)
+    # started for it, their first batch, counted as their start: workers
+    # not persistent start at every epoch, persistent ones where the layout
+    # changed)
     for m, before in zip(given[:3], [None, *given[:2]]):
-        new = m.layout.num_workers > 0 and (before is None or before.layout != m.layout)
+        new = m.layout.num_workers > 0 and (
+            not persistent or before is None or before.layout != m.layout)
         assert m.batches == 16 - new, (m, before)
         assert (m.start > 0) == new
         assert m.wall > 0 and 0 <= m.wait <= m.wall
