@@ -6,6 +6,8 @@ file-descriptor limit leaves. Each reader answers a safe default where
 from __future__ import annotations
 
 import os
+import sys
+import time
 from typing import Any, Optional
 
 # File descriptors the main process holds per worker (its socket, mailbox,
@@ -82,7 +84,18 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def cpu_seconds(pid: Any) -> float:
-    """User and system CPU seconds of a process (``/proc/PID/stat``)."""
+    """CPU seconds of a process, all its threads: its CPU-time clock
+    (Linux numbers a process's clock from its pid, as
+    ``clock_getcpuclockid`` does), else ``/proc/PID/stat``'s ticks. (A
+    tick is 10 ms: read over a 25 ms epoch, a worker's CPU was off by up
+    to 40 %.)"""
+    if pid == "self":
+        return time.process_time()
+    if sys.platform.startswith("linux"):
+        try:
+            return time.clock_gettime(((~int(pid)) << 3) | 2)  # (CPUCLOCK_SCHED)
+        except (OSError, ValueError, OverflowError):
+            pass
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
