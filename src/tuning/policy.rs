@@ -264,6 +264,11 @@ impl Policy {
             self.in_force = 0.0;
         }
         self.layout = m.layout;
+        if m.batches == 0 && m.memory > 0 {
+            // (new workers' warm-up, no rate: their memory only)
+            self.elapsed += py_max(0.0, m.wall) + m.start;
+            return self.memory(&m);
+        }
         if m.wall <= 0.0 || m.samples == 0 || m.batches == 0 {
             return None;
         }

@@ -63,9 +63,11 @@ class ModelTuner(Tuner):
         # (the change records and stats() show the interval in batches)
         seen = _Interval(m.batches, m.wall, m.wait, m.cpu)
         before = self.changes[-1] if self.changes else None
-        if before is not None and before.rate_after is None:
+        # (none of new workers' warm-up, whose memory only is measured)
+        if m.batches and before is not None and before.rate_after is None:
             before.rate_after, before.wait_after = seen.rate, seen.wait_share
-        self.current = seen
+        if m.batches:
+            self.current = seen
         if self.policy is None:
             self.policy = Policy(self.context(), self.layout)
         nxt = self.policy.observe(m)
@@ -323,11 +325,21 @@ class AutoIter:
         from ``iter()`` on: the workers' first batches of an epoch are what
         a short epoch pays for them (the first batch of new workers is
         their start, counted apart); what is decided takes effect in the
-        next epoch."""
+        next epoch. The first epoch of new persistent workers is their
+        warm-up, not measured: they fault in the pages of the dataset they
+        share and fill their caches, and ran it at half their rate (the
+        next epochs, on the same workers, pay none of it)."""
         if self._decided or self._pending is not None or self._handed < 2 or self._intervals \
                 or self._tuner.forced or not isinstance(self._tuner, ModelTuner):
             return
         wall = time.perf_counter() - self._epoch_t0
+        if self._new_workers and self._loader.persistent_workers:
+            # (their memory only, read now: the read walks their page
+            # tables, which in the next epoch would cost it a tenth)
+            self._batches, self._waited, self._loop_cpu = 0, 0.0, 0.0
+            self._start_cost = self._epoch_start + wall
+            self._measure(wall, epoch_end=True)
+            return
         if wall > 0:
             self._batches, self._waited = self._handed - self._new_workers, self._epoch_waited
             self._loop_cpu, self._start_cost = self._epoch_loop_cpu, self._epoch_start
