@@ -82,6 +82,24 @@ def test_memory_over_what_was_counted_moves_to_a_layout_that_fits():
     assert p.need(nxt[0]) <= ctx.ram and nxt[0].processes < 4
 
 
+def test_a_warm_up_measured_for_its_memory_only_is_checked_against_the_budget():
+    """New persistent workers' first short epoch is measured for their
+    memory only (no batches: its rate is their warm-up's): over the
+    budget, it moves to a layout that fits; under it, it decides nothing
+    and teaches no rate."""
+    ctx = Context(cores=8, max_workers=32, ram=1000.0, per_process=200.0, per_worker=10.0,
+                  batch=8)
+    for memory, moves in [(990, True), (500, False)]:
+        p = Policy(ctx, Layout(4))
+        nxt = p.observe(Measurement(Layout(4), wall=0.02, batches=0, samples=0, wait=0.0,
+                                    loop_cpu=0.0, cpu=0.0, memory=memory, start=0.05,
+                                    epoch_end=True))
+        assert (nxt is not None) == moves, nxt
+        if moves:
+            assert "memory" in nxt[1] and p.need(nxt[0]) <= ctx.ram
+        assert p.seen == {}
+
+
 def test_the_model_based_policy_beats_the_climbing_one_on_drawn_pairs():
     """Side by side on the same pairs (the climbing Tuner is what the live
     loader ran before): more pairs at 0.95 of the best, a better worst."""
