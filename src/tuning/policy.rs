@@ -530,7 +530,25 @@ impl Policy {
                 }
             }
         }
-        let c = past_noise(&ratios);
+        let c = if ratios.is_empty() && self.on_epochs() {
+            // (on whole short epochs, a kind not measured yet: the
+            // shortfall the others measured, the machine's as much as
+            // theirs; else an untried kind looks the better for it, and
+            // each move there costs an epoch or two of new workers. On
+            // longer intervals, moves cost less than the trials they are:
+            // the family measured a point or two worse with it)
+            for (k, ms) in &self.seen {
+                if k.num_workers > 0 {
+                    let expected = self.expected(k);
+                    if expected > 0.0 && expected.is_finite() {
+                        ratios.extend(against(ms, expected));
+                    }
+                }
+            }
+            py_min(1.0, past_noise(&ratios))
+        } else {
+            past_noise(&ratios)
+        };
         self.corrections[kind.index()] = Some(c);
         c
     }
@@ -585,7 +603,14 @@ impl Policy {
         // layouts give, within the noise of the estimates
         let step = self.step.value().filter(|s| *s != 0.0).unwrap_or(0.0);
         let fed = step > 0.0 && top >= 0.9 * f64::from(self.ctx.batch) / step;
-        let share = if fed { FED } else { FEW };
+        // (on whole short epochs, within a tenth: see `decide`)
+        let share = if fed {
+            FED
+        } else if self.on_epochs() {
+            FEW_EPOCHS
+        } else {
+            FEW
+        };
         // Among the near-best, the fewest processes (threads start sooner
         // and cost less memory), except on the move out of the main
         // process where the GIL's share is still the prior and loading is
