@@ -300,13 +300,18 @@ impl Policy {
         } else {
             1
         };
+        // (an epoch shorter than an interval: each is a decision, for the
+        // next epoch, until settled: then a plan over every layout each
+        // epoch would cost a short epoch several percent. Workers are
+        // judged on two: their second epoch still faults in pages of
+        // the dataset the first did not touch, and ran at 0.55 of the
+        // next, which sent the policy back to the main process)
+        let epoch_decides =
+            m.epoch_end && !self.settled && (m.layout.num_workers == 0 || self.since >= MEASURE);
         if self.since % (MEASURE * scale) != 0
-            && (!m.epoch_end || self.settled)
+            && !epoch_decides
             && self.here < DECIDE_AFTER * f64::from(scale)
         {
-            // (an epoch shorter than an interval: each is a decision, for
-            // the next epoch, until settled: then a plan over every layout
-            // each epoch would cost a short epoch several percent)
             return None;
         }
         self.here = 0.0;
