@@ -526,15 +526,7 @@ impl Policy {
         if let Some(c) = self.corrections[kind.index()] {
             return c;
         }
-        let mut ratios = Vec::new();
-        for (k, ms) in &self.seen {
-            if k.num_workers > 0 && k.kind() == kind {
-                let expected = self.expected(k);
-                if expected > 0.0 && expected.is_finite() {
-                    ratios.extend(against(ms, expected));
-                }
-            }
-        }
+        let ratios = self.against_expected(|k| k.kind() == kind);
         let c = if ratios.is_empty() && self.on_epochs() {
             // (on whole short epochs, a kind not measured yet: the
             // shortfall the others measured, the machine's as much as
@@ -542,20 +534,27 @@ impl Policy {
             // each move there costs an epoch or two of new workers. On
             // longer intervals, moves cost less than the trials they are:
             // the family measured a point or two worse with it)
-            for (k, ms) in &self.seen {
-                if k.num_workers > 0 {
-                    let expected = self.expected(k);
-                    if expected > 0.0 && expected.is_finite() {
-                        ratios.extend(against(ms, expected));
-                    }
-                }
-            }
-            py_min(1.0, past_noise(&ratios))
+            py_min(1.0, past_noise(&self.against_expected(|_| true)))
         } else {
             past_noise(&ratios)
         };
         self.corrections[kind.index()] = Some(c);
         c
+    }
+
+    /// What the worker layouts `keep` takes measured, each interval
+    /// against its layout's prediction as fitted.
+    fn against_expected(&self, keep: impl Fn(&Layout) -> bool) -> Vec<(f64, f64)> {
+        let mut ratios = Vec::new();
+        for (k, ms) in &self.seen {
+            if k.num_workers > 0 && keep(k) {
+                let expected = self.expected(k);
+                if expected > 0.0 && expected.is_finite() {
+                    ratios.extend(against(ms, expected));
+                }
+            }
+        }
+        ratios
     }
 
     pub fn need(&self, lay: &Layout) -> f64 {
@@ -608,14 +607,7 @@ impl Policy {
         // layouts give, within the noise of the estimates
         let step = self.step.value().filter(|s| *s != 0.0).unwrap_or(0.0);
         let fed = step > 0.0 && top >= 0.9 * f64::from(self.ctx.batch) / step;
-        // (on whole short epochs, within a tenth: see `decide`)
-        let share = if fed {
-            FED
-        } else if self.on_epochs() {
-            FEW_EPOCHS
-        } else {
-            FEW
-        };
+        let share = if fed { FED } else { self.few() };
         // Among the near-best, the fewest processes (threads start sooner
         // and cost less memory), except on the move out of the main
         // process where the GIL's share is still the prior and loading is
@@ -723,14 +715,10 @@ impl Policy {
                     && !(self.fed && !late && pick.workers() < layout.workers())
             } else {
                 let (pw, lw) = (pick.workers(), layout.workers());
-                // (measured on whole short epochs, one each: their rates
-                // swing by a tenth and more, and each move costs an epoch
-                // or two of new workers warming up)
-                let few = if self.on_epochs() { FEW_EPOCHS } else { FEW };
                 in_opts
                     && (pick == layout
                         || (pw > lw && gain_of_pick < GAIN * here)
-                        || (pw <= lw && here >= few * top)
+                        || (pw <= lw && here >= self.few() * top)
                         || (self.fed
                             && FEWER * f64::from(lw) < f64::from(pw)
                             && pw < lw
@@ -810,6 +798,18 @@ impl Policy {
             self.start_climb().or_else(|| self.start_down(pick))
         };
         next.or_else(|| self.start_other())
+    }
+
+    /// The share of the best within which the fewest workers are taken,
+    /// and kept: on whole short epochs a tenth (their rates swing by a
+    /// tenth and more, and each move costs an epoch or two of new workers
+    /// warming up), else `FEW`.
+    fn few(&self) -> f64 {
+        if self.on_epochs() {
+            FEW_EPOCHS
+        } else {
+            FEW
+        }
     }
 
     /// Whether the layout in force was measured on whole short epochs only.

@@ -61,12 +61,11 @@ class ModelTuner(Tuner):
 
     def measured(self, m: Measurement) -> Optional[tuple[Layout, str]]:
         # (the change records and stats() show the interval in batches)
-        seen = _Interval(m.batches, m.wall, m.wait, m.cpu)
-        before = self.changes[-1] if self.changes else None
-        # (none of new workers' warm-up, whose memory only is measured)
-        if m.batches and before is not None and before.rate_after is None:
-            before.rate_after, before.wait_after = seen.rate, seen.wait_share
-        if m.batches:
+        if m.batches:  # (not new workers' warm-up, whose memory only is measured)
+            seen = _Interval(m.batches, m.wall, m.wait, m.cpu)
+            before = self.changes[-1] if self.changes else None
+            if before is not None and before.rate_after is None:
+                before.rate_after, before.wait_after = seen.rate, seen.wait_share
             self.current = seen
         if self.policy is None:
             self.policy = Policy(self.context(), self.layout)
