@@ -10,6 +10,7 @@ const CLIMB: u32 = 4; // moves past the model's plan (see `start_climb`)
 const CLIMB_INTERVALS: u32 = 6; // intervals a neighbour is measured on (twice, untold)
 const REACH: f64 = 0.9; // a trial predicted under this share of the layout in force is not made
 const FED_WAIT: f64 = 0.08; // a loop waiting less than this share of its time is fed
+const LATE_SHORT: f64 = 0.8; // see `late_other`
 
 /// How `a`'s rate compares with `b`'s, past the noise of both: their
 /// ratio moved towards 1 by twice the standard error of their difference
@@ -133,14 +134,28 @@ impl Policy {
     /// miss, so the next layout of its kind with more workers is measured,
     /// not predicted (`climbed` decides).
     pub(super) fn start_climb(&mut self) -> Decision {
+        self.climb(false)
+    }
+
+    /// [`start_climb`], or on from a climb whose step measured more past
+    /// the noise (`gained`): there the model, which predicted less, is not
+    /// asked whether the next step could give more.
+    fn climb(&mut self, gained: bool) -> Decision {
         let lay = self.layout;
-        let (got, prior) = self.missed()?;
         // (once from the plan; on from a climb that measured more)
         if self.tried_up && self.climb_from.is_none() {
             return None;
         }
+        let (got, prior) = match self.missed() {
+            Some(m) => m,
+            None if gained => {
+                self.may_explore()?;
+                (self.measured_of(&lay), self.prior(&lay))
+            }
+            None => return None,
+        };
         let up = self.up_of(&lay)?;
-        if self.prior(&up) < GAIN * got {
+        if !gained && self.prior(&up) < GAIN * got {
             return None; // (not even by the model as it was)
         }
         self.tried_up = true;
@@ -165,6 +180,19 @@ impl Policy {
     /// left to make: what it measured and what was predicted.
     fn missed(&self) -> Option<(f64, f64)> {
         let lay = self.layout;
+        let ms = self.may_explore()?;
+        let prior = self.prior(&lay);
+        if prior.is_nan() || prior <= 0.0 {
+            return None;
+        }
+        // (measured as the model said, or better: it holds)
+        (past_noise(&against(ms, prior)) < 1.0).then(|| (measured(ms), prior))
+    }
+
+    /// The intervals of the layout in force, where a trial from it may be
+    /// made: a climb left, time left to explore, a loop not fed.
+    fn may_explore(&self) -> Option<&Vec<Measurement>> {
+        let lay = self.layout;
         if self.climbs >= CLIMB || lay.num_workers == 0 || self.elapsed >= EXPLORE {
             return None;
         }
@@ -183,12 +211,7 @@ impl Policy {
         if self.step.value().is_some_and(|s| s > 0.0) && waited(ms) < FED_WAIT {
             return None;
         }
-        let prior = self.prior(&lay);
-        if prior.is_nan() || prior <= 0.0 {
-            return None;
-        }
-        // (measured as the model said, or better: it holds)
-        (past_noise(&against(ms, prior)) < 1.0).then(|| (measured(ms), prior))
+        Some(ms)
     }
 
     /// Before settling on a layout kept because it is predicted near the
@@ -252,6 +275,48 @@ impl Policy {
         self.trial(pick, format!("a trial of {pick}"), got, prior)
     }
 
+    /// Past `EXPLORE` seconds, where the layout in force measured far short
+    /// of what the model predicted before it was bent to it (under
+    /// `LATE_SHORT` of it, past the noise): as many workers of the other
+    /// kind, once, where the model as it was predicts them `LATE_GAIN`
+    /// over what it measured. A shortfall that large is one kind's (a GIL
+    /// that convoys, processes that contend) as often as the machine's,
+    /// and only the other kind, measured, tells which.
+    pub(super) fn late_other(&mut self) -> Decision {
+        let lay = self.layout;
+        if self.tried_other || lay.num_workers == 0 || self.on_epochs() {
+            return None;
+        }
+        let ms = self
+            .seen_of(&lay)
+            .filter(|ms| ms.len() >= MEASURE as usize)?;
+        if self.step.value().is_some_and(|s| s > 0.0) && waited(ms) < FED_WAIT {
+            return None;
+        }
+        let prior = self.prior(&lay);
+        let got = measured(ms);
+        if prior.is_nan() || prior <= 0.0 || past_noise(&against(ms, prior)) >= LATE_SHORT {
+            return None;
+        }
+        let of = |l: Layout| Layout {
+            prefetch_factor: lay.prefetch_factor,
+            ..l
+        };
+        let other = match lay.kind() {
+            Kind::Processes => of(Layout::threads_of(lay.workers())),
+            Kind::Threads | Kind::ProcessThreads => of(Layout::processes_of(lay.workers())),
+        };
+        if !self.options().contains(&other)
+            || self.seen_of(&other).is_some()
+            || self.prior(&other) < LATE_GAIN * got
+        {
+            return None;
+        }
+        self.tried_other = true;
+        self.tried = true;
+        self.trial(other, format!("a trial of {other}"), got, prior)
+    }
+
     /// The next option of `lay`'s kind with about 1.5x its workers (threads
     /// inside processes: as many processes, more threads), not measured.
     fn up_of(&self, lay: &Layout) -> Option<Layout> {
@@ -293,7 +358,7 @@ impl Policy {
         // told apart, the one that measured more)
         let more = told > 1.0 || (told == 1.0 && now >= before);
         if more && !down && lay.kind() == from.kind() {
-            if let Some(up) = self.start_climb() {
+            if let Some(up) = self.climb(told > 1.0) {
                 return Some(up);
             }
         }
