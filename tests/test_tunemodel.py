@@ -411,6 +411,23 @@ def test_threads_far_short_of_the_model_try_processes_after_the_exploring_time()
     assert out.run.settled_at <= 90
 
 
+def test_one_worker_far_short_of_the_model_climbs_after_the_exploring_time():
+    """A CPU-bound job on 2 cores whose batches of 256 take 3 s in the
+    loop: on a queueing network one worker overlaps nothing with the loop
+    (0.53 of the best, where the model said it would feed it), and by the
+    time the other kind had two intervals of 11 s the exploring time was
+    spent. Where the other kind was measured already, the late trial is
+    one more worker of the kind in force: 2 threads, at 0.72, settled
+    within the minute. (Pair 156 of ``tm.draw(240, 3)`` on the ``queue``
+    member.)"""
+    out = _pair("queue", 3, 156)
+    seen = [lay for _, lay in out.run.layouts]
+    assert Layout(1) in seen and Layout(1, "thread") in seen
+    assert out.run.final.workers >= 2
+    assert out.ratio >= 0.7
+    assert out.run.settled_at <= 60
+
+
 def test_telling_the_fewest_from_one_under_the_mark_takes_longer_the_more_workers_feed():
     """Where a loop needs few workers, one more is a large step in the rate
     and seconds of intervals tell it; where it needs a hundred, one is a

@@ -735,7 +735,7 @@ impl Policy {
                 } else {
                     self.inner_trial().or_else(|| {
                         if self.elapsed >= EXPLORE {
-                            self.late_other()
+                            self.late_trial()
                         } else {
                             self.threads_trial().or_else(|| self.kind_trial())
                         }

@@ -10,7 +10,7 @@ const CLIMB: u32 = 4; // moves past the model's plan (see `start_climb`)
 const CLIMB_INTERVALS: u32 = 6; // intervals a neighbour is measured on (twice, untold)
 const REACH: f64 = 0.9; // a trial predicted under this share of the layout in force is not made
 const FED_WAIT: f64 = 0.08; // a loop waiting less than this share of its time is fed
-const LATE_SHORT: f64 = 0.8; // see `late_other`
+const LATE_SHORT: f64 = 0.8; // see `late_trial`
 
 /// How `a`'s rate compares with `b`'s, past the noise of both: their
 /// ratio moved towards 1 by twice the standard error of their difference
@@ -278,13 +278,15 @@ impl Policy {
     /// Past `EXPLORE` seconds, where the layout in force measured far short
     /// of what the model predicted before it was bent to it (under
     /// `LATE_SHORT` of it, past the noise): as many workers of the other
-    /// kind, once, where the model as it was predicts them `LATE_GAIN`
-    /// over what it measured. A shortfall that large is one kind's (a GIL
-    /// that convoys, processes that contend) as often as the machine's,
-    /// and only the other kind, measured, tells which.
-    pub(super) fn late_other(&mut self) -> Decision {
+    /// kind, else more of its own, once, where the model as it was
+    /// predicts them `LATE_GAIN` over what it measured. A shortfall that
+    /// large is one kind's (a GIL that convoys, processes that contend) or
+    /// a knee far softer than the model's as often as the machine's, and
+    /// only a neighbour, measured, tells which. (Batches of seconds spend
+    /// the exploring time before a layout has two intervals.)
+    pub(super) fn late_trial(&mut self) -> Decision {
         let lay = self.layout;
-        if self.tried_other || lay.num_workers == 0 || self.on_epochs() {
+        if self.tried || lay.num_workers == 0 || self.on_epochs() {
             return None;
         }
         let ms = self
@@ -306,15 +308,22 @@ impl Policy {
             Kind::Processes => of(Layout::threads_of(lay.workers())),
             Kind::Threads | Kind::ProcessThreads => of(Layout::processes_of(lay.workers())),
         };
-        if !self.options().contains(&other)
-            || self.seen_of(&other).is_some()
-            || self.prior(&other) < LATE_GAIN * got
-        {
-            return None;
-        }
-        self.tried_other = true;
+        let opts = self.options();
+        let worth = |p: &Self, l: &Layout| {
+            opts.contains(l) && p.seen_of(l).is_none() && p.prior(l) >= LATE_GAIN * got
+        };
+        let (to, what) = if !self.tried_other && worth(self, &other) {
+            self.tried_other = true;
+            (other, format!("a trial of {other}"))
+        } else {
+            let up = self
+                .up_of(&lay)
+                .filter(|up| !self.tried_up && worth(self, up))?;
+            self.tried_up = true;
+            (up, format!("a climb to {up}"))
+        };
         self.tried = true;
-        self.trial(other, format!("a trial of {other}"), got, prior)
+        self.trial(to, what, got, prior)
     }
 
     /// The next option of `lay`'s kind with about 1.5x its workers (threads
