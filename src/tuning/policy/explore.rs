@@ -12,6 +12,22 @@ const REACH: f64 = 0.9; // a trial predicted under this share of the layout in f
 const FED_WAIT: f64 = 0.08; // a loop waiting less than this share of its time is fed
 const LATE_SHORT: f64 = 0.8; // see `late_trial`
 
+/// As many workers as `lay` of the other kinds, the first to try first:
+/// threads for processes; processes, then threads, for threads inside
+/// processes; processes for threads.
+fn others_of(lay: &Layout) -> Vec<Layout> {
+    let of = |l: Layout| Layout {
+        prefetch_factor: lay.prefetch_factor,
+        ..l
+    };
+    let n = lay.workers();
+    match lay.kind() {
+        Kind::Processes => vec![of(Layout::threads_of(n))],
+        Kind::ProcessThreads => vec![of(Layout::processes_of(n)), of(Layout::threads_of(n))],
+        Kind::Threads => vec![of(Layout::processes_of(n))],
+    }
+}
+
 /// How `a`'s rate compares with `b`'s, past the noise of both: their
 /// ratio moved towards 1 by twice the standard error of their difference
 /// (each interval's spread relative to its layout's rate, at least
@@ -208,10 +224,13 @@ impl Policy {
         }
         // (a loop that hardly waits is fed: no layout would give it more,
         // whatever the model said; its step's noise is not a miss)
-        if self.step.value().is_some_and(|s| s > 0.0) && waited(ms) < FED_WAIT {
-            return None;
-        }
-        Some(ms)
+        (!self.fed_on(ms)).then_some(ms)
+    }
+
+    /// Whether the loop, stepping, waited under `FED_WAIT` of the
+    /// intervals `ms`.
+    fn fed_on(&self, ms: &[Measurement]) -> bool {
+        self.step.value().is_some_and(|s| s > 0.0) && waited(ms) < FED_WAIT
     }
 
     /// Before settling on a layout kept because it is predicted near the
@@ -251,25 +270,11 @@ impl Policy {
             return None;
         }
         let (got, prior) = self.missed()?;
-        let of = |l: Layout| Layout {
-            prefetch_factor: lay.prefetch_factor,
-            ..l
-        };
-        let other = match lay.kind() {
-            Kind::Processes => vec![of(Layout::threads_of(lay.workers()))],
-            Kind::Threads | Kind::ProcessThreads => vec![
-                of(Layout::processes_of(lay.workers())),
-                of(Layout::threads_of(lay.workers())),
-            ],
-        };
         let opts = self.options();
         // (only within reach by the model: a trial's intervals last two
         // rounds of its workers' batches, minutes at a fiftieth the rate)
-        let pick = other.into_iter().find(|l| {
-            *l != lay
-                && opts.contains(l)
-                && self.seen_of(l).is_none()
-                && self.predict(l, &[]) >= REACH * got
+        let pick = others_of(&lay).into_iter().find(|l| {
+            opts.contains(l) && self.seen_of(l).is_none() && self.predict(l, &[]) >= REACH * got
         })?;
         self.tried_other = true;
         self.trial(pick, format!("a trial of {pick}"), got, prior)
@@ -291,28 +296,18 @@ impl Policy {
         }
         let ms = self
             .seen_of(&lay)
-            .filter(|ms| ms.len() >= MEASURE as usize)?;
-        if self.step.value().is_some_and(|s| s > 0.0) && waited(ms) < FED_WAIT {
-            return None;
-        }
+            .filter(|ms| ms.len() >= MEASURE as usize && !self.fed_on(ms))?;
         let prior = self.prior(&lay);
         let got = measured(ms);
         if prior.is_nan() || prior <= 0.0 || past_noise(&against(ms, prior)) >= LATE_SHORT {
             return None;
         }
-        let of = |l: Layout| Layout {
-            prefetch_factor: lay.prefetch_factor,
-            ..l
-        };
-        let other = match lay.kind() {
-            Kind::Processes => of(Layout::threads_of(lay.workers())),
-            Kind::Threads | Kind::ProcessThreads => of(Layout::processes_of(lay.workers())),
-        };
         let opts = self.options();
         let worth = |p: &Self, l: &Layout| {
             opts.contains(l) && p.seen_of(l).is_none() && p.prior(l) >= LATE_GAIN * got
         };
-        let (to, what) = if !self.tried_other && worth(self, &other) {
+        let other = others_of(&lay).into_iter().find(|l| worth(self, l));
+        let (to, what) = if let Some(other) = other.filter(|_| !self.tried_other) {
             self.tried_other = true;
             (other, format!("a trial of {other}"))
         } else {
