@@ -6,6 +6,7 @@ whatever it measures (read a clock or ``/proc``, cross the RAM budget)."""
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import os
 import time
 
@@ -373,7 +374,7 @@ def test_a_kind_measured_short_on_a_probes_two_intervals_is_tried_once_more():
 def _pair(shape: str, seed: int, i: int) -> tm.Outcome:
     """Pair ``i`` of ``tm.draw(240, seed)`` on a machine of ``shape``, run."""
     kind, job, machine = tm.draw(240, seed)[i]
-    machine = tm.Machine(machine.cores, machine.ram, machine.max_workers, shape=shape)
+    machine = dataclasses.replace(machine, shape=shape)
     return tm.outcome(kind, job, machine, tm.run_policy(job, machine, seed=i))
 
 

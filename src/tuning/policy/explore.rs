@@ -165,8 +165,8 @@ impl Policy {
         let (got, prior) = match self.missed() {
             Some(m) => m,
             None if gained => {
-                self.may_explore()?;
-                (self.measured_of(&lay), self.prior(&lay))
+                let (got, prior, _) = self.against_prior(self.may_explore()?)?;
+                (got, prior)
             }
             None => return None,
         };
@@ -195,14 +195,21 @@ impl Policy {
     /// predicted before it was bent to it, past the noise, with a climb
     /// left to make: what it measured and what was predicted.
     fn missed(&self) -> Option<(f64, f64)> {
-        let lay = self.layout;
-        let ms = self.may_explore()?;
-        let prior = self.prior(&lay);
+        let (got, prior, ratio) = self.against_prior(self.may_explore()?)?;
+        // (measured as the model said, or better: it holds)
+        (ratio < 1.0).then_some((got, prior))
+    }
+
+    /// What the layout in force measured over `ms`, what the model
+    /// predicted of it before it was bent to it, and the one over the
+    /// other past the noise (`past_noise`); none where there is no
+    /// prediction.
+    fn against_prior(&self, ms: &[Measurement]) -> Option<(f64, f64, f64)> {
+        let prior = self.prior(&self.layout);
         if prior.is_nan() || prior <= 0.0 {
             return None;
         }
-        // (measured as the model said, or better: it holds)
-        (past_noise(&against(ms, prior)) < 1.0).then(|| (measured(ms), prior))
+        Some((measured(ms), prior, past_noise(&against(ms, prior))))
     }
 
     /// The intervals of the layout in force, where a trial from it may be
@@ -297,9 +304,8 @@ impl Policy {
         let ms = self
             .seen_of(&lay)
             .filter(|ms| ms.len() >= MEASURE as usize && !self.fed_on(ms))?;
-        let prior = self.prior(&lay);
-        let got = measured(ms);
-        if prior.is_nan() || prior <= 0.0 || past_noise(&against(ms, prior)) >= LATE_SHORT {
+        let (got, prior, ratio) = self.against_prior(ms)?;
+        if ratio >= LATE_SHORT {
             return None;
         }
         let opts = self.options();
