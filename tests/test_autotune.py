@@ -154,6 +154,35 @@ def test_map_style_batches_equal_a_fixed_layout_while_it_changes(case):
     assert [c.reason for c in changes].count("forced") >= 3
 
 
+class Large(torch.utils.data.Dataset):
+    """Long enough that each layout change takes the running epoch's
+    permutation over instead of drawing it again."""
+
+    def __len__(self) -> int:
+        return 70_001
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+@time_limit(120)
+def test_changes_over_a_large_permutation_keep_torchs_batches():
+    """Threads, the main process, processes and back, over two epochs of a
+    ``shuffle=True`` loader: every batch is torch's, and the global RNG
+    ends where torch's does."""
+    torch.manual_seed(4)
+    reference = torch.utils.data.DataLoader(Large(), batch_size=2048, shuffle=True)
+    want = [b for _ in range(2) for b in reference]
+    after_torch = torch.get_rng_state()
+    torch.manual_seed(4)
+    auto = ferroloader.DataLoader(Large(), batch_size=2048, shuffle=True, num_workers="auto")
+    schedule = {3: Layout(2, T), 9: Layout(0), 15: Layout(1), 21: Layout(1, T)}
+    got = _run(auto, schedule)
+    assert_same(want, got)
+    assert torch.equal(after_torch, torch.get_rng_state())
+    assert [c.reason for c in auto.stats().autotune.changes].count("forced") >= 6
+
+
 @time_limit(120)
 @given(st.lists(st.tuples(st.integers(0, 20), st.sampled_from(LAYOUTS)), max_size=4))
 def test_property_any_schedule_of_changes_keeps_the_batches(schedule):

@@ -512,3 +512,61 @@ def test_rng_used_between_iter_and_first_next_resumes_exactly(kind, between):
     want = run(None)
     for stop in (1, 3):
         assert run(stop) == want, f"resumed after {stop} batches"
+
+
+# --------------------------------------------------------------------------- #
+# A resume beside the iterator it resumes: the permutation is handed over
+# --------------------------------------------------------------------------- #
+
+
+class _Range(tud.Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+# above the length from which a private generator's permutation is shared
+# with a live iterator that drew it (the engine's `recent` list)
+_LARGE = 70_001
+
+
+def _large_loader(lib: Any, sampler: str, nw: int = 0) -> Any:
+    ds = _Range(_LARGE)
+    if sampler == "shuffle":
+        kw: dict = {"shuffle": True}
+    elif sampler == "num_samples":
+        # two whole permutations and a part of a third
+        kw = {"sampler": lib.RandomSampler(ds, num_samples=2 * _LARGE + 5000)}
+    else:
+        kw = {"sampler": lib.SubsetRandomSampler(range(_LARGE - 1, -1, -1))}
+    return lib.DataLoader(ds, batch_size=4096, num_workers=nw, **kw)
+
+
+@pytest.mark.parametrize("sampler", ["shuffle", "num_samples", "subset"])
+@pytest.mark.parametrize("part", [0.05, 0.5, 0.95])
+def test_a_resume_beside_the_live_iterator_gives_torchs_batches(sampler, part):
+    """The autotuner moves an epoch to another layout this way: the new
+    iterator opens the epoch while the old one still holds its permutation,
+    which is then handed over instead of drawn again. Both go on with
+    torch's batches, each to the epoch's end, and the next epoch too."""
+    torch.manual_seed(5)
+    torch_loader = _large_loader(tud, sampler)
+    want = [b.tolist() for b in torch_loader] + [b.tolist() for b in torch_loader]
+    stop = max(1, int(part * len(want) / 2))
+    torch.manual_seed(5)
+    first = _large_loader(fl, sampler)
+    it = iter(first)
+    head = [b.tolist() for b in itertools.islice(it, stop)]
+    resumed = _large_loader(fl, sampler)
+    resumed.load_state_dict(first.state_dict())
+    got = head + [b.tolist() for b in resumed]
+    assert got == want[: len(got)] and len(got) == len(want) // 2
+    # the interrupted iterator, still alive, goes on as it would have
+    assert head + [b.tolist() for b in it] == want[: len(want) // 2]
+    assert [b.tolist() for b in resumed] == want[len(want) // 2 :]
+

@@ -129,6 +129,12 @@ impl RngSource for Rng {
     fn randperm(&mut self, n: usize) -> PyResult<IndexVec> {
         self.source().randperm(n)
     }
+    fn randperm_shared(&mut self, n: usize) -> PyResult<std::sync::Arc<IndexVec>> {
+        self.source().randperm_shared(n)
+    }
+    fn private(&self) -> bool {
+        matches!(self, Rng::Private(_))
+    }
     fn randint(&mut self, high: i64, count: usize, out: &mut Vec<i64>) -> PyResult<()> {
         self.source().randint(high, count, out)
     }

@@ -14,6 +14,7 @@ pub mod mixture;
 mod mt19937;
 mod ops;
 mod random;
+mod recent;
 pub mod seeds;
 mod sequential;
 pub mod shards;
@@ -26,10 +27,12 @@ pub use distributed::{distributed_indices, Distributed, DistributedError};
 pub use mt19937::{Mt19937, StateError, STATE_BYTES};
 pub use ops::{randint_into, random_int64, randperm, randperm_compact, IndexVec};
 pub use random::RandomIter;
+pub use recent::randperm_recent;
 pub use sequential::SequentialIter;
 pub use subset_random::SubsetRandomIter;
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
 /// A torch-compatible generator, as the three draws samplers make of it.
 ///
@@ -41,6 +44,16 @@ pub trait RngSource {
     type Error;
     /// `torch.randperm(n, generator=g)`.
     fn randperm(&mut self, n: usize) -> Result<IndexVec, Self::Error>;
+    /// The same draw, where a sampler holds it: a private generator hands
+    /// over a live iterator's copy of the same draw (see `recent`).
+    fn randperm_shared(&mut self, n: usize) -> Result<Arc<IndexVec>, Self::Error> {
+        self.randperm(n).map(Arc::new)
+    }
+    /// Whether only the sampler ever reads this generator (torch's private
+    /// one): then a draw whose values go unused need not be made.
+    fn private(&self) -> bool {
+        false
+    }
     /// `torch.randint(high=high, size=(count,), dtype=torch.int64,
     /// generator=g)`, appended to `out`.
     fn randint(&mut self, high: i64, count: usize, out: &mut Vec<i64>) -> Result<(), Self::Error>;
@@ -86,6 +99,12 @@ impl<G: RngSource> RngSource for SeededOnFirstUse<G> {
     type Error = G::Error;
     fn randperm(&mut self, n: usize) -> Result<IndexVec, G::Error> {
         Ok(randperm_compact(n, self.ready()?))
+    }
+    fn randperm_shared(&mut self, n: usize) -> Result<Arc<IndexVec>, G::Error> {
+        Ok(randperm_recent(n, self.ready()?))
+    }
+    fn private(&self) -> bool {
+        true
     }
     fn randint(&mut self, high: i64, count: usize, out: &mut Vec<i64>) -> Result<(), G::Error> {
         randint_into(high, count, self.ready()?, out);

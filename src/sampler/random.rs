@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use super::{IndexSource, IndexVec, RngSource};
 
 /// torch draws with-replacement samples in chunks of this many.
@@ -7,7 +9,8 @@ const REPLACEMENT_CHUNK: usize = 32;
 ///
 /// Without replacement torch yields `num_samples // n` full permutations and
 /// then a permutation truncated to `num_samples % n`, drawn even when that
-/// remainder is 0 (when the consumer asks past the last sample). With
+/// remainder is 0 (when the consumer asks past the last sample; a private
+/// generator, whose state no one else reads, leaves that draw out). With
 /// replacement it yields `num_samples // 32` chunks of 32 `randint`s and then
 /// one chunk of `num_samples % 32`. A segment is drawn when the consumer
 /// first asks for an index beyond the previous one, as a Python generator would.
@@ -16,7 +19,10 @@ pub struct RandomIter<G> {
     num_samples: usize,
     replacement: bool,
     rng: G,
-    buf: IndexVec,
+    /// The segment drawn last (a permutation may be shared with another
+    /// iterator: see `recent`), of which the first `len` are handed out.
+    buf: Arc<IndexVec>,
+    len: usize,
     pos: usize,
     next_segment: usize,
     segments: usize,
@@ -37,7 +43,8 @@ impl<G: RngSource> RandomIter<G> {
             num_samples,
             replacement,
             rng,
-            buf: IndexVec::I64(Vec::new()),
+            buf: Arc::new(IndexVec::I64(Vec::new())),
+            len: 0,
             pos: 0,
             next_segment: 0,
             segments,
@@ -52,8 +59,8 @@ impl<G: RngSource> RandomIter<G> {
     fn draw_segment(&mut self) -> Result<(), G::Error> {
         let last = self.next_segment + 1 == self.segments;
         self.next_segment += 1;
-        self.buf = IndexVec::I64(Vec::new());
         self.pos = 0;
+        self.len = 0;
         let n = self.n;
         if self.replacement {
             let count = if last {
@@ -62,16 +69,25 @@ impl<G: RngSource> RandomIter<G> {
                 REPLACEMENT_CHUNK
             };
             if count > 0 {
-                let mut drawn = Vec::with_capacity(count);
-                self.rng.randint(n as i64, count, &mut drawn)?;
-                self.buf = IndexVec::I64(drawn);
+                // (the chunk's buffer is this iterator's own: refilled in place)
+                if let Some(IndexVec::I64(v)) = Arc::get_mut(&mut self.buf) {
+                    v.clear();
+                    self.rng.randint(n as i64, count, v)?;
+                } else {
+                    let mut drawn = Vec::with_capacity(REPLACEMENT_CHUNK);
+                    self.rng.randint(n as i64, count, &mut drawn)?;
+                    self.buf = Arc::new(IndexVec::I64(drawn));
+                }
+                self.len = count;
             }
+        } else if last && self.num_samples % n == 0 && self.next_segment > 1 && self.rng.private() {
+            // torch draws a last permutation and keeps none of it; from a
+            // private generator no one sees the draw (23 M samples: 0.45 s
+            // at each epoch's end)
+            self.buf = Arc::new(IndexVec::I64(Vec::new()));
         } else {
-            let mut perm = self.rng.randperm(n)?;
-            if last {
-                perm.truncate(self.num_samples % n);
-            }
-            self.buf = perm;
+            self.buf = self.rng.randperm_shared(n)?;
+            self.len = if last { self.num_samples % n } else { n };
         }
         Ok(())
     }
@@ -82,9 +98,10 @@ impl<G: RngSource> IndexSource for RandomIter<G> {
     type Error = G::Error;
     fn next_index(&mut self) -> Result<Option<i64>, G::Error> {
         loop {
-            if let Some(i) = self.buf.get(self.pos) {
+            if self.pos < self.len {
+                let i = self.buf.get(self.pos);
                 self.pos += 1;
-                return Ok(Some(i));
+                return Ok(i);
             }
             if self.next_segment == self.segments {
                 return Ok(None);
@@ -97,7 +114,7 @@ impl<G: RngSource> IndexSource for RandomIter<G> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::{randperm, Mt19937};
+    use crate::sampler::{random_int64, randperm, Mt19937};
     use proptest::prelude::*;
 
     fn drain<S: IndexSource<Index = i64>>(s: &mut S) -> Vec<i64>
@@ -119,6 +136,33 @@ mod tests {
         assert_eq!(got, randperm(10, &mut reference));
         randperm(10, &mut reference);
         assert_eq!(it.rng, reference);
+    }
+
+    #[test]
+    fn a_private_generator_skips_the_unused_last_draw_only() {
+        use crate::sampler::SeededOnFirstUse;
+        for (k, draws) in [(10, 1), (20, 2), (23, 3), (7, 1)] {
+            let mut it = RandomIter::new(10, k, false, SeededOnFirstUse::Pending(Mt19937::new(5)));
+            let got = drain(&mut it);
+            let mut global = Mt19937::new(5);
+            let mut private = Mt19937::new(random_int64(&mut global) as u64);
+            let mut want = Vec::new();
+            for _ in 0..k / 10 {
+                want.extend(randperm(10, &mut private));
+            }
+            if k % 10 > 0 {
+                want.extend(&randperm(10, &mut private)[..k % 10]);
+            }
+            assert_eq!(got, want, "num_samples={k}");
+            let SeededOnFirstUse::Ready(left) = it.rng else {
+                panic!("seeded")
+            };
+            let mut reference = Mt19937::new(random_int64(&mut Mt19937::new(5)) as u64);
+            for _ in 0..draws {
+                randperm(10, &mut reference);
+            }
+            assert_eq!(*left, reference, "num_samples={k}: {draws} draws");
+        }
     }
 
     proptest! {

@@ -333,6 +333,9 @@ impl RngSource for SamplerRng {
     fn random_int64(&mut self) -> Result<i64, Infallible> {
         self.rng().random_int64()
     }
+    fn private(&self) -> bool {
+        matches!(self, SamplerRng::Private(_))
+    }
 }
 
 /// Pulls `take` indices (all when `None`), no more, as a Python consumer
