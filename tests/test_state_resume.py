@@ -552,7 +552,8 @@ def _large_loader(lib: Any, sampler: str, nw: int = 0) -> Any:
 def test_a_resume_beside_the_live_iterator_gives_torchs_batches(sampler, part):
     """The autotuner moves an epoch to another layout this way: the new
     iterator opens the epoch while the old one still holds its permutation,
-    which is then handed over instead of drawn again. Both go on with
+    which is then handed over instead of drawn again (``subset`` draws
+    from the global generator, shared: drawn again). Both go on with
     torch's batches, each to the epoch's end, and the next epoch too."""
     torch.manual_seed(5)
     torch_loader = _large_loader(tud, sampler)

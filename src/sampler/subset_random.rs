@@ -1,5 +1,3 @@
-use std::sync::Arc;
-
 use super::{IndexSource, IndexVec, RngSource};
 
 /// `SubsetRandomSampler.__iter__`: one `randperm(len(indices))` on first use,
@@ -7,7 +5,7 @@ use super::{IndexSource, IndexVec, RngSource};
 pub struct SubsetRandomIter<G> {
     indices: Vec<i64>,
     rng: G,
-    perm: Option<Arc<IndexVec>>,
+    perm: Option<IndexVec>,
     pos: usize,
 }
 
@@ -35,7 +33,7 @@ impl<G: RngSource> IndexSource for SubsetRandomIter<G> {
     fn next_index(&mut self) -> Result<Option<i64>, G::Error> {
         if self.perm.is_none() {
             let n = self.indices.len();
-            self.perm = Some(self.rng.randperm_shared(n)?);
+            self.perm = Some(self.rng.randperm(n)?);
         }
         let perm = self.perm.as_ref().expect("drawn above");
         match perm.get(self.pos) {
