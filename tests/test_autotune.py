@@ -19,6 +19,7 @@ import mp_helpers as mh
 import pytest
 import shard_cases
 import torch
+from ferroloader.seeds import epoch_seed
 from ferroloader.tuning.bounds import Layout
 from ferroloader.tuning.climb import Tuner, _Interval
 from helpers import assert_same, ferro_only, time_limit
@@ -166,20 +167,30 @@ class Large(torch.utils.data.Dataset):
 
 
 @time_limit(120)
-def test_changes_over_a_large_permutation_keep_torchs_batches():
+@pytest.mark.parametrize("seeded", [False, True])
+def test_changes_over_a_large_permutation_keep_torchs_batches(seeded):
     """Threads, the main process, processes and back, over two epochs of a
-    ``shuffle=True`` loader: every batch is torch's, and the global RNG
-    ends where torch's does."""
+    ``shuffle=True`` loader: every batch is torch's (with ``seed=``, torch's
+    with a generator reseeded as the loader's own is), and the generators
+    end where torch's do."""
     torch.manual_seed(4)
-    reference = torch.utils.data.DataLoader(Large(), batch_size=2048, shuffle=True)
-    want = [b for _ in range(2) for b in reference]
+    gen = torch.Generator()
+    reference = torch.utils.data.DataLoader(Large(), batch_size=2048, shuffle=True,
+                                            generator=gen if seeded else None)
+    want = []
+    for e in range(2):
+        gen.manual_seed(epoch_seed(6, e))
+        want += list(reference)
     after_torch = torch.get_rng_state()
     torch.manual_seed(4)
-    auto = ferroloader.DataLoader(Large(), batch_size=2048, shuffle=True, num_workers="auto")
+    auto = ferroloader.DataLoader(Large(), batch_size=2048, shuffle=True, num_workers="auto",
+                                  seed=6 if seeded else None)
     schedule = {3: Layout(2, T), 9: Layout(0), 15: Layout(1), 21: Layout(1, T)}
     got = _run(auto, schedule)
     assert_same(want, got)
     assert torch.equal(after_torch, torch.get_rng_state())
+    if seeded:
+        assert torch.equal(gen.get_state(), auto.generator.get_state())
     assert [c.reason for c in auto.stats().autotune.changes].count("forced") >= 6
 
 

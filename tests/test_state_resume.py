@@ -15,6 +15,7 @@ import ferroloader as fl
 import pytest
 import torch
 import torch.utils.data as tud
+from ferroloader.seeds import epoch_seed
 from helpers import ferro_only, time_limit
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -539,6 +540,11 @@ def _large_loader(lib: Any, sampler: str, nw: int = 0) -> Any:
     ds = _Range(_LARGE)
     if sampler == "shuffle":
         kw: dict = {"shuffle": True}
+    elif sampler == "seed":
+        # torch's: the generator the loader's own follows (reseeded per epoch
+        # by the caller); ferroloader's: ``seed=``
+        kw = {"shuffle": True}
+        kw.update({"seed": 7} if lib is fl else {"generator": torch.Generator()})
     elif sampler == "num_samples":
         # two whole permutations and a part of a third
         kw = {"sampler": lib.RandomSampler(ds, num_samples=2 * _LARGE + 5000)}
@@ -547,17 +553,30 @@ def _large_loader(lib: Any, sampler: str, nw: int = 0) -> Any:
     return lib.DataLoader(ds, batch_size=4096, num_workers=nw, **kw)
 
 
-@pytest.mark.parametrize("sampler", ["shuffle", "num_samples", "subset"])
+def _torch_epochs(sampler: str, epochs: int) -> tuple[list, Any]:
+    """torch's batches over ``epochs`` epochs of the large loader (for
+    ``seed``, its generator reseeded as ``seed=7`` reseeds the loader's
+    own), and its loader."""
+    loader = _large_loader(tud, sampler)
+    out: list = []
+    for e in range(epochs):
+        if sampler == "seed":
+            loader.generator.manual_seed(epoch_seed(7, e))
+        out += [b.tolist() for b in loader]
+    return out, loader
+
+
+@pytest.mark.parametrize("sampler", ["shuffle", "num_samples", "subset", "seed"])
 @pytest.mark.parametrize("part", [0.05, 0.5, 0.95])
 def test_a_resume_beside_the_live_iterator_gives_torchs_batches(sampler, part):
     """The autotuner moves an epoch to another layout this way: the new
     iterator opens the epoch while the old one still holds its permutation,
-    which is then handed over instead of drawn again (``subset`` draws
-    from the global generator, shared: drawn again). Both go on with
-    torch's batches, each to the epoch's end, and the next epoch too."""
+    which is then handed over instead of drawn again (a private generator's,
+    or the loader's own of ``seed=``; ``subset`` draws from the global
+    generator, shared: drawn again). Both go on with torch's batches, each
+    to the epoch's end, and the next epoch too."""
     torch.manual_seed(5)
-    torch_loader = _large_loader(tud, sampler)
-    want = [b.tolist() for b in torch_loader] + [b.tolist() for b in torch_loader]
+    want, torch_loader = _torch_epochs(sampler, 2)
     stop = max(1, int(part * len(want) / 2))
     torch.manual_seed(5)
     first = _large_loader(fl, sampler)
@@ -570,4 +589,7 @@ def test_a_resume_beside_the_live_iterator_gives_torchs_batches(sampler, part):
     # the interrupted iterator, still alive, goes on as it would have
     assert head + [b.tolist() for b in it] == want[: len(want) // 2]
     assert [b.tolist() for b in resumed] == want[len(want) // 2 :]
+    if sampler == "seed":
+        # the loader's own generator left where torch's draws leave it
+        assert torch.equal(resumed.generator.get_state(), torch_loader.generator.get_state())
 

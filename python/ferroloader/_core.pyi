@@ -134,7 +134,11 @@ class SamplerIter(Iterator[int]):
     def sequential(n: int) -> SamplerIter: ...
     @staticmethod
     def random(
-        n: int, num_samples: int, replacement: bool, generator: Optional[torch.Generator] = None
+        n: int,
+        num_samples: int,
+        replacement: bool,
+        generator: Optional[torch.Generator] = None,
+        own: bool = False,
     ) -> SamplerIter: ...
     @staticmethod
     def permutation(n: int, generator: torch.Generator) -> SamplerIter: ...

@@ -36,6 +36,7 @@ from ferroloader.run.iterators import (
 from ferroloader.sampler import (
     RandomSampler,
     SequentialSampler,
+    own_generator,
 )
 from ferroloader.sources.remote import CacheStats, ShardCache
 from ferroloader.sources.shards import ShardedDataset, Sharding
@@ -219,7 +220,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
                 dataset, shuffle, sampler, batch_sampler, batch_size, drop_last)
         # seed=: a private generator, reseeded per epoch, decides the order
         # and the workers' base seed; generator= keeps priority
-        own = torch.Generator() if seed is not None and generator is None else None
+        own = own_generator() if seed is not None and generator is None else None
         if (
             sampler is None
             and batch_sampler is None

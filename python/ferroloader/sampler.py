@@ -20,6 +20,7 @@ torch's Python loop (the same batches).
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
@@ -32,6 +33,19 @@ from ferroloader.seeds import epoch_seed
 from ferroloader.sources.shards import Sharding
 
 Sampler = _ts.Sampler
+
+
+# the loaders' own generators (``seed=``): only their loader draws from
+# them, so the engine may draw a permutation from one's state and write the
+# state back, and hand a live iterator's permutation to a resume beside it
+_OWN: weakref.WeakSet[torch.Generator] = weakref.WeakSet()
+
+
+def own_generator() -> torch.Generator:
+    """A new generator for a loader's ``seed=`` (see ``_OWN``)."""
+    g = torch.Generator()
+    _OWN.add(g)
+    return g
 
 
 def _cpu_generator(gen: Any) -> bool:
@@ -47,7 +61,8 @@ def _resolve_random(s: Any) -> Any:
     n = len(s.data_source)
     num_samples = s.num_samples
     if n > 0 and _cpu_generator(s.generator) and type(num_samples) is int and num_samples > 0:
-        return _core.SamplerIter.random(n, num_samples, bool(s.replacement), s.generator)
+        own = s.generator is not None and s.generator in _OWN
+        return _core.SamplerIter.random(n, num_samples, bool(s.replacement), s.generator, own)
     return _ts.RandomSampler.__iter__(s)
 
 

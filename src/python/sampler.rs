@@ -4,7 +4,9 @@
 use std::collections::VecDeque;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use std::sync::Arc;
+
+use pyo3::types::{PyByteArray, PyDict, PyList};
 use pyo3::{PyTraverseError, PyVisit};
 
 use super::error::Class;
@@ -12,8 +14,8 @@ use super::ffi::DlView;
 use super::torch::torch;
 use super::turns::with_mut;
 use crate::sampler::{
-    distributed_indices, BatchIter, Distributed, IndexSource, IndexVec, RandomIter, RngSource,
-    SeededOnFirstUse, SequentialIter, SubsetRandomIter,
+    distributed_indices, randperm_recent, BatchIter, Distributed, IndexSource, IndexVec, Mt19937,
+    RandomIter, RngSource, SeededOnFirstUse, SequentialIter, SubsetRandomIter, WORTH_SHARING,
 };
 
 /// A user's (or the global) `torch.Generator`, which torch itself draws
@@ -48,6 +50,41 @@ impl TorchGen {
         kwargs.set_item(pyo3::intern!(py, "device"), pyo3::intern!(py, "cpu"))?;
         kwargs.set_item(pyo3::intern!(py, "dtype"), dtype)?;
         op.bind(py).call(args, Some(&kwargs))
+    }
+
+    /// `randperm(n)` from the loader's own generator, drawn here from its
+    /// state (torch's algorithm, draw for draw) and written back, so that a
+    /// resume beside a live iterator of the same epoch takes that
+    /// iterator's permutation over (`randperm_recent`). Only for a
+    /// generator no one else draws from: between the read and the write of
+    /// its state, another's draw would be lost.
+    fn randperm_own(&mut self, n: usize) -> PyResult<Arc<IndexVec>> {
+        if n < WORTH_SHARING {
+            return self.randperm(n).map(Arc::new);
+        }
+        Python::attach(|py| {
+            let g = self.generator.bind(py);
+            let state = g.call_method0(pyo3::intern!(py, "get_state"))?;
+            let mut bytes = tensor_values::<u8>(&state)?;
+            let Ok(mut rng) = Mt19937::from_state_bytes(&bytes) else {
+                // (not a state this engine reads: torch draws)
+                return self.randperm(n).map(Arc::new);
+            };
+            let perm = randperm_recent(n, &mut rng);
+            rng.write_state_bytes(&mut bytes)
+                .map_err(|e| Class::Internal.err(e.to_string()))?;
+            let module = py.import(pyo3::intern!(py, "torch"))?;
+            let kwargs = PyDict::new(py);
+            kwargs.set_item(
+                pyo3::intern!(py, "dtype"),
+                module.getattr(pyo3::intern!(py, "uint8"))?,
+            )?;
+            let written = module
+                .getattr(pyo3::intern!(py, "frombuffer"))?
+                .call((PyByteArray::new(py, &bytes),), Some(&kwargs))?;
+            g.call_method1(pyo3::intern!(py, "set_state"), (written,))?;
+            Ok(perm)
+        })
     }
 }
 
@@ -113,12 +150,15 @@ pub enum Rng {
     /// `RandomSampler(generator=None)`: a private generator seeded from the
     /// global one on first use.
     Private(SeededOnFirstUse<TorchGen>),
+    /// The loader's own generator (`seed=`), which only the loader draws
+    /// from: a permutation is drawn here from its state (see `randperm_own`).
+    Own(TorchGen),
 }
 
 impl Rng {
     fn source(&mut self) -> &mut dyn RngSource<Error = PyErr> {
         match self {
-            Rng::Shared(g) => g,
+            Rng::Shared(g) | Rng::Own(g) => g,
             Rng::Private(g) => g,
         }
     }
@@ -129,8 +169,11 @@ impl RngSource for Rng {
     fn randperm(&mut self, n: usize) -> PyResult<IndexVec> {
         self.source().randperm(n)
     }
-    fn randperm_shared(&mut self, n: usize) -> PyResult<std::sync::Arc<IndexVec>> {
-        self.source().randperm_shared(n)
+    fn randperm_shared(&mut self, n: usize) -> PyResult<Arc<IndexVec>> {
+        match self {
+            Rng::Own(g) => g.randperm_own(n),
+            _ => self.source().randperm_shared(n),
+        }
     }
     fn private(&self) -> bool {
         matches!(self, Rng::Private(_))
@@ -181,7 +224,9 @@ impl TorchGen {
 impl Rng {
     fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         match self {
-            Rng::Shared(g) | Rng::Private(SeededOnFirstUse::Pending(g)) => g.traverse(visit),
+            Rng::Shared(g) | Rng::Own(g) | Rng::Private(SeededOnFirstUse::Pending(g)) => {
+                g.traverse(visit)
+            }
             Rng::Private(SeededOnFirstUse::Ready(_)) => Ok(()),
         }
     }
@@ -308,15 +353,17 @@ impl SamplerIter {
     }
 
     #[staticmethod]
-    #[pyo3(signature = (n, num_samples, replacement, generator=None))]
+    #[pyo3(signature = (n, num_samples, replacement, generator=None, own=false))]
     fn random(
         py: Python<'_>,
         n: usize,
         num_samples: usize,
         replacement: bool,
         generator: Option<Py<PyAny>>,
+        own: bool,
     ) -> PyResult<Self> {
         let rng = match generator {
+            Some(g) if own => Rng::Own(TorchGen::new(py, Some(g))?),
             Some(g) => Rng::Shared(TorchGen::new(py, Some(g))?),
             None => Rng::Private(SeededOnFirstUse::Pending(TorchGen::new(py, None)?)),
         };
