@@ -23,7 +23,7 @@ from ferroloader.seeds import epoch_seed
 from ferroloader.tuning.bounds import Layout
 from ferroloader.tuning.climb import Tuner, _Interval
 from helpers import assert_same, ferro_only, time_limit
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 pytestmark = ferro_only
@@ -192,6 +192,27 @@ def test_changes_over_a_large_permutation_keep_torchs_batches(seeded):
     if seeded:
         assert torch.equal(gen.get_state(), auto.generator.get_state())
     assert [c.reason for c in auto.stats().autotune.changes].count("forced") >= 6
+
+
+@time_limit(120)
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 34), st.sampled_from([Layout(0), Layout(1, T),
+                                                             Layout(2, T), Layout(3, T)])),
+                max_size=4),
+       st.booleans())
+def test_property_any_schedule_over_a_large_permutation_keeps_torchs_batches(schedule, seeded):
+    """Changes at any batches of an epoch whose permutation each change
+    takes over (threads and the main process: no process start per
+    example): torch's batches, with the global generator, or ``seed=``'s
+    against torch's with the generator the loader's own follows."""
+    gen = torch.Generator().manual_seed(epoch_seed(3, 0))
+    torch.manual_seed(8)
+    want = list(torch.utils.data.DataLoader(Large(), batch_size=2048, shuffle=True,
+                                            generator=gen if seeded else None))
+    torch.manual_seed(8)
+    auto = ferroloader.DataLoader(Large(), batch_size=2048, shuffle=True, num_workers="auto",
+                                  seed=3 if seeded else None)
+    assert_same(want, _run(auto, dict(schedule), epochs=1))
 
 
 @time_limit(120)
