@@ -61,7 +61,7 @@ def _resolve_random(s: Any) -> Any:
     n = len(s.data_source)
     num_samples = s.num_samples
     if n > 0 and _cpu_generator(s.generator) and type(num_samples) is int and num_samples > 0:
-        own = s.generator is not None and s.generator in _OWN
+        own = s.generator in _OWN  # (None is in no WeakSet)
         return _core.SamplerIter.random(n, num_samples, bool(s.replacement), s.generator, own)
     return _ts.RandomSampler.__iter__(s)
 

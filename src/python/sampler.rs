@@ -2,10 +2,9 @@
 //! generators.
 
 use std::collections::VecDeque;
-
-use pyo3::prelude::*;
 use std::sync::Arc;
 
+use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyDict, PyList};
 use pyo3::{PyTraverseError, PyVisit};
 
@@ -15,7 +14,7 @@ use super::torch::torch;
 use super::turns::with_mut;
 use crate::sampler::{
     distributed_indices, randperm_recent, BatchIter, Distributed, IndexSource, IndexVec, Mt19937,
-    RandomIter, RngSource, SeededOnFirstUse, SequentialIter, SubsetRandomIter, WORTH_SHARING,
+    RandomIter, RngSource, SeededOnFirstUse, SequentialIter, SubsetRandomIter,
 };
 
 /// A user's (or the global) `torch.Generator`, which torch itself draws
@@ -59,9 +58,6 @@ impl TorchGen {
     /// generator no one else draws from: between the read and the write of
     /// its state, another's draw would be lost.
     fn randperm_own(&mut self, n: usize) -> PyResult<Arc<IndexVec>> {
-        if n < WORTH_SHARING {
-            return self.randperm(n).map(Arc::new);
-        }
         Python::attach(|py| {
             let g = self.generator.bind(py);
             let state = g.call_method0(pyo3::intern!(py, "get_state"))?;

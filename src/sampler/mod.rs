@@ -27,7 +27,7 @@ pub use distributed::{distributed_indices, Distributed, DistributedError};
 pub use mt19937::{Mt19937, StateError, STATE_BYTES};
 pub use ops::{randint_into, random_int64, randperm, randperm_compact, IndexVec};
 pub use random::RandomIter;
-pub use recent::{randperm_recent, WORTH_SHARING};
+pub use recent::randperm_recent;
 pub use sequential::SequentialIter;
 pub use subset_random::SubsetRandomIter;
 

@@ -18,7 +18,7 @@ use super::{randperm_compact, IndexVec, Mt19937};
 
 /// Below this many samples a draw takes under a millisecond: not worth a
 /// look-up.
-pub const WORTH_SHARING: usize = 1 << 16;
+const WORTH_SHARING: usize = 1 << 16;
 /// How many draws are remembered (dead ones are dropped first).
 const KEPT: usize = 8;
 
