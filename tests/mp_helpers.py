@@ -123,6 +123,26 @@ class PidDataset(tud.Dataset):
         return {"i": i, "calls": self.calls, "pid": os.getpid()}
 
 
+# above the length from which the engine hands a live iterator's
+# permutation over to a resume beside it (``src/sampler/recent.rs``)
+LARGE = 70_001
+
+
+class Indices(tud.Dataset):
+    """``dataset[i] == i`` for ``n`` samples (by default ``LARGE``: long
+    enough that each layout change, or a resume beside the live iterator,
+    takes the epoch's permutation over instead of drawing it again)."""
+
+    def __init__(self, n: int = LARGE) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
 class GetitemsDataset(tud.Dataset):
     """Defines ``__getitems__``; samples say which method built them and where."""
 

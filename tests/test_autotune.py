@@ -155,17 +155,6 @@ def test_map_style_batches_equal_a_fixed_layout_while_it_changes(case):
     assert [c.reason for c in changes].count("forced") >= 3
 
 
-class Large(torch.utils.data.Dataset):
-    """Long enough that each layout change takes the running epoch's
-    permutation over instead of drawing it again."""
-
-    def __len__(self) -> int:
-        return 70_001
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
 @time_limit(120)
 @pytest.mark.parametrize("seeded", [False, True])
 def test_changes_over_a_large_permutation_keep_torchs_batches(seeded):
@@ -175,7 +164,7 @@ def test_changes_over_a_large_permutation_keep_torchs_batches(seeded):
     end where torch's do."""
     torch.manual_seed(4)
     gen = torch.Generator()
-    reference = torch.utils.data.DataLoader(Large(), batch_size=2048, shuffle=True,
+    reference = torch.utils.data.DataLoader(mh.Indices(), batch_size=2048, shuffle=True,
                                             generator=gen if seeded else None)
     want = []
     for e in range(2):
@@ -183,7 +172,7 @@ def test_changes_over_a_large_permutation_keep_torchs_batches(seeded):
         want += list(reference)
     after_torch = torch.get_rng_state()
     torch.manual_seed(4)
-    auto = ferroloader.DataLoader(Large(), batch_size=2048, shuffle=True, num_workers="auto",
+    auto = ferroloader.DataLoader(mh.Indices(), batch_size=2048, shuffle=True, num_workers="auto",
                                   seed=6 if seeded else None)
     schedule = {3: Layout(2, T), 9: Layout(0), 15: Layout(1), 21: Layout(1, T)}
     got = _run(auto, schedule)
@@ -207,10 +196,10 @@ def test_property_any_schedule_over_a_large_permutation_keeps_torchs_batches(sch
     against torch's with the generator the loader's own follows."""
     gen = torch.Generator().manual_seed(epoch_seed(3, 0))
     torch.manual_seed(8)
-    want = list(torch.utils.data.DataLoader(Large(), batch_size=2048, shuffle=True,
+    want = list(torch.utils.data.DataLoader(mh.Indices(), batch_size=2048, shuffle=True,
                                             generator=gen if seeded else None))
     torch.manual_seed(8)
-    auto = ferroloader.DataLoader(Large(), batch_size=2048, shuffle=True, num_workers="auto",
+    auto = ferroloader.DataLoader(mh.Indices(), batch_size=2048, shuffle=True, num_workers="auto",
                                   seed=3 if seeded else None)
     assert_same(want, _run(auto, dict(schedule), epochs=1))
 

@@ -19,6 +19,7 @@ from ferroloader.seeds import epoch_seed
 from helpers import ferro_only, time_limit
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from mp_helpers import LARGE, Indices
 from shard_cases import Counted
 from test_state import KINDS, RngStateMap, _expected, _loader, plain
 
@@ -520,24 +521,8 @@ def test_rng_used_between_iter_and_first_next_resumes_exactly(kind, between):
 # --------------------------------------------------------------------------- #
 
 
-class _Range(tud.Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
-# above the length from which a private generator's permutation is shared
-# with a live iterator that drew it (the engine's `recent` list)
-_LARGE = 70_001
-
-
-def _large_loader(lib: Any, sampler: str, nw: int = 0) -> Any:
-    ds = _Range(_LARGE)
+def _large_loader(lib: Any, sampler: str) -> Any:
+    ds = Indices()
     if sampler == "shuffle":
         kw: dict = {"shuffle": True}
     elif sampler == "seed":
@@ -547,10 +532,10 @@ def _large_loader(lib: Any, sampler: str, nw: int = 0) -> Any:
         kw.update({"seed": 7} if lib is fl else {"generator": torch.Generator()})
     elif sampler == "num_samples":
         # two whole permutations and a part of a third
-        kw = {"sampler": lib.RandomSampler(ds, num_samples=2 * _LARGE + 5000)}
+        kw = {"sampler": lib.RandomSampler(ds, num_samples=2 * LARGE + 5000)}
     else:
-        kw = {"sampler": lib.SubsetRandomSampler(range(_LARGE - 1, -1, -1))}
-    return lib.DataLoader(ds, batch_size=4096, num_workers=nw, **kw)
+        kw = {"sampler": lib.SubsetRandomSampler(range(LARGE - 1, -1, -1))}
+    return lib.DataLoader(ds, batch_size=4096, **kw)
 
 
 def _torch_epochs(sampler: str, epochs: int) -> tuple[list, Any]:
