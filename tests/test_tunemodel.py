@@ -396,6 +396,23 @@ def test_a_climb_that_measured_more_goes_on_where_the_model_said_it_would_not():
     assert out.run.settled_at <= 60
 
 
+def test_workers_that_only_compute_are_not_climbed_to_past_twice_the_cores():
+    """A CPU-bound job on 12 cores settled on 13 processes; then a
+    neighbour took 6 of the cores. The rate fell to 0.4 of what it was,
+    the policy started over on the 6 or 7 cores the workers still got,
+    13 processes measured short of the model, and a softer knee explained
+    it: climbs went on to 20 and 30 processes, 0.87 of the best (7), for
+    processes past the cores contend. Workers that only compute, where
+    the cores bound them, get nothing from more than twice the cores on
+    a knee of any shape: no climb goes there. (Pair 200 of
+    ``tm.draw(240, 2)`` on the ``shift`` member.)"""
+    out = _pair("shift", 2, 200)
+    assert out.machine.cores == 12 and out.job.wait < 0.1 * out.job.cpu
+    after = [lay.workers for t, lay in out.run.layouts if t > tm.SHIFT_AT]
+    assert max(after, default=13) <= 2 * 7 + 2
+    assert out.ratio >= 0.95
+
+
 def test_threads_far_short_of_the_model_try_processes_after_the_exploring_time():
     """A waiting job on 2 cores whose batches take seconds: by the time 31
     threads had two intervals, the 45 s in which the policy explores were

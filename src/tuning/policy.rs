@@ -46,6 +46,11 @@ const REEXPLORE: f64 = 30.0; // seconds of tuning within which a settled layout'
 pub const GIL_PRIOR: f64 = 0.25;
 /// An interval under this share of its layout's median rate is a stall.
 const SLOW: f64 = 0.5;
+/// Workers per core past which those that only compute are not climbed to
+/// (see `crowded`).
+const CROWD: f64 = 2.0;
+/// A worker busy this share of its time only computes.
+const COMPUTES: f64 = 0.9;
 /// The most workers the first worker layout starts (see `decide`).
 const PROBE: u32 = 4;
 
@@ -440,6 +445,12 @@ impl Policy {
     }
 
     fn bounds_of(&self, lay: &Layout, gil: Option<f64>) -> Vec<f64> {
+        bounds(&self.costs_of(lay, gil), lay)
+    }
+
+    /// The job's costs as learnt for `lay` (the GIL's share `gil`, or the
+    /// one learnt).
+    fn costs_of(&self, lay: &Layout, gil: Option<f64>) -> Costs {
         // (a kind not measured yet: another kind's, or the main process's;
         // the main process not measured, the workers')
         let mut cpu = self.cpu0.value();
@@ -457,7 +468,7 @@ impl Policy {
             }
         }
         let or0 = |v: Option<f64>| v.filter(|x| *x != 0.0).unwrap_or(0.0);
-        let costs = Costs {
+        Costs {
             cpu: or0(cpu),
             wait: py_max(0.0, or0(self.wait.value())),
             moving: if lay.processes() > 0 {
@@ -469,8 +480,7 @@ impl Policy {
             step: or0(self.step.value()),
             batch: f64::from(self.ctx.batch),
             cores: self.cores(),
-        };
-        bounds(&costs, lay)
+        }
     }
 
     /// `lay`'s rate by the model's bounds (the GIL's share `gil`, or the
@@ -583,6 +593,23 @@ impl Policy {
             .into_iter()
             .filter(|l| self.fits(l))
             .collect()
+    }
+
+    /// Whether `lay` has more than `CROWD` workers per core (and two) that
+    /// only compute (`COMPUTES` of their time) where the cores bound them
+    /// more tightly than the loop or a GIL, by the costs measured: no knee
+    /// of any shape gives more there, and processes contend.
+    pub(super) fn crowded(&self, lay: &Layout) -> bool {
+        let c = self.costs_of(lay, None);
+        let per = c.cpu + c.moving + c.step / c.batch;
+        if f64::from(lay.workers()) <= CROWD * c.cores + 2.0
+            || !(c.cpu > 0.0 && c.cpu >= COMPUTES * (c.cpu + c.wait) && per > 0.0)
+        {
+            return false;
+        }
+        let cores = c.cores / per;
+        // (the bounds past the workers' own: a GIL's, the loop's)
+        bounds(&c, lay)[1..].iter().all(|b| cores <= *b)
     }
 
     /// The layout with the fewest workers predicted within `FEW` of the

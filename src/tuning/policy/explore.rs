@@ -170,7 +170,7 @@ impl Policy {
             }
             None => return None,
         };
-        let up = self.up_of(&lay)?;
+        let up = self.up_of(&lay).filter(|up| !self.crowded(up))?;
         if !gained && self.prior(&up) < GAIN * got {
             return None; // (not even by the model as it was)
         }
