@@ -502,6 +502,26 @@ def test_the_policy_is_judged_on_every_member_of_the_family():
         assert len(late) <= 2, (shape, late)
 
 
+def test_the_family_table_counts_the_misses_no_minute_of_intervals_can_tell(capsys):
+    """``python -m ferroloader.tuning.model --family`` prints, per member,
+    the share at 0.95 of the best and, of the pairs under it, those where
+    60 s of intervals cannot tell the fewest workers near the best from a
+    layout under 0.95 (a frugal policy's limit, not its choice): never
+    more than the misses, and some on the queueing member, whose knee is
+    the softest."""
+    tm.main(["--family", "24", "11"])
+    rows = {}
+    for line in capsys.readouterr().out.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    shares = [float(c.rstrip("%")) / 100 for c in rows["at least 0.95 of the best"]]
+    untold = [int(c) for c in rows["of the misses, pairs 60 s of intervals cannot tell"]]
+    assert len(untold) == len(tm.SHAPES)
+    for share, n in zip(shares, untold):
+        assert 0 <= n <= round((1 - share) * 24)
+    assert untold[tm.SHAPES.index("queue")] > 0
+
+
 def test_a_machine_that_changes_is_judged_from_its_change():
     """On a machine a neighbour takes half the cores of after SHIFT_AT
     seconds, the same fixed layout loads about half as fast after it, and
