@@ -413,6 +413,20 @@ def test_workers_that_only_compute_are_not_climbed_to_past_twice_the_cores():
     assert out.ratio >= 0.95
 
 
+def test_threads_inside_processes_short_of_the_model_try_as_many_processes():
+    """A waiting job on 128 cores: 100 processes of 4 threads each fed the
+    loop short of the model (0.88 of the best, 502 processes, on a GIL
+    that convoys), and the trial of as many workers of the other kind
+    never came: past 64 the candidates' counts step by 4 %, and there are
+    no 400 processes, only 394. The trial takes the nearest count.
+    (Pair 53 of ``tm.draw(240, 1)`` on the ``convoy`` member.)"""
+    out = _pair("convoy", 1, 53)
+    seen = [lay for _, lay in out.run.layouts]
+    assert Layout(100, "multiprocessing", 4) in seen
+    assert Layout(394) in seen
+    assert out.ratio >= 0.95
+
+
 def test_threads_far_short_of_the_model_try_processes_after_the_exploring_time():
     """A waiting job on 2 cores whose batches take seconds: by the time 31
     threads had two intervals, the 45 s in which the policy explores were

@@ -14,17 +14,36 @@ const LATE_SHORT: f64 = 0.8; // see `late_trial`
 
 /// As many workers as `lay` of the other kinds, the first to try first:
 /// threads for processes; processes, then threads, for threads inside
-/// processes; processes for threads.
+/// processes; processes for threads. (As many as the candidates have:
+/// past 64 their counts step by 4 %, and 100 processes of 4 threads have
+/// no 400 processes or threads to compare with, but 397.)
 fn others_of(lay: &Layout) -> Vec<Layout> {
     let of = |l: Layout| Layout {
         prefetch_factor: lay.prefetch_factor,
         ..l
     };
-    let n = lay.workers();
+    let n = nearest_rung(lay.workers());
     match lay.kind() {
         Kind::Processes => vec![of(Layout::threads_of(n))],
         Kind::ProcessThreads => vec![of(Layout::processes_of(n)), of(Layout::threads_of(n))],
         Kind::Threads => vec![of(Layout::processes_of(n))],
+    }
+}
+
+/// The count of workers among the candidates' (1 to 64, then steps of
+/// 4 %: `candidates`) nearest to `n`, the larger of two as near.
+fn nearest_rung(n: u32) -> u32 {
+    let mut rung = 1;
+    loop {
+        let next = if rung < 64 {
+            rung + 1
+        } else {
+            (f64::from(rung) * 1.04).ceil() as u32
+        };
+        if next > n {
+            return if next - n <= n - rung { next } else { rung };
+        }
+        rung = next;
     }
 }
 
@@ -386,5 +405,27 @@ impl Policy {
             from,
             format!("back to {from}: {lay} measured {now:.0} samples/s, no more"),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nearest_rung_is_a_candidates_count_and_none_is_nearer() {
+        let counts: Vec<u32> = candidates(4096, true, false, false)
+            .iter()
+            .map(Layout::workers)
+            .filter(|&n| n > 0)
+            .collect();
+        for n in 1..3000 {
+            let r = nearest_rung(n);
+            assert!(counts.contains(&r), "{n} -> {r}");
+            let best = counts.iter().map(|c| c.abs_diff(n)).min().unwrap();
+            assert_eq!(r.abs_diff(n), best, "{n} -> {r}");
+        }
+        assert_eq!(nearest_rung(64), 64);
+        assert_eq!(nearest_rung(400), 394);
     }
 }
