@@ -239,13 +239,19 @@ pub fn candidates(cap: u32, processes: bool, threads: bool, inner: bool) -> Vec<
                 }
             }
         }
-        n = if n < 64 {
-            n + 1
-        } else {
-            (f64::from(n) * 1.04).ceil() as u32
-        };
+        n = next_count(n);
     }
     out
+}
+
+/// The candidates' worker count after `n`: every count to 64, then 4 %
+/// more.
+pub(crate) fn next_count(n: u32) -> u32 {
+    if n < 64 {
+        n + 1
+    } else {
+        (f64::from(n) * 1.04).ceil() as u32
+    }
 }
 
 /// The mean of `(ratio, weight)` pairs moved towards 1 by twice its

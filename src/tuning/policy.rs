@@ -21,8 +21,8 @@
 //! than predicted ([`explore`]): the model proposes, measurement decides.
 
 use super::{
-    bounds, candidates, mean_and_spread, past_noise, past_noise_within, py_max, py_min, soft_min,
-    Avg, Costs, Kind, Layout, PerKind, NOISE_FLOOR, SHARPNESS,
+    bounds, candidates, mean_and_spread, next_count, past_noise, past_noise_within, py_max, py_min,
+    soft_min, Avg, Costs, Kind, Layout, PerKind, NOISE_FLOOR, SHARPNESS,
 };
 
 mod explore;

@@ -16,7 +16,7 @@ const LATE_SHORT: f64 = 0.8; // see `late_trial`
 /// threads for processes; processes, then threads, for threads inside
 /// processes; processes for threads. (As many as the candidates have:
 /// past 64 their counts step by 4 %, and 100 processes of 4 threads have
-/// no 400 processes or threads to compare with, but 397.)
+/// no 400 processes or threads to compare with, but 394.)
 fn others_of(lay: &Layout) -> Vec<Layout> {
     let of = |l: Layout| Layout {
         prefetch_factor: lay.prefetch_factor,
@@ -30,16 +30,12 @@ fn others_of(lay: &Layout) -> Vec<Layout> {
     }
 }
 
-/// The count of workers among the candidates' (1 to 64, then steps of
-/// 4 %: `candidates`) nearest to `n`, the larger of two as near.
+/// The count of workers among the candidates' (`next_count`) nearest to
+/// `n`, the larger of two as near.
 fn nearest_rung(n: u32) -> u32 {
     let mut rung = 1;
     loop {
-        let next = if rung < 64 {
-            rung + 1
-        } else {
-            (f64::from(rung) * 1.04).ceil() as u32
-        };
+        let next = next_count(rung);
         if next > n {
             return if next - n <= n - rung { next } else { rung };
         }
