@@ -175,6 +175,23 @@ pub struct Costs {
     pub cores: f64,
 }
 
+impl Costs {
+    /// The core seconds a sample takes in a worker layout: its loading,
+    /// taking it from a worker process, its share of the loop's step.
+    pub fn core_time(&self) -> f64 {
+        self.cpu + self.moving + self.step / self.batch
+    }
+
+    /// The share of a worker's time per sample on the CPU (0 for none).
+    pub fn busy(&self) -> f64 {
+        if self.cpu + self.wait > 0.0 {
+            self.cpu / (self.cpu + self.wait)
+        } else {
+            0.0
+        }
+    }
+}
+
 /// The rates (samples per second) that bound `layout`.
 pub fn bounds(c: &Costs, layout: &Layout) -> Vec<f64> {
     let (cpu, wait) = (c.cpu, c.wait);
@@ -184,15 +201,11 @@ pub fn bounds(c: &Costs, layout: &Layout) -> Vec<f64> {
         }
         return vec![f64::INFINITY];
     }
-    let per = cpu + c.moving + c.step / c.batch;
+    let per = c.core_time();
     // how many work at once, and the cores: queues form between them only
     // from when the workers wait (workers that only compute fill the cores
     // with none), so their knee is sharper the busier a worker is
-    let busy = if cpu + wait > 0.0 {
-        cpu / (cpu + wait)
-    } else {
-        0.0
-    };
+    let busy = c.busy();
     let inf_or = |ok: bool, v: f64| if ok { v } else { f64::INFINITY };
     let mut out = vec![soft_min(
         &[

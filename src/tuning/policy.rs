@@ -601,10 +601,8 @@ impl Policy {
     /// of any shape gives more there, and processes contend.
     pub(super) fn crowded(&self, lay: &Layout) -> bool {
         let c = self.costs_of(lay, None);
-        let per = c.cpu + c.moving + c.step / c.batch;
-        if f64::from(lay.workers()) <= CROWD * c.cores + 2.0
-            || !(c.cpu > 0.0 && c.cpu >= COMPUTES * (c.cpu + c.wait) && per > 0.0)
-        {
+        let per = c.core_time();
+        if f64::from(lay.workers()) <= CROWD * c.cores + 2.0 || c.busy() < COMPUTES || per <= 0.0 {
             return false;
         }
         let cores = c.cores / per;
