@@ -69,14 +69,12 @@ impl TorchGen {
             let perm = randperm_recent(n, &mut rng);
             rng.write_state_bytes(&mut bytes)
                 .map_err(|e| Class::Internal.err(e.to_string()))?;
-            let module = py.import(pyo3::intern!(py, "torch"))?;
+            let t = torch(py)?;
             let kwargs = PyDict::new(py);
-            kwargs.set_item(
-                pyo3::intern!(py, "dtype"),
-                module.getattr(pyo3::intern!(py, "uint8"))?,
-            )?;
-            let written = module
-                .getattr(pyo3::intern!(py, "frombuffer"))?
+            kwargs.set_item(pyo3::intern!(py, "dtype"), &t.uint8)?;
+            let written = t
+                .frombuffer
+                .bind(py)
                 .call((PyByteArray::new(py, &bytes),), Some(&kwargs))?;
             g.call_method1(pyo3::intern!(py, "set_state"), (written,))?;
             Ok(perm)

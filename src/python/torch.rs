@@ -71,6 +71,9 @@ pub struct Torch {
     pub randperm: Py<PyAny>,
     pub randint: Py<PyAny>,
     pub int32: Py<PyAny>,
+    pub uint8: Py<PyAny>,
+    /// `torch.frombuffer`: a generator's state written back from bytes.
+    pub frombuffer: Py<PyAny>,
     /// `torch._C._len_torch_function_stack`: a TorchFunctionMode (such as
     /// `torch.set_default_device`) changes what torch's collate builds.
     pub function_modes: Py<PyAny>,
@@ -146,6 +149,8 @@ impl Torch {
             randperm: torch.getattr("randperm")?.unbind(),
             randint: torch.getattr("randint")?.unbind(),
             int32: torch.getattr("int32")?.unbind(),
+            uint8: torch.getattr("uint8")?.unbind(),
+            frombuffer: torch.getattr("frombuffer")?.unbind(),
             function_modes: c.getattr("_len_torch_function_stack")?.unbind(),
             torch_collate: get("collate")?,
             default_collate_fn_map: collate
