@@ -129,6 +129,9 @@ pub fn export(
 /// # Safety
 /// `managed` points at a live `DLManagedTensor` whose deleter has not been
 /// called, and nothing uses it afterwards.
+// SAFETY: unsafe to call: a deleter run twice, or on a tensor still in use,
+// frees memory twice or under its reader. Callers: the capsule destructor
+// and `export_capsule`'s failure path, each on a tensor it holds alone.
 pub unsafe fn release(managed: NonNull<DlManagedTensor>) {
     // SAFETY: the caller guarantees a live, not yet released tensor.
     unsafe {
@@ -151,6 +154,8 @@ impl<'a> TensorView<'a> {
     /// # Safety
     /// `managed` points at a `DLManagedTensor` that its producer keeps alive,
     /// with its memory unchanged, for all of `'a`.
+    // SAFETY: unsafe to call: the view borrows the producer's memory for
+    // 'a with no owner to hold it; callers keep the capsule or tensor alive.
     pub unsafe fn new(managed: NonNull<DlManagedTensor>) -> TensorView<'a> {
         // SAFETY: the caller's promise: `managed` is live and unchanged for 'a.
         let t = unsafe { &(*managed.as_ptr()).dl_tensor };
@@ -162,6 +167,7 @@ impl<'a> TensorView<'a> {
     ///
     /// # Safety
     /// As for [`TensorView::new`].
+    // SAFETY: unsafe to call, as `new`.
     pub unsafe fn new_versioned(
         managed: NonNull<DlManagedTensorVersioned>,
     ) -> Option<TensorView<'a>> {

@@ -298,6 +298,8 @@ impl FakeCudaRuntime {
 ///
 /// # Safety
 /// `ptr..ptr+len` must be readable memory that stays mapped for the call.
+// SAFETY: unsafe to call: `ptr` is an address from Python, unchecked; its
+// callers pass a registered range or the calling tensor's own bytes.
 unsafe fn copy_host(ptr: usize, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
     if len > 0 {

@@ -60,6 +60,8 @@ pub struct CudaRuntime {
 ///
 /// # Safety
 /// `T` must be the symbol's true C signature.
+// SAFETY: unsafe to call: nothing checks `T` against the library's symbol;
+// each caller names the CUDA runtime's documented signature.
 unsafe fn symbol<T: Copy>(lib: &Library, name: &str) -> Result<T, String> {
     let bytes: Vec<u8> = name.bytes().chain(std::iter::once(0)).collect();
     // SAFETY: the caller guarantees `T` is the symbol's signature; the

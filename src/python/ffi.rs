@@ -212,6 +212,8 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut pyffi::PyObject) {
 /// one else for as long as the tensor made from the capsule may be used:
 /// either `owner` keeps that memory alive and reserved, or the caller drops
 /// the tensor before the memory is reused.
+// SAFETY: unsafe to call: the capsule hands `data` to any consumer with no
+// borrow to tie it; callers pass memory `owner` keeps reserved.
 unsafe fn export_capsule<'py>(
     py: Python<'py>,
     data: *mut u8,
